@@ -1,0 +1,198 @@
+"""Contracts between the loop and its parts: the model, schedulers, caches and filters.
+
+Nothing here is an implementation; `schedulers/`, `caches/`, `filters/` and `dllm_decode/models/`
+hold those. Shapes use the letters of `dllm_decode/__init__.py`; `W` is the width of the step's
+window (the canvas columns the step has logits for, see `StepInput`).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class DiffusionLM(Protocol):
+    """A masked denoiser: logits for every position of a canvas, row i predicting the token AT i.
+
+    `forward(input_ids, attention_mask=None, positions=None, kv=None, rows=None)`:
+      input_ids:      (B, L) long, always the whole canvas.
+      attention_mask: (B, L) 1 for real tokens, 0 for padding or dropped columns (never attended).
+      positions:      (B, L) long rotary/absolute positions; default `cumsum(mask) - 1`, so a
+                      left-padded row sees exactly the positions of the unpadded one.
+      kv:             a `KVCache` (models with `supports_kv = True` only). Empty: compute every
+                      row and store each layer's K/V. Filled: compute only `rows`, attending to the
+                      cached K/V of every other column, and write the fresh K/V of `rows` in place.
+      rows:           (start, end) canvas columns whose logits are returned (default all).
+    Returns float logits (B, end - start, V).
+    """
+
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    vocab_size: int
+    max_length: int | None
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                positions: Tensor | None = None, kv: Any = None,
+                rows: tuple[int, int] | None = None) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """Everything a scheduler or filter may look at for one denoising step.
+
+    The window is the canvas columns `[offset, offset + W)` the step has logits for: the active
+    block and everything after it without a cache or with the prefix cache, the block alone under
+    the dual cache. Only `eligible` positions (masked, inside the row's active block, not predicted
+    as [MASK]) may be committed.
+
+    Attributes:
+        step: 0-based step within the current block.
+        num_steps: the block's step budget (its length): fixed-step schedules divide by it.
+        offset: canvas column of window column 0.
+        block: (B, 2) long, each row's active block `[start, end)` in canvas columns.
+        gen_span: (B, 2) long, each row's generation region `[start, end)` (shrinks under EoTP).
+        is_masked: (B, W) bool, still masked anywhere in the window.
+        eligible: (B, W) bool, may be committed this step.
+        candidates: (B, W) long, proposed token per column (argmax, or Gumbel sample if T > 0).
+        confidence: (B, W) float32, probability of the candidate under the clean softmax, -inf
+            where not eligible.
+        probs: (B, W, V) float32 softmax of `logits`.
+        logits: (B, W, V) float32 processed logits.
+        live: (B,) bool, rows still decoding (finished rows stay in the batch only where a cache
+            keeps them; they are never eligible).
+    """
+
+    step: int
+    num_steps: int
+    offset: int
+    block: Tensor
+    gen_span: Tensor
+    is_masked: Tensor
+    eligible: Tensor
+    candidates: Tensor
+    confidence: Tensor
+    probs: Tensor
+    logits: Tensor
+    live: Tensor
+
+    @property
+    def columns(self) -> Tensor:
+        """(W,) canvas column of each window column."""
+        return torch.arange(self.offset, self.offset + self.is_masked.shape[1],
+                            device=self.is_masked.device)
+
+    def in_block(self) -> Tensor:
+        """(B, W) bool, window columns inside each row's active block."""
+        cols = self.columns
+        return (cols >= self.block[:, :1]) & (cols < self.block[:, 1:])
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a scheduler (then each filter) decides for one step.
+
+    Attributes:
+        commit: (B, W) bool, positions to write. The loop keeps only eligible ones and forces the
+            most confident eligible position of a row that commits nothing.
+        tokens: (B, W) long values to write; None means `StepInput.candidates`.
+        finish: (B,) bool "all-in" (Prophet): commit every masked window column of the row with
+            `tokens` now. None means no row finishes.
+        truncate_at: (B,) long canvas column; positions at or after it become end-of-text and are
+            never computed again (EoTP). None, or a value >= the row's generation end, keeps all.
+    """
+
+    commit: Tensor
+    tokens: Tensor | None = None
+    finish: Tensor | None = None
+    truncate_at: Tensor | None = None
+
+
+class Scheduler(abc.ABC):
+    """Decides which masked positions to commit at each step.
+
+    Implementations are frozen dataclasses whose fields are their hyper-parameters, validated in
+    `__post_init__`, every field defaulted. Per-request memory is the explicit `state` threaded
+    through the hooks, never an attribute, so one instance serves many requests. No hook may
+    modify its inputs in place, loop over batch rows, or sync with the host.
+    """
+
+    def init_state(self, batch_size: int, device: torch.device) -> Any:
+        """A new request (batch of rows) starts. Stateless rules keep the default."""
+        return None
+
+    def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
+        """At step 0 of a block: (B,) canvas column where this block ends, or None for the default.
+
+        `inp` is the block's first view; the window then covers at least the rest of the canvas.
+        """
+        return None, state
+
+    def process_logits(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
+        """Return replacement (B, W, V) logits (the loop recomputes candidates and confidence from
+        them) or None to keep them."""
+        return None, state
+
+    @abc.abstractmethod
+    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        """The rule: a `Decision` for this step and the new state. Must not modify `inp`."""
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        """Keep only batch `rows` of the state (the loop drops finished rows). Tensors whose first
+        dimension is the batch are indexed; override for other layouts."""
+        return _index_rows(state, rows)
+
+
+class Filter(abc.ABC):
+    """Runs after the scheduler, like a logits-processor list: vetoes or adds commits, or truncates.
+
+    Frozen dataclass, same rules as `Scheduler`. Filters are stateless.
+    """
+
+    @abc.abstractmethod
+    def __call__(self, inp: StepInput, decision: Decision) -> Decision:
+        """Return the (possibly changed) decision. Must not modify its inputs."""
+
+
+class Cache(abc.ABC):
+    """How the loop obtains logits for the active block (none, prefix, dual).
+
+    Frozen dataclass (its fields are the refresh policy) plus an explicit state from `init_state`.
+    """
+
+    def init_state(self, model: DiffusionLM) -> Any:
+        return None
+
+    @abc.abstractmethod
+    def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor,
+               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        """Logits for (at least) the active block.
+
+        Args:
+            canvas: (B, L) long, the live rows of the whole canvas.
+            attention_mask: (B, L) long.
+            block: `(start, end)` canvas columns covering every live row's active block.
+            block_step: 0 at the first step of a block (where a refresh is due).
+        Returns:
+            (B, W, V) logits, the canvas column of window column 0 (<= start), and the new state.
+        """
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return _index_rows(state, rows)
+
+
+def _index_rows(state: Any, rows: Tensor) -> Any:
+    """Index every batch-first tensor inside a (nested) state value by `rows`."""
+    if isinstance(state, Tensor):
+        return state.index_select(0, rows.to(state.device)) if state.dim() else state
+    if isinstance(state, dict):
+        return {key: _index_rows(value, rows) for key, value in state.items()}
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        return type(state)(_index_rows(value, rows) for value in state)
+    if hasattr(state, "_fields"):                       # NamedTuple
+        return type(state)(*(_index_rows(value, rows) for value in state))
+    return state
