@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -63,8 +63,9 @@ class StepInput:
             where not eligible.
         probs: (B, W, V) float32 softmax of `logits`.
         logits: (B, W, V) float32 processed logits.
-        live: (B,) bool, rows still decoding (finished rows stay in the batch only where a cache
-            keeps them; they are never eligible).
+        live: (B,) bool, rows with work in this step (rows whose block is already done wait for
+            the others and are never eligible).
+        generator: the request's random generator (for random scores), or None.
     """
 
     step: int
@@ -79,6 +80,7 @@ class StepInput:
     probs: Tensor
     logits: Tensor
     live: Tensor
+    generator: torch.Generator | None = None
 
     @property
     def columns(self) -> Tensor:
@@ -119,7 +121,16 @@ class Scheduler(abc.ABC):
     `__post_init__`, every field defaulted. Per-request memory is the explicit `state` threaded
     through the hooks, never an attribute, so one instance serves many requests. No hook may
     modify its inputs in place, loop over batch rows, or sync with the host.
+
+    Class attributes:
+        view: "block" when the rule looks only at the active block; "rest" when it needs logits
+            for everything after the block start the cache computed (answer-region rules).
+        chooses_block_bounds: True when `block_end` moves block ends (block lengths then need
+            not divide the generation length).
     """
+
+    view: ClassVar[str] = "block"
+    chooses_block_bounds: ClassVar[bool] = False
 
     def init_state(self, batch_size: int, device: torch.device) -> Any:
         """A new request (batch of rows) starts. Stateless rules keep the default."""
@@ -152,6 +163,8 @@ class Filter(abc.ABC):
 
     Frozen dataclass, same rules as `Scheduler`. Filters are stateless.
     """
+
+    view: ClassVar[str] = "block"
 
     @abc.abstractmethod
     def __call__(self, inp: StepInput, decision: Decision) -> Decision:

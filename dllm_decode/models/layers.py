@@ -1,5 +1,5 @@
 """Pieces shared by the plain-torch LLaDA and Dream implementations: RMSNorm, RoPE, attention
-against a block-level KV cache, and default positions.
+against a block-level KV cache, default positions, the pre-norm block and the block stack.
 
 The KV cache holds each layer's keys (already rotated) and values for the whole canvas. A forward
 over canvas rows `[a, b)` writes its fresh K/V into those columns in place and attends over every
@@ -114,3 +114,61 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, co
 def key_mask_of(attention_mask: Tensor | None) -> Tensor | None:
     """(B, L) 0/1 mask -> (B, 1, 1, L) bool for SDPA; padded keys are never attended."""
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+
+
+def rows_to_compute(kv: KVCache | None, rows: tuple[int, int], length: int,
+                    lookback: int = 0) -> tuple[int, int]:
+    """Canvas rows `[a, b)` a forward must run: all of them unless a filled cache holds the rest.
+
+    `lookback` extra rows before `rows` are computed too (Dream reads the logit of row a - 1).
+    """
+    if kv is None or not kv.filled:
+        return 0, length
+    return max(rows[0] - lookback, 0), rows[1]
+
+
+class PreNormBlock(nn.Module):
+    """Llama-shaped block: x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))).
+
+    Subclasses create the weights under their checkpoint's names and return them from `parts()`;
+    the maths is written once here.
+    """
+
+    def __init__(self, n_heads: int, n_kv_heads: int, rope_full_precision: bool):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.rope_full_precision = rope_full_precision
+
+    def parts(self) -> tuple[nn.Module, ...]:
+        """(attn_norm, q, k, v, attn_out, ff_norm, gate (activated), up (linear), down)."""
+        raise NotImplementedError
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None,
+                kv: KVCache | None, layer: int, rows: tuple[int, int]) -> Tensor:
+        attn_norm, q, k, v, attn_out, ff_norm, gate, up, down = self.parts()
+        a = attn_norm(h)
+        o = attend(q(a), k(a), v(a), n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, cos=cos,
+                   sin=sin, key_mask=key_mask, kv=kv, layer=layer, rows=rows,
+                   rope_full_precision=self.rope_full_precision)
+        h = h + attn_out(o)
+        f = ff_norm(h)
+        return h + down(F.silu(gate(f)) * up(f))
+
+
+def run_blocks(embed: nn.Embedding, blocks: nn.ModuleList, input_ids: Tensor,
+               attention_mask: Tensor | None, positions: Tensor, kv: KVCache | None,
+               fed: tuple[int, int], head_dim: int, rope_theta: float) -> Tensor:
+    """Embed canvas rows `fed = [a, b)` and run every block on them, through the cache if given.
+
+    Args:
+        input_ids: (B, L) the whole canvas; positions: (B, L).
+        attention_mask: (B, L) 0/1 over all columns (padded keys are never attended) or None.
+    Returns:
+        (B, b - a, d) hidden states after the last block (before the final norm).
+    """
+    cos, sin = rope_tables(positions[:, fed[0]:fed[1]], head_dim, rope_theta)
+    key_mask = key_mask_of(attention_mask)
+    h = embed(input_ids[:, fed[0]:fed[1]])
+    for layer, block in enumerate(blocks):
+        h = block(h, cos, sin, key_mask, kv, layer, fed)
+    return h

@@ -12,7 +12,6 @@ The embedded default model uses this architecture and on-disk layout.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import (KVCache, RMSNorm, attend, default_positions, key_mask_of,
-                                       rope_tables)
+from dllm_decode.models.layers import (KVCache, PreNormBlock, RMSNorm, default_positions,
+                                       rows_to_compute, run_blocks)
+from dllm_decode.models.loading import save_checkpoint
 
 _REQUIRED_STRUCTURE = {  # config values this implementation covers, as in the released checkpoints
     "block_type": {"llama"}, "activation_type": {"silu"}, "layer_norm_type": {"rms"},
@@ -92,14 +92,13 @@ class LLaDAConfig:
                 "use_cache": False, **dataclasses.asdict(self)}
 
 
-class LLaDABlock(nn.Module):
+class LLaDABlock(PreNormBlock):
     """One pre-norm block: bidirectional attention, then the SiLU-gated FFN."""
 
     def __init__(self, cfg: LLaDAConfig):
-        super().__init__()
+        super().__init__(cfg.n_heads, cfg.kv_heads, cfg.rope_full_precision)
         qkv_bias = cfg.include_bias or cfg.include_qkv_bias
         kv_dim = cfg.kv_heads * cfg.head_dim
-        self.cfg = cfg
         self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.q_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, kv_dim, bias=qkv_bias)
@@ -110,15 +109,9 @@ class LLaDABlock(nn.Module):
         self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden_size, bias=cfg.include_bias)  # linear
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=cfg.include_bias)
 
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None,
-                kv: KVCache | None, layer: int, rows: tuple[int, int]) -> Tensor:
-        a = self.attn_norm(h)
-        o = attend(self.q_proj(a), self.k_proj(a), self.v_proj(a), n_heads=self.cfg.n_heads,
-                   n_kv_heads=self.cfg.kv_heads, cos=cos, sin=sin, key_mask=key_mask, kv=kv,
-                   layer=layer, rows=rows, rope_full_precision=self.cfg.rope_full_precision)
-        h = h + self.attn_out(o)
-        f = self.ff_norm(h)
-        return h + self.ff_out(F.silu(self.ff_proj(f)) * self.up_proj(f))
+    def parts(self) -> tuple[nn.Module, ...]:
+        return (self.attn_norm, self.q_proj, self.k_proj, self.v_proj, self.attn_out,
+                self.ff_norm, self.ff_proj, self.up_proj, self.ff_out)
 
 
 class _LLaDATransformer(nn.Module):
@@ -155,13 +148,10 @@ class LLaDAModelLM(nn.Module):
         a, b = rows if rows is not None else (0, length)
         if positions is None:
             positions = default_positions(attention_mask, batch, length, input_ids.device)
-        fed = (a, b) if kv is not None and kv.filled else (0, length)   # compute only what is needed
-        cos, sin = rope_tables(positions[:, fed[0]:fed[1]], self.config.head_dim, self.config.rope_theta)
-        key_mask = key_mask_of(attention_mask)
+        fed = rows_to_compute(kv, (a, b), length)                        # compute only what is needed
         t = self.model.transformer
-        h = t["wte"](input_ids[:, fed[0]:fed[1]])
-        for layer, block in enumerate(t["blocks"]):
-            h = block(h, cos, sin, key_mask, kv, layer, fed)
+        h = run_blocks(t["wte"], t["blocks"], input_ids, attention_mask, positions, kv, fed,
+                       self.config.head_dim, self.config.rope_theta)
         h = t["ln_f"](h[:, a - fed[0]:b - fed[0]])
         head = t["wte"].weight if self.config.weight_tying else t["ff_out"].weight
         logits = F.linear(h, head, t["ff_out"].bias if not self.config.weight_tying else None)
@@ -169,10 +159,4 @@ class LLaDAModelLM(nn.Module):
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
         """Write `config.json` and `model.safetensors` in the released on-disk layout."""
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        save_checkpoint(directory, self.config.to_dict(), self, dtype)

@@ -31,7 +31,7 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
     path = Path(text).expanduser()
     if path.is_dir():
         return path
-    if text.count("/") == 1 and not path.exists():
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         try:
             from huggingface_hub import snapshot_download
 
@@ -47,9 +47,12 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{directory} has no config.json")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -58,7 +61,11 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
 
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ModelLoadError(f"{index} is not a safetensors index (JSON with a "
+                                 f"'weight_map' object)") from None
     elif (directory / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -68,28 +75,100 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(directory / name)))
         except Exception as err:  # noqa: BLE001 - safetensors raises several types for bad files
-            raise ModelLoadError(f"cannot read {directory / name}: {err}") from None
+            raise ModelLoadError(f"cannot read {directory / name}: {_first_line(err)}") from None
     return state
 
 
-def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
-    missing, unexpected = model.load_state_dict(state, strict=False)
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def save_checkpoint(directory: str | Path, config: dict[str, Any], model: nn.Module,
+                    dtype: torch.dtype = torch.float32) -> None:
+    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], directory: Path,
+                      assign: bool = False) -> None:
+    """Load `state` into `model`; any missing, unexpected or wrongly shaped tensor is an error.
+
+    `assign=True` takes the tensors themselves (for a model built on the meta device).
+    """
+    expected = model.state_dict()
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and state[k].shape != v.shape]
+    if wrong:
+        raise ModelLoadError(f"{directory}: weights do not match the config (shape of {wrong[0]})")
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
     if missing or unexpected:
         raise ModelLoadError(f"{directory}: weights do not match the config "
                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
 
 
-def _build_llada(directory: Path, config: dict[str, Any]) -> nn.Module:
-    from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-
-    model = LLaDAModelLM(LLaDAConfig.from_dict(config))
-    load_state_strict(model, read_safetensors(directory), directory)
+def _build_native(directory: Path, config: dict[str, Any], config_cls: type, model_cls: type,
+                  required: tuple[str, ...], drop: tuple[str, ...] = ()) -> nn.Module:
+    """Check the config's size keys, build on the meta device (no random init of billions of
+    weights), then take the checkpoint's tensors, minus the `drop` names."""
+    if absent := [key for key in required if key not in config]:
+        raise ModelLoadError(f"{directory / 'config.json'} lacks required key(s) {absent}")
+    try:
+        parsed = config_cls.from_dict(config)
+    except (ValueError, TypeError) as err:
+        raise ModelLoadError(f"{directory / 'config.json'}: {_first_line(err)}") from None
+    with torch.device("meta"):
+        model = model_cls(parsed)
+    state = read_safetensors(directory)
+    for name in drop:
+        state.pop(name, None)
+    load_state_strict(model, state, directory, assign=True)
     return model
 
 
-BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {
+def _build_llada(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+
+    return _build_native(directory, config, LLaDAConfig, LLaDAModelLM,
+                         ("d_model", "n_heads", "n_layers", "mlp_hidden_size", "vocab_size"))
+
+
+def _build_dream(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.dream import DreamConfig, DreamModel
+
+    # A tied checkpoint may still carry a copy of the head; the model reads the embedding.
+    drop = ("lm_head.weight",) if config.get("tie_word_embeddings") else ()
+    return _build_native(directory, config, DreamConfig, DreamModel,
+                         ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                          "intermediate_size", "vocab_size"), drop)
+
+
+BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {   # key: lower-case model_type
     "llada": _build_llada,
+    "dream": _build_dream,
 }
+
+
+def _model_kind(config: dict[str, Any]) -> str:
+    """"masked", "causal" or "unknown", from `architectures` first, then `model_type`."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    architectures = config.get("architectures") or []
+    if any(str(name).endswith("ForMaskedLM") for name in architectures):
+        return "masked"
+    if any(str(name).endswith(("ForCausalLM", "LMHeadModel")) for name in architectures):
+        return "causal"
+    model_type = config.get("model_type")
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.get("is_encoder_decoder"):
+        return "masked"
+    return "causal" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else "unknown"
 
 
 def load_tokenizer(directory: Path):
@@ -103,7 +182,7 @@ def load_tokenizer(directory: Path):
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
                                              trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - tokenizer loading errors vary by class
-        raise ModelLoadError(f"cannot load the tokenizer in {directory}: {err}") from None
+        raise ModelLoadError(f"cannot load the tokenizer in {directory}: {_first_line(err)}") from None
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,

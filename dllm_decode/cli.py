@@ -1,0 +1,164 @@
+"""`dllm-decode`: decode a prompt (the group's own options), `list` the registries, and the
+subcommands other modules add. The only core file that imports plugin packages: names become
+objects here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import torch
+
+from caches import CACHES
+from dllm_decode.config import DecodeConfig, component_dict
+from dllm_decode.models.loading import ModelLoadError
+from dllm_decode.registry import build, describe
+from dllm_decode.sampler import generate
+from filters import FILTERS
+from schedulers import SCHEDULERS
+
+DEFAULT_MODEL = "embedded"
+
+
+def parse_key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """`-o key=value` (repeatable) -> dict; a missing `=` is a usage error."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx=ctx, param=param)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_filter_spec(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME[:key=value,key=value]` -> (name, options)."""
+    name, _, rest = text.partition(":")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"filter option {item!r} must be key=value")
+        options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
+def build_or_usage_error(registry: dict, name: str, options: dict, hint: str) -> Any:
+    try:
+        return build(registry, name, options)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint=hint) from None
+
+
+def load_any_model(name: str, device: str | None = None, dtype: str | None = None):
+    """A model name/path -> DiffusionLM; usage errors as `click.BadParameter`."""
+    if name == "tiny":
+        from dllm_decode.testing import tiny_llada_with_tokenizer
+
+        return tiny_llada_with_tokenizer()
+    if name == "ideal":
+        try:
+            from eval.ideal import IdealModel
+        except ImportError:
+            raise click.BadParameter("the ideal model is not available in this install", param_hint="--model") from None
+        return IdealModel()
+    from dllm_decode.models.loading import load_model
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                   None: None}[dtype]
+    try:
+        return load_model(name, dtype=torch_dtype, device=device)
+    except ModelLoadError as err:
+        raise click.BadParameter(str(err), param_hint="--model") from None
+
+
+def encode_prompt(model: Any, prompt: str, chat_template: bool) -> str | list[int]:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             add_generation_prompt=True, tokenize=False)
+    return prompt
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
+              help="Checkpoint directory, HF repo id in the local cache, `embedded`, `ideal` or `tiny`.")
+@click.option("--scheduler", type=click.Choice(sorted(SCHEDULERS)), default="threshold", show_default=True)
+@click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
+              callback=parse_key_values, help="Override a scheduler field; repeatable.")
+@click.option("--cache", "cache_name", type=click.Choice(sorted(CACHES)), default="none", show_default=True)
+@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE",
+              callback=parse_key_values, help="Override a cache field (refresh policy); repeatable.")
+@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+              help=f"Add a filter; repeatable. Choices: {', '.join(sorted(FILTERS)) or 'none yet'}.")
+@click.option("--gen-length", type=int, default=128, show_default=True)
+@click.option("--block-length", type=int, default=32, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted.")
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True,
+              help="Apply the tokenizer's chat template when it has one.")
+@click.option("--device", default=None, help="torch device (default: cpu).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def main(ctx: click.Context, model_name: str, scheduler: str, scheduler_opts: dict[str, str],
+         cache_name: str, cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
+         block_length: int, temperature: float, seed: int, prompt: str | None, chat_template: bool,
+         device: str | None, dtype: str | None, as_json: bool) -> None:
+    """Decode a prompt with a masked diffusion LM; subcommands below."""
+    if ctx.invoked_subcommand is not None:
+        return
+    scheduler_obj = build_or_usage_error(SCHEDULERS, scheduler, scheduler_opts, "--scheduler-opt")
+    cache_obj = build_or_usage_error(CACHES, cache_name, cache_opts, "--cache-opt")
+    filters = []
+    for spec in filter_specs:
+        try:
+            name, options = parse_filter_spec(spec)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--filter") from None
+        filters.append(build_or_usage_error(FILTERS, name, options, "--filter"))
+    try:
+        config = DecodeConfig(scheduler=scheduler_obj, gen_length=gen_length,
+                              block_length=block_length, temperature=temperature, seed=seed)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if prompt is None:
+        prompt = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if not prompt.strip():
+        raise click.BadParameter("the prompt is empty", param_hint="--prompt")
+    model = load_any_model(model_name, device, dtype)
+    generator = torch.Generator(device=device or "cpu").manual_seed(seed)
+    try:
+        result = generate(model, [encode_prompt(model, prompt, chat_template)], config,
+                          cache=cache_obj, filters=filters, generator=generator)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    text = result.text[0] if result.text is not None else " ".join(map(str, result.tokens[0].tolist()))
+    if not as_json:
+        click.echo(text)
+        return
+    names = {cls: key for registry in (SCHEDULERS, CACHES, FILTERS) for key, cls in registry.items()}
+    click.echo(json.dumps({
+        "text": text, "tokens": result.tokens[0].tolist(), "nfe": int(result.nfe[0]),
+        "tokens_per_step": float(result.tokens_per_step[0]),
+        "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
+        "seconds": result.seconds, "model": model_name,
+        "scheduler": component_dict(scheduler_obj, names), "cache": component_dict(cache_obj, names),
+        "filters": [component_dict(f, names) for f in filters],
+        "config": {k: v for k, v in config.to_dict(names).items() if k != "scheduler"},
+    }))
+
+
+@main.command("list")
+def list_registries() -> None:
+    """Print every registry with each entry's hyper-parameters and defaults."""
+    for title, registry in (("schedulers", SCHEDULERS), ("caches", CACHES), ("filters", FILTERS)):
+        click.echo(f"{title}:")
+        for name, doc, params in describe(registry):
+            click.echo(f"  {name:<16} {doc}")
+            for field_name, type_name, default in params:
+                click.echo(f"      {field_name} ({type_name}) = {default!r}")

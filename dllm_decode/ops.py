@@ -1,0 +1,63 @@
+"""Vectorised helpers shared by the loop and the schedulers. No host syncs, no batch loops."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+def topk_mask(scores: Tensor, k: Tensor) -> Tensor:
+    """(B, W) scores, (B,) counts -> (B, W) bool with the k[b] largest scores of row b set.
+
+    Ties go to the lower column (stable sort), so runs repeat exactly. Entries scored -inf are
+    never selected, even when k exceeds the number of finite scores.
+    """
+    ranks = scores.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    return (ranks < k.unsqueeze(-1)) & (scores > NEG_INF)
+
+
+def argmax_mask(scores: Tensor) -> Tensor:
+    """(B, W) -> (B, W) bool marking each row's largest finite score (none for an all -inf row)."""
+    return topk_mask(scores, torch.ones(scores.shape[0], dtype=torch.long, device=scores.device))
+
+
+def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    """Sampled token per position: argmax(logits + T * Gumbel), drawn in float64.
+
+    Same as LLaDA's `exp(logits) / (-log u)^T` (low precision Gumbel hurts quality,
+    arXiv 2409.02908). T = 0 is plain argmax.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    return (logits.double() + temperature * gumbel).argmax(dim=-1)
+
+
+def top2(values: Tensor) -> tuple[Tensor, Tensor]:
+    """(…, V) -> the largest and second largest value along the last axis."""
+    best = values.topk(2, dim=-1).values
+    return best[..., 0], best[..., 1]
+
+
+def neg_entropy(probs: Tensor) -> Tensor:
+    """(…, V) probabilities -> sum p log p (0 log 0 = 0), Dream's `entropy` score."""
+    return (probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+def masked_scores(scores: Tensor, eligible: Tensor) -> Tensor:
+    """Scores where eligible, -inf elsewhere (what selection rules sort)."""
+    return scores.masked_fill(~eligible, NEG_INF)
+
+
+def tokens_per_step(num_masked: Tensor, steps_left: Tensor) -> Tensor:
+    """LLaDA's schedule: commit ceil-front-loaded shares so `num_masked` finishes in `steps_left`.
+
+    With M masked and K steps left, step k commits floor(M/K) + (k < M mod K); at the current step
+    that is ceil(M / K) (LLaDA `get_num_transfer_tokens`, recomputed each step so rows that were
+    forced forward stay on schedule).
+    """
+    steps_left = steps_left.clamp_min(1)
+    return (num_masked + steps_left - 1) // steps_left

@@ -1,0 +1,124 @@
+"""Names to objects, at the edges (CLI, eval configs): `build(REGISTRY, name, options)`.
+
+A registry is a dict literal `name -> frozen dataclass` in each plugin package. The dataclass is
+its own schema: options are its field names, parsed into the field's declared type. A field
+typed as a component (e.g. a wrapper's `base: Scheduler`) takes a registry name, and dotted
+options configure it: `-o base=local_leap -o base.kappa=0.8`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any] | None = None) -> T:
+    """Instantiate `registry[name]` with string (or already typed) option values.
+
+    Raises:
+        ValueError: unknown name (lists the choices), unknown option (lists the fields), a value
+            that does not parse, or one the class's own validation rejects.
+    """
+    options = dict(options or {})
+    if name not in registry:
+        raise ValueError(f"unknown name {name!r}; choose from {sorted(registry)}")
+    cls = registry[name]
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    nested: dict[str, dict[str, Any]] = {}
+    plain: dict[str, Any] = {}
+    for key, value in options.items():
+        head, _, rest = key.partition(".")
+        if head not in fields:
+            raise ValueError(f"{name}: unknown option {head!r}; valid: {sorted(fields)}")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            plain[head] = value
+    kwargs: dict[str, Any] = {}
+    for key in plain.keys() | nested.keys():
+        annotation = hints[key]
+        if _is_component(annotation):
+            default = next(f for f in dataclasses.fields(cls) if f.name == key).default_factory  # type: ignore[misc]
+            base_name = plain.get(key) or _name_of(registry, default() if callable(default) else None)
+            kwargs[key] = build(registry, str(base_name), nested.get(key, {}))
+        elif key in nested:
+            raise ValueError(f"{name}: option {key!r} is not a component; drop the dotted part")
+        else:
+            try:
+                kwargs[key] = coerce(annotation, plain[key])
+            except ValueError as err:
+                raise ValueError(f"{name}: option {key}={plain[key]!r}: {err}") from None
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+def coerce(annotation: Any, value: Any) -> Any:
+    """Parse CLI text into a field's declared type (bool/int/float/str/tuple, optionally `| None`)."""
+    if not isinstance(value, str):
+        return value
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is tuple:
+        inner = typing.get_args(annotation)[0]
+        return tuple(coerce(inner, part.strip()) for part in value.split(",") if part.strip())
+    if args and typing.get_origin(annotation) is not tuple:     # `T | None`
+        if value.lower() == "none":
+            return None
+        if len(args) == 1:
+            annotation = args[0]
+    if annotation is bool:                     # bool("False") is True, so never call bool(text)
+        if value.lower() not in {"true", "false", "1", "0"}:
+            raise ValueError(f"expected a boolean (true/false), got {value!r}")
+        return value.lower() in {"true", "1"}
+    if annotation in (int, float, str):
+        try:
+            return annotation(value)
+        except ValueError:
+            raise ValueError(f"expected {annotation.__name__}, got {value!r}") from None
+    return value
+
+
+def _is_component(annotation: Any) -> bool:
+    candidates = [annotation, *typing.get_args(annotation)]
+    return any(isinstance(c, type) and not dataclasses.is_dataclass(c) and hasattr(c, "select")
+               for c in candidates)
+
+
+def _name_of(registry: Mapping[str, type], obj: Any) -> str:
+    for key, cls in registry.items():
+        if type(obj) is cls:
+            return key
+    raise ValueError(f"cannot name component {obj!r}")
+
+
+def name_of(registry: Mapping[str, type], obj: Any) -> str:
+    """The registry name of an object's class (for JSON output)."""
+    return _name_of(registry, obj)
+
+
+def describe(registry: Mapping[str, type]) -> list[tuple[str, str, list[tuple[str, str, Any]]]]:
+    """(name, first docstring line, [(field, type, default)]) per entry, for `dllm-decode list`."""
+    rows = []
+    for key in sorted(registry):
+        cls = registry[key]
+        hints = typing.get_type_hints(cls)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        params = []
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            if dataclasses.is_dataclass(default):
+                default = _name_of(registry, default) if type(default) in registry.values() else type(default).__name__
+            params.append((f.name, _type_name(hints[f.name]), default))
+        rows.append((key, doc, params))
+    return rows
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))

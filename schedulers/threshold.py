@@ -1,0 +1,29 @@
+"""Fast-dLLM's confidence-threshold rule (Wu et al., 2025, arXiv 2505.22618, §3.3, Alg. 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dllm_decode.interfaces import Decision, Scheduler, StepInput
+
+
+@dataclass(frozen=True)
+class ThresholdScheduler(Scheduler):
+    """Commit every eligible position whose confidence is at least `threshold`.
+
+    S = {argmax_i c_i} U {i : c_i >= tau}: the loop adds the most confident position when none
+    clears the bar (the Nov 2025 upstream fix, NVlabs/Fast-dLLM PR #45). Ties pass (`>=`, as in
+    Fast-dLLM v1 LLaDA); v2 and SGLang use `>`, which differs only at tau = 1.0 where `>`
+    means exactly one token per step. Positions predicted as [MASK] are never candidates
+    (dInfer's `rm_mask`). Default tau = 0.9 (paper §4.1).
+    """
+
+    threshold: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+
+    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        return Decision(commit=inp.confidence >= self.threshold), state
