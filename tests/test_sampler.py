@@ -1,0 +1,143 @@
+"""The one loop: invariants, batching, seeds, EOS policy, trace, errors."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from dllm_decode import DecodeConfig, generate
+from dllm_decode.interfaces import Decision, Scheduler, StepInput
+from dllm_decode.testing import OracleMaskPredictor, tiny_llada
+from schedulers import LowConfidenceScheduler, ThresholdScheduler
+
+VOCAB, MASK, EOS = 37, 36, 35
+
+
+def oracle(target, confidence):
+    return OracleMaskPredictor(torch.tensor(target), torch.tensor(confidence), VOCAB, MASK, EOS)
+
+
+def config(scheduler=None, gen=12, block=4, **kw):
+    return DecodeConfig(scheduler=scheduler or ThresholdScheduler(), gen_length=gen, block_length=block, **kw)
+
+
+def test_threshold_commits_exactly_the_confident_positions_then_the_best_one():
+    model = oracle([3, 4, 5, 6], [0.95, 0.5, 0.99, 0.6])
+    result = generate(model, [[1, 2]], config(gen=4, block=4), trace=True)
+    commits = [step["commit"][0].nonzero().flatten().tolist() for step in result.trace]
+    assert commits == [[0, 2], [3], [1]]        # >= 0.9 first, then forced argmax one at a time
+    assert result.tokens[0].tolist() == [3, 4, 5, 6]
+    assert result.nfe.tolist() == [3]
+
+
+def test_low_confidence_one_token_per_step_takes_gen_length_steps():
+    model = oracle(list(range(1, 13)), [0.5 + 0.01 * i for i in range(12)])
+    result = generate(model, [[1]], config(LowConfidenceScheduler(), gen=12, block=4, stop_at_eos=False))
+    assert result.nfe.tolist() == [12]
+    assert result.tokens_per_step.tolist() == [1.0]
+
+
+def test_low_confidence_steps_per_block_front_loads_the_remainder():
+    model = oracle(list(range(1, 11)), [0.5] * 10)
+    result = generate(model, [[1]], config(LowConfidenceScheduler(steps_per_block=4), gen=10, block=10),
+                      trace=True)
+    assert [int(step["commit"].sum()) for step in result.trace] == [3, 3, 2, 2]
+
+
+def test_mask_predictions_are_never_committed():
+    model = oracle([MASK, 4, 5, 6], [0.99, 0.2, 0.2, 0.2])
+    result = generate(model, [[1, 2]], config(gen=4, block=4))
+    assert MASK not in result.tokens[0].tolist()
+
+
+def test_batched_with_left_padding_equals_one_by_one():
+    model = tiny_llada(seed=3)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
+    cfg = config(gen=16, block=8)
+    batched = generate(model, prompts, cfg)
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, [prompt], cfg)
+        assert torch.equal(batched.tokens[row], alone.tokens[0])
+        assert batched.nfe[row] == alone.nfe[0]
+
+
+def test_seeded_sampling_repeats_and_seeds_differ():
+    model = tiny_llada(seed=1)
+    cfg = config(gen=16, block=8, temperature=1.0)
+    runs = [generate(model, [[1, 2, 3]], cfg, generator=torch.Generator().manual_seed(s)).tokens
+            for s in (7, 7, 8)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])
+
+
+def test_eos_in_a_finished_block_fills_the_rest_and_stops_the_row():
+    ends = oracle([3, EOS, 5, 6, 7, 8, 9, 10], [0.5] * 8)
+    result = generate(ends, [[1, 2], [1, 2, 3]], config(LowConfidenceScheduler(), gen=8, block=4))
+    assert result.tokens[0].tolist() == [3, EOS, 5, 6] + [EOS] * 4   # the block stays, the rest is EOS
+    assert result.nfe.tolist() == [4, 4]                 # the second block never ran
+    assert result.answer_lengths.tolist() == [1, 1]
+    no_stop = generate(ends, [[1, 2]], config(LowConfidenceScheduler(), gen=8, block=4, stop_at_eos=False))
+    assert no_stop.nfe.tolist() == [8] and no_stop.tokens[0, 2:].tolist() == [5, 6, 7, 8, 9, 10]
+
+
+def test_rows_finishing_early_do_not_change_other_rows():
+    model = tiny_llada(seed=5)
+    cfg = config(LowConfidenceScheduler(), gen=16, block=4)
+    both = generate(model, [[1, 2], [3, 4, 5]], cfg)
+    assert not (both.tokens == MASK).any()
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitNothing(Scheduler):
+    def select(self, inp: StepInput, state):
+        return Decision(commit=torch.zeros_like(inp.eligible)), state
+
+
+@dataclasses.dataclass(frozen=True)
+class _CommitEverywhere(Scheduler):
+    def select(self, inp: StepInput, state):
+        return Decision(commit=torch.ones_like(inp.eligible)), state
+
+
+def test_loop_forces_progress_for_a_scheduler_that_never_commits():
+    result = generate(tiny_llada(), [[1, 2]], config(_CommitNothing(), gen=8, block=4))
+    assert result.nfe.tolist() == [8] and not (result.tokens == MASK).any()
+
+
+def test_loop_keeps_commits_inside_the_active_block():
+    result = generate(tiny_llada(), [[1, 2]], config(_CommitEverywhere(), gen=8, block=4), trace=True)
+    assert result.nfe.tolist() == [2]
+    first = result.trace[0]["commit"][0]
+    assert first[:4].all() and not first[4:].any()
+
+
+def test_committed_tokens_never_change():
+    result = generate(tiny_llada(seed=2), [[1, 2]], config(gen=8, block=8), trace=True)
+    seen = {}
+    for step in result.trace:
+        for pos in step["commit"][0].nonzero().flatten().tolist():
+            assert pos not in seen
+            seen[pos] = int(step["tokens"][0, pos])
+    assert sorted(seen) == list(range(8))
+    assert [seen[p] for p in range(8)] == result.tokens[0].tolist()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(gen_length=10, block_length=4), "multiple of block_length"),
+    (dict(gen_length=0), "gen_length"),
+    (dict(block_length=64, gen_length=32), "block_length"),
+    (dict(temperature=-1.0), "temperature"),
+])
+def test_config_rejects_bad_values(bad, message):
+    with pytest.raises(ValueError, match=message):
+        DecodeConfig(scheduler=ThresholdScheduler(), **bad)
+
+
+def test_prompt_errors_are_clear():
+    model = tiny_llada(max_length=20)
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, [[]], config(gen=8, block=4))
+    with pytest.raises(ValueError, match="exceeds the model's context of 20"):
+        generate(model, [list(range(1, 16))], config(gen=8, block=4))
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, ["hello"], config(gen=8, block=4))
