@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import (KVCache, PreNormBlock, RMSNorm, default_positions,
-                                       rows_to_compute, run_blocks)
-from dllm_decode.models.loading import save_checkpoint
+from dllm_decode.models.layers import BlockStackLM, KVCache, PreNormBlock, RMSNorm
 
 _ACCEPTED_ROPE_TYPES = {None, "default"}
 
@@ -134,10 +131,8 @@ class _DreamBase(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DreamModel(nn.Module):
+class DreamModel(BlockStackLM):
     """The DiffusionLM for Dream checkpoints (state dict keys `model.*` and `lm_head.weight`)."""
-
-    supports_kv = True
 
     def __init__(self, config: DreamConfig):
         super().__init__()
@@ -150,19 +145,16 @@ class DreamModel(nn.Module):
         self.vocab_size = config.vocab_size
         self.max_length: int | None = config.max_position_embeddings
 
+    def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
+        return self.model.embed_tokens, self.model.layers
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, kv: KVCache | None = None,
                 rows: tuple[int, int] | None = None) -> Tensor:
         """Shifted logits (B, b - a, V) for canvas rows `rows = (a, b)`: row i predicts token i."""
-        batch, length = input_ids.shape
-        a, b = rows if rows is not None else (0, length)
-        if positions is None:
-            positions = default_positions(attention_mask, batch, length, input_ids.device)
-        fed = rows_to_compute(kv, (a, b), length, lookback=1)
-        h = run_blocks(self.model.embed_tokens, self.model.layers, input_ids, attention_mask,
-                       positions, kv, fed, self.config.head_dim, self.config.rope_theta)
-        lo = max(a - 1, 0)                                  # first row whose hidden state we read
-        h = self.model.norm(h[:, lo - fed[0]:b - fed[0]])   # (B, b - lo, d), canvas rows [lo, b)
+        h, positions, (lo, a, b) = self.hidden_states(input_ids, attention_mask, positions, kv,
+                                                      rows, lookback=1)
+        h = self.model.norm(h)                              # (B, b - lo, d), canvas rows [lo, b)
         # The shift, on hidden states so the head runs on b - a rows only: row i reads row i - 1,
         # except a sequence start (position 0), which has no predecessor and keeps its own.
         previous = torch.cat([h[:, :1], h[:, :-1]], dim=1)[:, a - lo:]
@@ -170,7 +162,3 @@ class DreamModel(nn.Module):
         h = torch.where(starts, h[:, a - lo:], previous)
         head = self.model.embed_tokens if self.config.tie_word_embeddings else self.lm_head
         return nn.functional.linear(h, head.weight).float()
-
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        """Write `config.json` and `model.safetensors` in the released on-disk layout."""
-        save_checkpoint(directory, self.config.to_dict(), self, dtype)

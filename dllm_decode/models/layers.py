@@ -1,5 +1,5 @@
 """Pieces shared by the plain-torch LLaDA and Dream implementations: RMSNorm, RoPE, attention
-against a block-level KV cache, default positions, the pre-norm block and the block stack.
+against a block-level KV cache, default positions, the pre-norm block and the model skeleton.
 
 The KV cache holds each layer's keys (already rotated) and values for the whole canvas. A forward
 over canvas rows `[a, b)` writes its fresh K/V into those columns in place and attends over every
@@ -10,6 +10,8 @@ cache (rows = the block and the whole suffix).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -116,16 +118,6 @@ def key_mask_of(attention_mask: Tensor | None) -> Tensor | None:
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
-def rows_to_compute(kv: KVCache | None, rows: tuple[int, int], length: int,
-                    lookback: int = 0) -> tuple[int, int]:
-    """Canvas rows `[a, b)` a forward must run: all of them unless a filled cache holds the rest.
-
-    `lookback` extra rows before `rows` are computed too (Dream reads the logit of row a - 1).
-    """
-    if kv is None or not kv.filled:
-        return 0, length
-    return max(rows[0] - lookback, 0), rows[1]
-
 
 class PreNormBlock(nn.Module):
     """Llama-shaped block: x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))).
@@ -155,20 +147,48 @@ class PreNormBlock(nn.Module):
         return h + down(F.silu(gate(f)) * up(f))
 
 
-def run_blocks(embed: nn.Embedding, blocks: nn.ModuleList, input_ids: Tensor,
-               attention_mask: Tensor | None, positions: Tensor, kv: KVCache | None,
-               fed: tuple[int, int], head_dim: int, rope_theta: float) -> Tensor:
-    """Embed canvas rows `fed = [a, b)` and run every block on them, through the cache if given.
+class BlockStackLM(nn.Module):
+    """Skeleton shared by LLaDA and Dream: embedding, a stack of `PreNormBlock`s, the KV cache.
 
-    Args:
-        input_ids: (B, L) the whole canvas; positions: (B, L).
-        attention_mask: (B, L) 0/1 over all columns (padded keys are never attended) or None.
-    Returns:
-        (B, b - a, d) hidden states after the last block (before the final norm).
+    Subclasses set `self.config` (with `head_dim`, `rope_theta` and `to_dict()` in the released
+    layout) and return their embedding and blocks from `parts()`; their `forward` adds the final
+    norm and the head.
     """
-    cos, sin = rope_tables(positions[:, fed[0]:fed[1]], head_dim, rope_theta)
-    key_mask = key_mask_of(attention_mask)
-    h = embed(input_ids[:, fed[0]:fed[1]])
-    for layer, block in enumerate(blocks):
-        h = block(h, cos, sin, key_mask, kv, layer, fed)
-    return h
+
+    supports_kv = True
+    config: Any
+
+    def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
+        raise NotImplementedError
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None,
+                      positions: Tensor | None, kv: KVCache | None, rows: tuple[int, int] | None,
+                      lookback: int = 0) -> tuple[Tensor, Tensor, tuple[int, int, int]]:
+        """Run the blocks over what canvas rows `rows = (a, b)` need (see `DiffusionLM`).
+
+        A filled cache supplies every other column, so only `[a - lookback, b)` is computed;
+        otherwise every row is (and, with an empty cache, stored).
+        Returns:
+            (B, b - lo, d) hidden states of rows `[lo, b)` after the last block, with
+            `lo = max(a - lookback, 0)`; the (B, L) positions used; and `(lo, a, b)`.
+        """
+        batch, length = input_ids.shape
+        a, b = rows if rows is not None else (0, length)
+        lo = max(a - lookback, 0)
+        if positions is None:
+            positions = default_positions(attention_mask, batch, length, input_ids.device)
+        fed = (lo, b) if kv is not None and kv.filled else (0, length)   # compute only what's needed
+        cos, sin = rope_tables(positions[:, fed[0]:fed[1]], self.config.head_dim,
+                               self.config.rope_theta)
+        key_mask = key_mask_of(attention_mask)
+        embed, blocks = self.parts()
+        h = embed(input_ids[:, fed[0]:fed[1]])
+        for layer, block in enumerate(blocks):
+            h = block(h, cos, sin, key_mask, kv, layer, fed)
+        return h[:, lo - fed[0]:b - fed[0]], positions, (lo, a, b)
+
+    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        """Write `config.json` and `model.safetensors` in the released on-disk layout."""
+        from dllm_decode.models.loading import save_checkpoint
+
+        save_checkpoint(directory, self.config.to_dict(), self, dtype)

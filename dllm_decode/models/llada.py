@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import (KVCache, PreNormBlock, RMSNorm, default_positions,
-                                       rows_to_compute, run_blocks)
-from dllm_decode.models.loading import save_checkpoint
+from dllm_decode.models.layers import BlockStackLM, KVCache, PreNormBlock, RMSNorm
 
 _REQUIRED_STRUCTURE = {  # config values this implementation covers, as in the released checkpoints
     "block_type": {"llama"}, "activation_type": {"silu"}, "layer_norm_type": {"rms"},
@@ -126,10 +122,8 @@ class _LLaDATransformer(nn.Module):
             self.transformer["ff_out"] = nn.Linear(cfg.d_model, cfg.logit_columns, bias=cfg.include_bias)
 
 
-class LLaDAModelLM(nn.Module):
+class LLaDAModelLM(BlockStackLM):
     """The DiffusionLM for LLaDA checkpoints (state dict keys `model.transformer.*`)."""
-
-    supports_kv = True
 
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -140,23 +134,16 @@ class LLaDAModelLM(nn.Module):
         self.vocab_size = config.logit_columns
         self.max_length: int | None = config.max_sequence_length
 
+    def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
+        return self.model.transformer["wte"], self.model.transformer["blocks"]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, kv: KVCache | None = None,
                 rows: tuple[int, int] | None = None) -> Tensor:
         """Logits (B, b - a, V) for canvas rows `rows = (a, b)` (default all); see `DiffusionLM`."""
-        batch, length = input_ids.shape
-        a, b = rows if rows is not None else (0, length)
-        if positions is None:
-            positions = default_positions(attention_mask, batch, length, input_ids.device)
-        fed = rows_to_compute(kv, (a, b), length)                        # compute only what is needed
+        h, _, _ = self.hidden_states(input_ids, attention_mask, positions, kv, rows)
         t = self.model.transformer
-        h = run_blocks(t["wte"], t["blocks"], input_ids, attention_mask, positions, kv, fed,
-                       self.config.head_dim, self.config.rope_theta)
-        h = t["ln_f"](h[:, a - fed[0]:b - fed[0]])
+        h = t["ln_f"](h)
         head = t["wte"].weight if self.config.weight_tying else t["ff_out"].weight
         logits = F.linear(h, head, t["ff_out"].bias if not self.config.weight_tying else None)
         return logits.float()
-
-    def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
-        """Write `config.json` and `model.safetensors` in the released on-disk layout."""
-        save_checkpoint(directory, self.config.to_dict(), self, dtype)

@@ -197,17 +197,30 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
     Raises:
-        ModelLoadError: missing or corrupt directory, unsupported model type.
+        ModelLoadError: missing or corrupt directory, bad config, unsupported model type (a
+            causal LM included), tokenizer without a mask token for a generic masked LM.
     """
     directory = resolve_model_dir(path)
     config = read_config(directory)
-    kind = str(config.get("model_type", "")).lower()
-    builder = BUILDERS.get(kind)
-    if builder is None:
-        raise ModelLoadError(f"{directory}: model_type {config.get('model_type')!r} is not a "
-                             f"diffusion LM this toolkit loads; supported: {sorted(BUILDERS)}")
-    model = builder(directory, config)
+    model_type = config.get("model_type")
+    builder = BUILDERS.get(str(model_type).lower())
+    if builder is None and (kind := _model_kind(config)) != "masked":
+        if kind == "causal":
+            raise ModelLoadError(f"{directory}: model_type {model_type!r} is a causal "
+                                 f"(autoregressive) LM; diffusion decoding needs a masked LM (LLaDA, "
+                                 f"Dream or a transformers *ForMaskedLM); use it with the "
+                                 f"AR/speculative mode")
+        raise ModelLoadError(f"{directory}: model_type {model_type!r} is not a diffusion LM this "
+                             f"toolkit loads; supported: {sorted(BUILDERS)} or any transformers "
+                             f"masked LM")
+    tokenizer = load_tokenizer(directory)
+    if builder is not None:
+        model = builder(directory, config)
+    else:                                                # generic fallback: any transformers MLM
+        from dllm_decode.models.hf import load_masked_lm
+
+        model = load_masked_lm(directory, tokenizer)
     model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
-    model.tokenizer = load_tokenizer(directory)
+    model.tokenizer = tokenizer
     model.name_or_path = str(path)
     return model

@@ -1,0 +1,23 @@
+"""Shared pytest fixtures: tiny, seeded, offline models (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture
+def tiny_mlm():
+    """Seeded ~18k-parameter bidirectional masked LM (BERT) behind the generic HF adapter.
+
+    Vocab 37 laid out like a BERT word-piece vocab: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3 (EOS),
+    [MASK] 4, words 5-36. `.model` is the raw `BertForMaskedLM`.
+    """
+    from transformers import BertConfig, BertForMaskedLM
+
+    from dllm_decode.models.hf import HFMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=37, max_position_embeddings=64)
+    return HFMaskedLM(BertForMaskedLM(config), mask_token_id=4, eos_token_ids=(3,)).eval()
