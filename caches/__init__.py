@@ -1,10 +1,15 @@
 """How the loop obtains logits for the active block: none, prefix, dual."""
 
+from caches.dual import DualCache
+from caches.kv import BlockKVCache
 from caches.none import NoCache
+from caches.prefix import PrefixCache
 from dllm_decode.interfaces import Cache
 
 CACHES: dict[str, type[Cache]] = {
-    "none": NoCache,      # full forward every step (exact)
+    "none": NoCache,        # full forward every step (exact)
+    "prefix": PrefixCache,  # Fast-dLLM PrefixCache: block + suffix recomputed, prefix K/V cached
+    "dual": DualCache,      # Fast-dLLM DualCache: block recomputed, prefix and suffix K/V cached
 }
 
-__all__ = ["CACHES", "NoCache"]
+__all__ = ["CACHES", "BlockKVCache", "DualCache", "NoCache", "PrefixCache"]

@@ -1,0 +1,71 @@
+"""What the prefix and dual caches share: the refresh policy and the per-request `KVCache` state.
+
+Fast-dLLM v1 (Wu et al., 2025, arXiv 2505.22618, §3.2; `shared/specs/models-and-caches.md` §4)
+refreshes the whole cache with one full forward at the start of every semi-autoregressive block;
+dInfer's `cache_update_freq` also refreshes every N steps inside a block. A refresh forward's
+logits are that step's logits (it counts one NFE like every forward); in-block steps feed only
+some rows and attend to the cached K/V of the others. The model does the caching: a forward with
+an empty `KVCache` stores every layer's rotated K/V, a forward with a filled one computes only
+`rows`, writes their fresh K/V in place and attends over every column.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.models.layers import KVCache
+
+
+@dataclass(frozen=True)
+class BlockKVCache(Cache):
+    """A block-level KV cache refreshed at each block start (and every `refresh_every` steps).
+
+    Attributes:
+        refresh_every: also refresh at in-block steps `refresh_every`, `2 * refresh_every`, ...
+            None = only at the block start (Fast-dLLM's default). 1 = a full forward every step,
+            which makes the cache exact (the same logits as `none`).
+    """
+
+    refresh_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.refresh_every is not None and self.refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1 or None, got {self.refresh_every}")
+
+    def init_state(self, model: DiffusionLM) -> KVCache:
+        """An empty cache for a new request.
+
+        Raises:
+            ValueError: the model has no KV cache (`supports_kv` missing or False).
+        """
+        if not getattr(model, "supports_kv", False):
+            name = getattr(model, "name_or_path", None) or type(model).__name__
+            raise ValueError(f"cache {type(self).__name__} needs a model with a KV cache, and "
+                             f"{name} has none (supports_kv is False); accepted cache: 'none'")
+        return KVCache()
+
+    def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
+               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        if state is None or not state.filled or self._refresh_due(block_step):
+            # A fresh KVCache (not a cleared one): nothing outside the state may alias it.
+            state = self.init_state(model)
+            rows = (block[0], canvas.shape[1])            # the rest of the canvas, as `none` gives
+        else:
+            rows = self.rows(block, canvas.shape[1])
+        return model(canvas, attention_mask, kv=state, rows=rows), rows[0], state
+
+    def _refresh_due(self, block_step: int) -> bool:
+        return block_step == 0 or (self.refresh_every is not None and block_step % self.refresh_every == 0)
+
+    @abc.abstractmethod
+    def rows(self, block: tuple[int, int], length: int) -> tuple[int, int]:
+        """Canvas rows `[a, b)` an in-block (cached) step recomputes, with `a <= block[0]`."""
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        """Keep batch `rows` of every layer's K/V (the loop dropped finished rows)."""
+        return state.select_rows(rows) if isinstance(state, KVCache) and state.filled else state

@@ -1,0 +1,219 @@
+"""The caches inside the loop: exactness where the maths says exact, batching, every scheduler,
+rows dropped mid-run, attention masks that change between steps, errors and the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from caches import CACHES, DualCache, NoCache, PrefixCache
+from dllm_decode import DecodeConfig, generate
+from dllm_decode.cli import main
+from dllm_decode.interfaces import Decision, Filter, StepInput
+from dllm_decode.registry import build
+from dllm_decode.testing import OracleMaskPredictor, tiny_llada
+from schedulers import SCHEDULERS, ThresholdScheduler
+
+VOCAB, MASK, EOS = 37, 36, 35
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]       # left padding: three prompt lengths
+KV_CACHES = sorted(name for name, cls in CACHES.items() if cls is not NoCache)
+
+
+def config(scheduler=None, gen=16, block=8, **kw) -> DecodeConfig:
+    return DecodeConfig(scheduler=scheduler or ThresholdScheduler(), gen_length=gen,
+                        block_length=block, **kw)
+
+
+def decode(model, cache, prompts=PROMPTS, cfg=None, **kw):
+    return generate(model, prompts, cfg or config(), cache=cache, trace=True, **kw)
+
+
+def assert_same_decode(result, reference, atol=1e-5) -> None:
+    """Same tokens, NFE and, step by step, the same confidences (the logits, seen through softmax)."""
+    assert torch.equal(result.tokens, reference.tokens)
+    assert torch.equal(result.nfe, reference.nfe)
+    assert len(result.trace) == len(reference.trace)
+    for step, ref in zip(result.trace, reference.trace):
+        assert step["offset"] == ref["offset"]
+        torch.testing.assert_close(step["confidence"], ref["confidence"], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_refresh_every_step_equals_no_cache(name):
+    model = tiny_llada(seed=3, layers=3)
+    assert_same_decode(decode(model, build(CACHES, name, {"refresh_every": "1"})), decode(model, NoCache()))
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_one_layer_block_start_refresh_is_exact(name):
+    """One layer: a position's K/V depend only on its own token, so nothing cached goes stale."""
+    model = tiny_llada(seed=4, layers=1)
+    assert_same_decode(decode(model, CACHES[name]()), decode(model, NoCache()))
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_multi_layer_refresh_steps_are_exact_and_cached_steps_are_not(name):
+    model = tiny_llada(seed=3, layers=3)
+    cfg = config(stop_at_eos=False)
+    cached, reference = decode(model, CACHES[name](), cfg=cfg), decode(model, NoCache(), cfg=cfg)
+    first = cached.trace[0]
+    assert first["block_step"] == 0
+    torch.testing.assert_close(first["confidence"], reference.trace[0]["confidence"], atol=1e-5, rtol=0)
+    assert len(cached.trace) > 2                   # there were cached steps to compare
+    steps = min(len(cached.trace), len(reference.trace))
+    differs = [not torch.allclose(c["confidence"], r["confidence"], atol=1e-4)
+               for c, r in zip(cached.trace[1:steps], reference.trace[1:steps]) if c["block_step"] > 0]
+    assert any(differs)                             # stale K/V really are used (approximate)
+
+
+@pytest.mark.parametrize("name", sorted(CACHES))
+def test_batched_equals_one_by_one(name):
+    model = tiny_llada(seed=3)
+    cache = CACHES[name]()
+    batched = generate(model, PROMPTS, config(), cache=cache)
+    for row, prompt in enumerate(PROMPTS):
+        alone = generate(model, [prompt], config(), cache=cache)
+        assert torch.equal(batched.tokens[row], alone.tokens[0])
+        assert batched.nfe[row] == alone.nfe[0]
+
+
+@pytest.mark.parametrize("cache_name", sorted(CACHES))
+@pytest.mark.parametrize("scheduler_name", sorted(SCHEDULERS))
+def test_every_scheduler_with_every_cache_leaves_no_mask(scheduler_name, cache_name):
+    scheduler = SCHEDULERS[scheduler_name]()
+    block = 5 if scheduler.chooses_block_bounds else 8      # adaptive bounds need not divide
+    cfg = config(scheduler, gen=16, block=block, stop_at_eos=False)
+    result = generate(tiny_llada(seed=5), PROMPTS, cfg, cache=CACHES[cache_name](),
+                      generator=torch.Generator().manual_seed(0))
+    assert not (result.tokens == MASK).any()
+    assert (result.nfe >= 1).all() and (result.nfe <= 16 + 4).all()
+
+
+class EosForPrompt(torch.nn.Module):
+    """tiny_llada that predicts EOS everywhere, confidently, in rows whose first prompt token is 1."""
+
+    supports_kv = True
+
+    def __init__(self, layers: int = 2):
+        super().__init__()
+        self.inner = tiny_llada(seed=3, layers=layers)
+        self.mask_token_id, self.eos_token_ids = MASK, (EOS,)
+        self.vocab_size, self.max_length = VOCAB, None
+
+    def forward(self, input_ids, attention_mask=None, positions=None, kv=None, rows=None):
+        logits = self.inner(input_ids, attention_mask, positions, kv=kv, rows=rows)
+        first = input_ids.gather(1, (input_ids == EOS).long().argmin(-1, keepdim=True))  # skip padding
+        return logits + 100.0 * torch.nn.functional.one_hot(torch.tensor(EOS), VOCAB) * (first == 1)[..., None]
+
+
+@pytest.mark.parametrize("name", sorted(CACHES))
+def test_rows_dropped_mid_block_keep_the_cache_consistent(name):
+    """Row 0 ends its first block at step 0 (all EOS) and is dropped while the others still decode
+    through the cache; they must decode exactly as they do alone."""
+    model, cache, cfg = EosForPrompt(), CACHES[name](), config(gen=24, block=8)
+    batched = generate(model, PROMPTS, cfg, cache=cache)
+    assert batched.nfe[0] == 1 and (batched.nfe[1:] > 3).all()
+    assert (batched.tokens[0] == EOS).all()
+    for row in (1, 2):
+        alone = generate(model, [PROMPTS[row]], cfg, cache=cache)
+        assert torch.equal(batched.tokens[row], alone.tokens[0])
+        assert batched.nfe[row] == alone.nfe[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class TruncateAt(Filter):
+    """Truncate every row `at` columns after the generation start (EoTP-like mask change)."""
+
+    at: int
+
+    def __call__(self, inp: StepInput, decision: Decision) -> Decision:
+        column = inp.gen_span[:, 0] + self.at
+        return dataclasses.replace(decision, truncate_at=column)
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_attention_mask_changing_mid_block_keeps_one_layer_exactness(name):
+    """The truncation masks columns after the refresh; cached steps must use the new mask."""
+    model, cfg = tiny_llada(seed=4, layers=1), config(gen=16, block=8, stop_at_eos=False)
+    cut = [TruncateAt(at=6)]
+    cached, reference = decode(model, CACHES[name](), cfg=cfg, filters=cut), decode(model, NoCache(), cfg=cfg, filters=cut)
+    assert (cached.tokens[:, 6:] == EOS).all() and len(cached.trace) > 1
+    assert_same_decode(cached, reference)
+    assert not torch.equal(reference.tokens, decode(model, NoCache(), cfg=cfg).tokens)  # the cut matters
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_model_without_kv_support_is_a_one_line_error(name):
+    oracle = OracleMaskPredictor(torch.arange(4), torch.full((4,), 0.5), VOCAB, MASK, EOS)
+    with pytest.raises(ValueError, match=r"OracleMaskPredictor .*accepted cache: 'none'"):
+        generate(oracle, [[1]], config(gen=4, block=4), cache=CACHES[name]())
+
+
+def test_refresh_policy_is_validated():
+    with pytest.raises(ValueError, match="refresh_every must be >= 1"):
+        PrefixCache(refresh_every=0)
+    with pytest.raises(ValueError, match="after_look must be >= 0"):
+        DualCache(after_look=-1)
+    assert build(CACHES, "dual", {"refresh_every": "none"}) == DualCache()
+    assert build(CACHES, "prefix", {"refresh_every": "4"}).refresh_every == 4
+
+
+class Spy(torch.nn.Module):
+    """Records, per forward, whether the KV cache was empty (a refresh) and the rows asked for."""
+
+    supports_kv = True
+
+    def __init__(self):
+        super().__init__()
+        self.inner = tiny_llada(seed=3)
+        self.mask_token_id, self.eos_token_ids = MASK, (EOS,)
+        self.vocab_size, self.max_length = VOCAB, None
+        self.calls: list[tuple[bool, tuple[int, int]]] = []
+
+    def forward(self, input_ids, attention_mask=None, positions=None, kv=None, rows=None):
+        self.calls.append((kv is None or not kv.filled, rows))
+        return self.inner(input_ids, attention_mask, positions, kv=kv, rows=rows)
+
+
+@pytest.mark.parametrize("every", [None, 1, 3])
+def test_refresh_policy_decides_which_forwards_are_full(every):
+    """Refresh at every block start and every `refresh_every` steps; in-block steps feed the block."""
+    model = Spy()
+    cfg = config(SCHEDULERS["low_confidence"](), gen=16, block=8, stop_at_eos=False)   # 8 steps a block
+    result = generate(model, [[1, 2, 3]], cfg, cache=DualCache(refresh_every=every))
+    full = [step % 8 == 0 or (every is not None and step % 8 % every == 0) for step in range(16)]
+    assert [refresh for refresh, _ in model.calls] == full
+    assert [rows for _, rows in model.calls] == [
+        (3 + 8 * (step // 8), 19) if full[step] else (3 + 8 * (step // 8), 11 + 8 * (step // 8))
+        for step in range(16)]
+    assert result.nfe.tolist() == [16]                 # refresh passes are decode steps: 1 NFE each
+
+
+def test_dual_vicinity_window_widens_the_fed_rows():
+    model = tiny_llada(seed=3)
+    wide = DualCache(prefix_look=2, after_look=3)
+    assert wide.rows((10, 18), 24) == (8, 21) and wide.rows((1, 18), 20) == (0, 20)
+    result = decode(model, wide)
+    assert not (result.tokens == MASK).any()
+    assert {step["offset"] for step in result.trace if step["block_step"] > 0} == {-2, 6}
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_cli_decodes_with_the_cache_and_names_it(name):
+    out = CliRunner().invoke(main, ["--model", "tiny", "--cache", name, "-c", "refresh_every=2",
+                                    "--gen-length", "16", "--block-length", "8", "--prompt", "w1 w2",
+                                    "--json"])
+    assert out.exit_code == 0, out.output
+    record = json.loads(out.output)
+    assert record["cache"]["name"] == name and record["cache"]["refresh_every"] == 2
+    assert record["nfe"] >= 2
+
+
+def test_cli_rejects_a_bad_refresh_policy():
+    out = CliRunner().invoke(main, ["--model", "tiny", "--cache", "dual", "-c", "refresh_every=0",
+                                    "--prompt", "w1"])
+    assert out.exit_code == 2 and "refresh_every must be >= 1" in out.output

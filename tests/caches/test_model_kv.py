@@ -1,0 +1,114 @@
+"""The model side of the block KV cache (`dllm_decode/models/layers.py`), LLaDA and Dream.
+
+A cached forward must query only the given rows against the cached K/V, replace those rows' K/V
+in place, rotate cached keys at their own positions and respect the padding mask, on left-padded
+batches with odd lengths and a nonzero block offset (spec §6, "cache tests").
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_decode.models.layers import KVCache
+from tests.models.conftest import LLADA_SIZES, left_padded_batch
+
+ATOL = 1e-5
+MASK = LLADA_SIZES["mask_token_id"]
+LENGTH, START, END = 13, 6, 9          # odd canvas, block [6, 9), suffix [9, 13)
+LENGTHS = (LENGTH, 8, 10)              # three rows, two of them left-padded
+
+
+def canvas() -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = left_padded_batch(LENGTHS, seed=1, length=LENGTH)
+    ids[:, START:] = MASK                                   # block and suffix still masked
+    return ids, mask
+
+
+def commit_some(ids: torch.Tensor) -> torch.Tensor:
+    """Unmask two block columns, with different tokens in each row."""
+    out = ids.clone()
+    out[:, START] = torch.arange(ids.shape[0]) + 3
+    out[:, START + 2] = torch.arange(ids.shape[0]) + 7
+    return out
+
+
+@pytest.mark.parametrize("rows", [(START, LENGTH), (START, END)], ids=["prefix", "dual"])
+def test_one_layer_cached_step_equals_full_forward(make_native, rows):
+    model = make_native(layers=1)
+    ids, mask = canvas()
+    kv = KVCache()
+    refresh = model(ids, mask, kv=kv, rows=(START, LENGTH))
+    torch.testing.assert_close(refresh, model(ids, mask)[:, START:], atol=ATOL, rtol=0)
+    changed = commit_some(ids)
+    cached = model(changed, mask, kv=kv, rows=rows)
+    assert cached.shape[1] == rows[1] - rows[0]
+    torch.testing.assert_close(cached, model(changed, mask)[:, rows[0]:rows[1]], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [(START, LENGTH), (START, END)], ids=["prefix", "dual"])
+def test_multi_layer_cached_step_on_an_unchanged_canvas_equals_full_forward(make_native, rows):
+    """Nothing changed since the refresh, so every cached K/V is current at every layer."""
+    model = make_native(layers=3)
+    ids, mask = canvas()
+    kv = KVCache()
+    model(ids, mask, kv=kv, rows=(START, LENGTH))
+    cached = model(ids, mask, kv=kv, rows=rows)
+    torch.testing.assert_close(cached, model(ids, mask)[:, rows[0]:rows[1]], atol=ATOL, rtol=0)
+
+
+def test_multi_layer_cached_step_is_stale_after_a_change(make_native):
+    """With >= 2 layers, K/V outside the fed rows keep the refresh-time values (the approximation)."""
+    model = make_native(layers=3)
+    ids, mask = canvas()
+    kv = KVCache()
+    model(ids, mask, kv=kv, rows=(START, LENGTH))
+    changed = commit_some(ids)
+    cached = model(changed, mask, kv=kv, rows=(START, END))
+    assert (cached - model(changed, mask)[:, START:END]).abs().amax() > 1e-4
+
+
+def test_cached_step_writes_the_fed_rows_in_place(make_native):
+    model = make_native(layers=2)
+    ids, mask = canvas()
+    kv = KVCache()
+    model(ids, mask, kv=kv, rows=(START, LENGTH))
+    before = [k.clone() for k in kv.keys]
+    storage = [k.data_ptr() for k in kv.keys]
+    model(commit_some(ids), mask, kv=kv, rows=(START, END))
+    fresh = KVCache()
+    model(commit_some(ids), mask, kv=fresh, rows=(START, LENGTH))
+    assert [k.data_ptr() for k in kv.keys] == storage                     # no copy of the cache
+    torch.testing.assert_close(kv.keys[0], fresh.keys[0], atol=ATOL, rtol=0)   # layer 0 is exact
+    lookback = START - 1 if type(model).__name__ == "DreamModel" else START     # Dream feeds s - 1
+    for layer, key in enumerate(kv.keys):
+        torch.testing.assert_close(key[:, :, :lookback], before[layer][:, :, :lookback], atol=0, rtol=0)
+        torch.testing.assert_close(key[:, :, END:], before[layer][:, :, END:], atol=0, rtol=0)
+
+
+def test_padding_is_never_attended_through_the_cache(make_native):
+    """Changing pad tokens changes nothing, refreshed or cached."""
+    model = make_native(layers=1)
+    ids, mask = canvas()
+    other = torch.where(mask.bool(), ids, (ids + 5) % MASK)
+    for tokens in (ids, other):
+        kv = KVCache()
+        model(tokens, mask, kv=kv, rows=(START, LENGTH))
+        out = model(commit_some(tokens), mask, kv=kv, rows=(START, END))
+        if tokens is ids:
+            reference = out
+    torch.testing.assert_close(out, reference, atol=ATOL, rtol=0)
+
+
+def test_rows_of_a_batch_are_independent_and_can_be_dropped(make_native):
+    """Selecting cache rows after the refresh equals refreshing the smaller batch."""
+    model = make_native(layers=2)
+    ids, mask = canvas()
+    kv = KVCache()
+    model(ids, mask, kv=kv, rows=(START, LENGTH))
+    keep = torch.tensor([0, 2])
+    out = model(commit_some(ids)[keep], mask[keep], kv=kv.select_rows(keep), rows=(START, END))
+    alone = KVCache()
+    model(ids[keep], mask[keep], kv=alone, rows=(START, LENGTH))
+    torch.testing.assert_close(out, model(commit_some(ids)[keep], mask[keep], kv=alone, rows=(START, END)),
+                               atol=ATOL, rtol=0)
