@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# One intra-op thread: the tiny test models gain nothing from more, and on a 2-core machine
+# shared with other jobs extra threads only thrash.
+torch.set_num_threads(1)
+
 
 @pytest.fixture
 def tiny_mlm():
