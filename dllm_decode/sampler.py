@@ -101,6 +101,7 @@ class _Run:
         self.sched_state = config.scheduler.init_state(batch, canvas.device)
         self.cache_state = cache.init_state(model) if cache is not None else None
         self.columns = torch.arange(width, device=canvas.device)
+        self.mask_column = torch.tensor([self.mask_id], device=canvas.device)
 
     # -- phases: every working row decodes its next block; the phase ends when all are done --
     def decode(self) -> None:
@@ -144,14 +145,13 @@ class _Run:
             step=block_step, num_steps=max(e - s for s, e in zip(self.start, self.end)),
             offset=offset, block=block, gen_span=gen_span, is_masked=is_masked, eligible=eligible,
             candidates=window, confidence=eligible.float(), probs=logits, logits=logits,
-            live=eligible.any(-1), generator=self.generator))
+            live=eligible.any(-1), generator=self.generator, eos_ids=tuple(self.model.eos_token_ids)))
         processed, self.sched_state = self.config.scheduler.process_logits(inp, self.sched_state)
         return inp if processed is None else self._view(processed, inp)
 
     def _view(self, logits: Tensor, inp: StepInput) -> StepInput:
         """Candidates and confidences from (processed) logits; [MASK] is never a candidate."""
-        logits = logits.float()
-        logits[..., self.mask_id] = torch.finfo(logits.dtype).min
+        logits = logits.float().index_fill(-1, self.mask_column, torch.finfo(torch.float32).min)
         probs = logits.softmax(-1)
         candidates = gumbel_argmax(logits, self.config.temperature, self.generator)
         confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
