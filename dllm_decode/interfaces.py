@@ -66,6 +66,8 @@ class StepInput:
         live: (B,) bool, rows with work in this step (rows whose block is already done wait for
             the others and are never eligible).
         generator: the request's random generator (for random scores), or None.
+        eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
+            instead of hard-coding them).
     """
 
     step: int
@@ -81,6 +83,7 @@ class StepInput:
     logits: Tensor
     live: Tensor
     generator: torch.Generator | None = None
+    eos_ids: tuple[int, ...] = ()
 
     @property
     def columns(self) -> Tensor:
