@@ -108,6 +108,7 @@ class _Run:
         while self.x.shape[0]:
             self.start = list(self.end)
             self.end = [min(s + self.config.block_length, g) for s, g in zip(self.start, self.gen_end)]
+            self.budget = self._block_budget()
             self._decode_block()
 
     def _decode_block(self) -> None:
@@ -118,7 +119,7 @@ class _Run:
             if self._bookkeep(has_work, gen_end):
                 return
             block_step += 1
-            if block_step > max(e - s for s, e in zip(self.start, self.end)) + 1:
+            if block_step > self.budget + 1:
                 raise RuntimeError("a block still has masks after one step per position: a "
                                    "scheduler or filter broke the progress rule")
 
@@ -142,7 +143,7 @@ class _Run:
         cols = self.columns[offset:offset + logits.shape[1]]
         eligible = is_masked & (cols >= block[:, :1]) & (cols < block[:, 1:])
         inp = self._view(logits, StepInput(
-            step=block_step, num_steps=max(e - s for s, e in zip(self.start, self.end)),
+            step=block_step, num_steps=self.budget,
             offset=offset, block=block, gen_span=gen_span, is_masked=is_masked, eligible=eligible,
             candidates=window, confidence=eligible.float(), probs=logits, logits=logits,
             live=eligible.any(-1), generator=self.generator, eos_ids=tuple(self.model.eos_token_ids)))
@@ -175,8 +176,15 @@ class _Run:
         block = torch.tensor(list(zip(self.start, self.end)), device=self.x.device)
         eligible = inp.is_masked & ((inp.columns >= block[:, :1]) & (inp.columns < block[:, 1:]))
         confidence = masked_scores(inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1), eligible)
+        self.budget = self._block_budget()
         return dataclasses.replace(inp, block=block, eligible=eligible, confidence=confidence,
-                                   live=eligible.any(-1), num_steps=max(e - s for s, e in zip(self.start, self.end)))
+                                   live=eligible.any(-1), num_steps=self.budget)
+
+    def _block_budget(self) -> int:
+        """The block's step budget, fixed when its bounds are set: a truncation (EoTP) inside the
+        block shrinks the block but not the budget, so fixed-step schedules keep their per-step
+        counts (and the step cap cannot fire on steps already taken)."""
+        return max(e - s for s, e in zip(self.start, self.end))
 
     def _apply(self, inp: StepInput, decision: Decision) -> tuple[Tensor, Tensor]:
         """Enforce the invariants and write the commits. Returns (B,) rows that worked and gen ends."""

@@ -1,0 +1,198 @@
+"""Train the Learn2PD filter (`filters.LearnedFilter`) for a model: `dllm-decode train-filter`.
+
+Recipe (Learn2PD, arXiv 2509.25188 §3; `ims-kdks/Learning-to-Parallel-Decoding@342293c:
+llada/generate_training_data.py`, `train.ipynb@22837cc`):
+1. Reference: the model's own one-token-per-step output (`low_confidence`), not the dataset
+   answer, so the filter learns when the model's current prediction is already its final one.
+2. Features and labels from the same decode's trace: at every step, the active block's
+   confidence vector (`filters.features.block_confidence`, exactly what the filter sees at
+   decode time) and, per masked slot, whether the step's prediction equals the final token.
+   Deviation: the paper logs along the oracle trajectory (commit exactly the slots that already
+   match); we log the baseline trajectory, whose steps see more still-masked context.
+3. BCE on the masked slots only (committed and padding slots have no decision to learn), AdamW
+   at lr 3e-3, full batch, as the notebook does (fewer epochs: the data set is small).
+4. Precision, recall and false-positive rate of "accept" at the filter's threshold on a
+   held-out split of the prompts (split by prompt, so no decode is in both halves).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.sampler import generate
+from filters.features import block_confidence, block_slots
+from filters.mlp import ConfidenceMLP, save_mlp
+from schedulers import LowConfidenceScheduler
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepData:
+    """One row per (decode step, batch row) of the reference decodes.
+
+    Attributes:
+        features: (N, width) float32 block confidences.
+        labels: (N, width) bool, the step's prediction equals the final token.
+        valid: (N, width) bool, the slot was masked (the only slots the filter decides).
+        prompt: (N,) long index of the prompt the row came from.
+    """
+
+    features: Tensor
+    labels: Tensor
+    valid: Tensor
+    prompt: Tensor
+
+    def take(self, keep: Tensor) -> "StepData":
+        return StepData(self.features[keep], self.labels[keep], self.valid[keep], self.prompt[keep])
+
+
+def steps_from_trace(trace: list[dict[str, Any]], final: Tensor, block_length: int, width: int,
+                     first_prompt: int = 0) -> StepData:
+    """Features and labels of every traced step.
+
+    Args:
+        trace: `DecodeResult.trace` of a fixed-block decode (offsets relative to the generation
+            start; the step's block starts at the offset rounded down to the block grid).
+        final: (B, G) the decode's final tokens (the reference).
+        block_length: the decode's block length.
+        width: the filter's input width.
+        first_prompt: prompt index of batch row 0.
+    """
+    gen = final.shape[1]
+    parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    for record in trace:
+        rows, offset, confidence = record["rows"], record["offset"], record["confidence"]
+        start = offset - offset % block_length
+        block = torch.tensor([[start, min(start + block_length, gen)]]).expand(rows.shape[0], 2)
+        features = block_confidence(confidence, offset, block, width)
+        column, real = block_slots(offset, block, confidence.shape[1], width)
+        predicted = record["tokens"].gather(1, column)
+        reference = final[rows].gather(1, (column + offset).clamp(max=gen - 1))
+        valid = real & torch.isfinite(confidence.gather(1, column))
+        parts.append((features, predicted == reference, valid, rows + first_prompt))
+    if not parts:
+        return StepData(torch.zeros(0, width), torch.zeros(0, width, dtype=torch.bool),
+                        torch.zeros(0, width, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
+    return StepData(*(torch.cat(column) for column in zip(*parts)))
+
+
+def collect(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen_length: int,
+            block_length: int, width: int, batch_size: int = 32,
+            progress: Progress | None = None) -> tuple[StepData, Tensor]:
+    """Decode `prompts` one token per step with a trace; returns the step data and the NFE per prompt."""
+    config = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length,
+                          block_length=block_length)
+    data, nfe = [], []
+    for first in range(0, len(prompts), batch_size):
+        chunk = list(prompts[first:first + batch_size])
+        result = generate(model, chunk, config, trace=True)
+        data.append(steps_from_trace(result.trace or [], result.tokens, block_length, width, first))
+        nfe.append(result.nfe)
+        if progress:
+            progress(f"reference decodes: {first + len(chunk)}/{len(prompts)}")
+    merged = StepData(*(torch.cat(column) for column in zip(*((d.features, d.labels, d.valid, d.prompt)
+                                                              for d in data))))
+    return merged, torch.cat(nfe)
+
+
+def fit(data: StepData, *, width: int, hidden: int = 32, epochs: int = 2000, lr: float = 3e-3,
+        seed: int = 0, progress: Progress | None = None) -> ConfidenceMLP:
+    """Full-batch AdamW on BCE over the valid slots; returns the trained (eval-mode) network."""
+    torch.manual_seed(seed)          # a training recipe, not library code: seeds its own init
+    module = ConfidenceMLP(width, hidden)
+    optimiser = torch.optim.AdamW(module.parameters(), lr=lr)
+    weight = data.valid.float()
+    targets = data.labels.float()
+    loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)         # a 2k-parameter network: thread fan-out costs more than it saves
+    try:
+        _epochs(module, optimiser, loss_fn, data.features, targets, weight, epochs, progress)
+    finally:
+        torch.set_num_threads(threads)
+    module.requires_grad_(False)
+    return module.eval()
+
+
+def _epochs(module, optimiser, loss_fn, features: Tensor, targets: Tensor, weight: Tensor,
+            epochs: int, progress: Progress | None) -> None:
+    with torch.enable_grad():
+        for epoch in range(1, epochs + 1):
+            optimiser.zero_grad()
+            loss = (loss_fn(module(features), targets) * weight).sum() / weight.sum().clamp_min(1)
+            loss.backward()
+            optimiser.step()
+            if progress and (epoch % max(epochs // 10, 1) == 0 or epoch == epochs):
+                progress(f"epoch {epoch}/{epochs}: loss {loss.item():.4f}")
+
+
+def metrics(module: ConfidenceMLP, data: StepData, threshold: float) -> dict[str, float]:
+    """Accept quality at `threshold` over the valid slots: precision, recall, false-positive
+    rate, accuracy, and the base rate of positive labels."""
+    with torch.no_grad():
+        accept = torch.sigmoid(module(data.features)) > threshold
+    accept, label = accept[data.valid], data.labels[data.valid]
+    tp, fp = (accept & label).sum().item(), (accept & ~label).sum().item()
+    fn, tn = (~accept & label).sum().item(), (~accept & ~label).sum().item()
+    total = max(tp + fp + fn + tn, 1)
+    return {"slots": tp + fp + fn + tn, "base_rate": (tp + fn) / total,
+            "accuracy": (tp + tn) / total, "precision": tp / max(tp + fp, 1),
+            "recall": tp / max(tp + fn, 1), "false_positive_rate": fp / max(fp + tn, 1),
+            "accepted_share": (tp + fp) / total}
+
+
+def split_prompts(n: int, heldout: float, seed: int) -> tuple[list[int], list[int]]:
+    """Shuffle prompt indices with `seed`; the last `heldout` share is held out (at least one)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    cut = n - max(1, round(n * heldout)) if n > 1 else n
+    return sorted(order[:cut]), sorted(order[cut:])
+
+
+def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen_length: int = 256,
+                 block_length: int = 32, width: int = 32, hidden: int = 32, epochs: int = 2000,
+                 lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1, seed: int = 0,
+                 batch_size: int = 32, out: str | None = None,
+                 progress: Progress | None = None) -> tuple[ConfidenceMLP, dict[str, Any]]:
+    """Reference decodes -> step data -> trained filter (+ held-out report), optionally saved.
+
+    Returns:
+        The network and a JSON-ready report: data sizes, the reference NFE, and `metrics` on the
+        train and held-out slots.
+    Raises:
+        ValueError: no prompts, or the decodes produced no masked slot to learn from.
+    """
+    if not prompts:
+        raise ValueError("train_filter needs at least one prompt")
+    data, nfe = collect(model, prompts, gen_length=gen_length, block_length=block_length,
+                        width=width, batch_size=batch_size, progress=progress)
+    train_ids, test_ids = split_prompts(len(prompts), heldout, seed)
+    in_train = torch.isin(data.prompt, torch.tensor(train_ids))
+    train, test = data.take(in_train), data.take(~in_train)
+    if not train.valid.any():
+        raise ValueError("the reference decodes left no masked slot to learn from")
+    module = fit(train, width=width, hidden=hidden, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    report = {"prompts": len(prompts), "train_prompts": len(train_ids), "heldout_prompts": len(test_ids),
+              "steps": int(data.features.shape[0]), "gen_length": gen_length,
+              "block_length": block_length, "width": width, "hidden": hidden, "epochs": epochs,
+              "threshold": threshold, "reference_nfe_mean": float(nfe.double().mean()),
+              "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold)}
+    if out is not None:
+        save_mlp(module, out, metadata={"gen_length": str(gen_length), "block_length": str(block_length),
+                                        "prompts": str(len(prompts)), "recipe": "eval/training/filter.py"})
+    return module, report
+
+
+def task_prompts(per_task: int, seed: int = 0, split: str = "train") -> list[str]:
+    """`per_task` prompts of every registered task's `split`, in registry order."""
+    from eval.tasks import TASKS
+
+    return [example.prompt for task in TASKS.values() for example in task.examples(split, per_task, seed)]
