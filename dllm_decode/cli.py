@@ -53,6 +53,18 @@ def build_or_usage_error(registry: dict, name: str, options: dict, hint: str) ->
         raise click.BadParameter(str(err), param_hint=hint) from None
 
 
+def parse_filters(specs: tuple[str, ...]) -> list[tuple[str, dict[str, str], Any]]:
+    """`--filter` values -> (name, options, built filter) each; bad ones are usage errors."""
+    out = []
+    for spec in specs:
+        try:
+            name, options = parse_filter_spec(spec)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--filter") from None
+        out.append((name, options, build_or_usage_error(FILTERS, name, options, "--filter")))
+    return out
+
+
 def load_any_model(name: str, device: str | None = None, dtype: str | None = None):
     """A model name/path -> DiffusionLM; usage errors as `click.BadParameter`."""
     if name == "tiny":
@@ -114,13 +126,7 @@ def main(ctx: click.Context, model_name: str, scheduler: str, scheduler_opts: di
         return
     scheduler_obj = build_or_usage_error(SCHEDULERS, scheduler, scheduler_opts, "--scheduler-opt")
     cache_obj = build_or_usage_error(CACHES, cache_name, cache_opts, "--cache-opt")
-    filters = []
-    for spec in filter_specs:
-        try:
-            name, options = parse_filter_spec(spec)
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--filter") from None
-        filters.append(build_or_usage_error(FILTERS, name, options, "--filter"))
+    filters = [built for _, _, built in parse_filters(filter_specs)]
     try:
         config = DecodeConfig(scheduler=scheduler_obj, gen_length=gen_length,
                               block_length=block_length, temperature=temperature, seed=seed)
@@ -193,3 +199,106 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
         raise click.UsageError(str(err)) from None
     click.echo(json.dumps({"model": model_name, "out": out, **report}, indent=1))
 
+@main.command("eval")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
+              help="As for decoding: a checkpoint directory, HF cache id, `embedded`, `ideal` or `tiny`.")
+@click.option("--tasks", "selection", default="all", show_default=True,
+              help="Comma list of task names, groups (all, waiting_line, puzzles) or "
+                   "released:DIR[#task+task] (ParallelBench's released output/test directory).")
+@click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
+              metavar="NAME[:KEY=VALUE,...]", help="Repeatable; each one is a curve (or a point).")
+@click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
+              callback=parse_key_values, help="Set a field on every scheduler that has it; repeatable.")
+@click.option("--sweep", "sweep_specs", multiple=True, metavar="KEY=V1,V2,...",
+              help="Sweep a scheduler field, tokens_per_step, block_length, gen_length, temperature "
+                   "or cache.FIELD; repeatable (product).")
+@click.option("--cache", "cache_name", type=click.Choice(sorted(CACHES)), default="none", show_default=True)
+@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=parse_key_values)
+@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
+@click.option("--gen-length", default="32", show_default=True,
+              help="Canvas length, or `answer` for each example's reference length (infilling).")
+@click.option("--block-length", type=click.IntRange(1), default=None, help="Semi-AR block [whole canvas].")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Decoding seed.")
+@click.option("--data-seed", type=int, default=0, show_default=True, help="Seed of the built-in tasks.")
+@click.option("--sort-by", type=click.Choice(["first", "last"]), default="first", show_default=True,
+              help="Released Sort labels: by first name (as released) or last name (as the prompt asks).")
+@click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Results directory; re-running the same command resumes there.")
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [when a terminal].")
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--device", default=None)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ...],
+                 scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
+                 cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
+                 gen_length: str, block_length: int | None, temperature: float, seed: int,
+                 data_seed: int, sort_by: str, batch_size: int, out_dir: str, chat_template: bool,
+                 progress: bool | None, plots: bool, device: str | None, dtype: str | None,
+                 as_json: bool) -> None:
+    """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md, plots.
+
+    Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0).
+    """
+    from eval import distributed
+    from eval.grid import ANSWER, expand_grid, parse_sweep
+    from eval.report import write_outputs
+    from eval.runner import diffusion_decoder, evaluate, ideal_decoder
+    from eval.sources import select_tasks
+    from eval.tokenizer import load_tokenizer
+
+    build_or_usage_error(CACHES, cache_name, cache_opts, "--cache-opt")
+    filters = [(name, tuple(sorted(options.items()))) for name, options, _ in parse_filters(filter_specs)]
+    if gen_length != ANSWER and not (gen_length.isdigit() and int(gen_length) >= 1):
+        raise click.BadParameter(f"expected an integer >= 1 or {ANSWER!r}, got {gen_length!r}",
+                                 param_hint="--gen-length")
+    try:
+        specs = [parse_filter_spec(spec) for spec in scheduler_specs]
+        sweeps = [parse_sweep(spec) for spec in sweep_specs]
+        settings = expand_grid(specs, scheduler_opts, sweeps, cache=cache_name,
+                               cache_options=tuple(sorted(cache_opts.items())), filters=tuple(filters),
+                               gen_length=None if gen_length == ANSWER else int(gen_length),
+                               block_length=block_length, temperature=temperature, seed=seed)
+        runs, skipped = select_tasks(selection, limit, data_seed, sort_by)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if model_name.startswith("ar:"):
+        raise click.BadParameter("the AR speculative baseline (ar:TARGET[+DRAFT]) needs "
+                                 "dllm_decode.speculative, which this install does not have yet",
+                                 param_hint="--model")
+    rank, _ = distributed.init_from_env(device)
+    ideal = model_name == "ideal" or model_name.startswith("ideal:")
+    if ideal:                      # `ideal[:noise=X]`: the analytic model, built per canvas length
+        try:
+            _, ideal_opts = parse_filter_spec(model_name)
+            decoder = ideal_decoder(float(ideal_opts.pop("noise", 1e-3)), **ideal_opts)
+        except (ValueError, TypeError) as err:
+            raise click.BadParameter(f"{model_name!r}: {err}", param_hint="--model") from None
+        tokenizer = load_tokenizer()
+    else:
+        model = load_any_model(model_name, distributed.local_device(device), dtype)
+        decoder, tokenizer = diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
+    if rank == 0:
+        for message in skipped:
+            click.echo(message, err=True)
+    try:
+        records = evaluate(decoder, model_name, settings, runs, out_dir, tokenizer=tokenizer,
+                           batch_size=batch_size,
+                           progress=sys.stderr.isatty() if progress is None else progress)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    if records is None:                                  # ranks > 0: rank 0 reports
+        return
+    summary = write_outputs(records, out_dir, theory=ideal, skipped=skipped,
+                            meta={"model": model_name, "command": " ".join(sys.argv)}, plots=plots)
+    if as_json:
+        click.echo(json.dumps(summary, default=str))
+        return
+    for entry in summary["leaderboard"]:
+        levels = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
+        click.echo(f"{entry['label']}: max tokens/step {levels}")
+    click.echo(f"wrote {out_dir}/samples.jsonl, summary.json, report.md")

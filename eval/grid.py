@@ -1,0 +1,212 @@
+"""The decoding configurations of an evaluation: schedulers x sweeps, each a `Setting`.
+
+Sweep and option keys: a scheduler field (`threshold`, `steps_per_block`, ...); `tokens_per_step`
+(schedulers with `steps_per_block`: k tokens per step, i.e. `steps_per_block = ceil(block / k)`,
+ParallelBench's top-k axis); `block_length`, `gen_length` (an int or `answer`), `temperature`;
+`cache.<field>`. A sweep multiplies only the schedulers it applies to; `--sweep a=.. --sweep b=..`
+is the product. The sweep keys stay out of a setting's `group`, so one group is one curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from caches import CACHES
+from dllm_decode.config import DecodeConfig, component_dict
+from dllm_decode.registry import build
+from eval.records import stable_hash
+from filters import FILTERS
+from schedulers import SCHEDULERS
+
+TOKENS_PER_STEP = "tokens_per_step"
+GLOBAL_KEYS = ("block_length", "gen_length", "temperature")
+ANSWER = "answer"
+"""`gen_length=answer`: each example's canvas is exactly its reference answer (infilling)."""
+NAMES = {cls: key for registry in (SCHEDULERS, CACHES, FILTERS) for key, cls in registry.items()}
+
+Options = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One decoding configuration (one point of a sweep).
+
+    Attributes:
+        scheduler: SCHEDULERS name; `options` its fields as text, plus `tokens_per_step`.
+        cache, cache_options: CACHES name and fields.
+        filters: (FILTERS name, options) in order.
+        gen_length: canvas length G, or None for each example's answer length.
+        block_length: semi-AR block; None = one block over the canvas (ParallelBench's default).
+        temperature, seed: as `DecodeConfig`.
+        swept: option keys a sweep varies (left out of `group`).
+    """
+
+    scheduler: str
+    options: Options = ()
+    cache: str = "none"
+    cache_options: Options = ()
+    filters: tuple[tuple[str, Options], ...] = ()
+    gen_length: int | None = 32
+    block_length: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
+    swept: tuple[str, ...] = ()
+
+    def block_for(self, gen_length: int) -> int:
+        """The block length used on a canvas of `gen_length` (the whole canvas when unset or
+        when an answer-length canvas is not a multiple of it)."""
+        block = min(self.block_length or gen_length, gen_length)
+        return block if gen_length % block == 0 else gen_length
+
+    def build_scheduler(self, gen_length: int):
+        options = dict(self.options)
+        k = options.pop(TOKENS_PER_STEP, None)
+        if k is not None:
+            options["steps_per_block"] = str(math.ceil(self.block_for(gen_length) / int(k)))
+        return build(SCHEDULERS, self.scheduler, options)
+
+    def decode_config(self, gen_length: int) -> DecodeConfig:
+        return DecodeConfig(scheduler=self.build_scheduler(gen_length), gen_length=gen_length,
+                            block_length=self.block_for(gen_length),
+                            temperature=self.temperature, seed=self.seed)
+
+    def build_cache(self):
+        return build(CACHES, self.cache, dict(self.cache_options))
+
+    def build_filters(self) -> list:
+        return [build(FILTERS, name, dict(options)) for name, options in self.filters]
+
+    def params(self) -> dict[str, Any]:
+        """Options set on the command line or by a sweep, typed (for tables and legends)."""
+        built = build(SCHEDULERS, self.scheduler,
+                      {k: v for k, v in self.options if k != TOKENS_PER_STEP})
+        out: dict[str, Any] = {}
+        for key, value in self.options:
+            out[key] = int(value) if key == TOKENS_PER_STEP else getattr(built, key)
+        for key in self.swept:
+            if key in GLOBAL_KEYS:
+                out[key] = getattr(self, key)
+            elif key.startswith("cache."):
+                out[key] = dict(self.cache_options)[key[len("cache."):]]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything that determines the outputs, with every default filled in."""
+        scheduler = component_dict(build(SCHEDULERS, self.scheduler, {
+            k: v for k, v in self.options if k != TOKENS_PER_STEP}), NAMES)
+        if TOKENS_PER_STEP in dict(self.options):
+            scheduler[TOKENS_PER_STEP] = int(dict(self.options)[TOKENS_PER_STEP])
+            scheduler.pop("steps_per_block", None)
+        return {"scheduler": scheduler, "cache": component_dict(self.build_cache(), NAMES),
+                "filters": [component_dict(f, NAMES) for f in self.build_filters()],
+                "gen_length": self.gen_length if self.gen_length is not None else ANSWER,
+                "block_length": self.block_length, "temperature": self.temperature,
+                "seed": self.seed}
+
+    @property
+    def key(self) -> str:
+        return stable_hash(self.to_dict())
+
+    @property
+    def group(self) -> str:
+        """Identity of the curve this setting lies on: the setting minus its swept keys."""
+        base = dataclasses.replace(
+            self, options=tuple((k, v) for k, v in self.options if k not in self.swept),
+            cache_options=tuple((k, v) for k, v in self.cache_options
+                                if f"cache.{k}" not in self.swept),
+            **{k: None for k in ("gen_length", "block_length") if k in self.swept},
+            **({"temperature": -1.0} if "temperature" in self.swept else {}))
+        return stable_hash([base.scheduler, base.options, base.cache, base.cache_options,
+                            base.filters, base.gen_length, base.block_length, base.temperature,
+                            base.seed, self.swept])
+
+    def label(self) -> str:
+        """Short legend text: scheduler plus its fixed (non-swept) options."""
+        fixed = [f"{k}={v}" for k, v in self.options if k not in self.swept]
+        extra = [] if self.cache == "none" else [f"cache={self.cache}"]
+        return " ".join([self.scheduler, *fixed, *extra, *(name for name, _ in self.filters)])
+
+
+def parse_sweep(text: str) -> tuple[str, list[str]]:
+    """`key=v1,v2,...` -> (key, values). Raises ValueError without `=` or values."""
+    key, sep, values = text.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise ValueError(f"expected KEY=V1,V2,..., got {text!r}")
+    return key.strip(), items
+
+
+def _applies(key: str, scheduler: str) -> bool:
+    fields = {f.name for f in dataclasses.fields(SCHEDULERS[scheduler])}
+    if key == TOKENS_PER_STEP:
+        return "steps_per_block" in fields
+    return key.split(".", 1)[0] in fields or key in GLOBAL_KEYS or key.startswith("cache.")
+
+
+def expand_grid(schedulers: Sequence[tuple[str, Mapping[str, str]]], options: Mapping[str, str],
+                sweeps: Sequence[tuple[str, Sequence[str]]], **common: Any) -> list[Setting]:
+    """Every setting of the grid, validated (each is built once).
+
+    Args:
+        schedulers: (name, its own options) per `--scheduler`.
+        options: `-o` options, applied to every scheduler that has the field.
+        sweeps: (key, values) per `--sweep`.
+        common: `Setting` fields shared by all (cache, filters, gen_length, ...).
+    Raises:
+        ValueError: unknown scheduler, option or sweep key that applies to no scheduler, a value
+            the component rejects.
+    """
+    for name, _ in schedulers:
+        if name not in SCHEDULERS:
+            raise ValueError(f"unknown scheduler {name!r}; choose from {sorted(SCHEDULERS)}")
+    for key in [*options, *(k for k, _ in sweeps)]:
+        if not any(_applies(key, name) for name, _ in schedulers):
+            raise ValueError(f"option {key!r} applies to none of the schedulers "
+                             f"{[n for n, _ in schedulers]}")
+    settings = []
+    for name, own in schedulers:
+        fixed = {k: v for k, v in options.items() if _applies(k, name)} | dict(own)
+        mine = [(k, vs) for k, vs in sweeps if _applies(k, name)]
+        for values in itertools.product(*(vs for _, vs in mine)):
+            chosen = fixed | dict(zip((k for k, _ in mine), values))
+            settings.append(_setting(name, chosen, tuple(k for k, _ in mine), common))
+    for setting in settings:
+        setting.to_dict()                       # builds every component: errors surface now
+        if setting.gen_length is not None:
+            setting.decode_config(setting.gen_length)
+        if (k := dict(setting.options).get(TOKENS_PER_STEP)) is not None and (
+                not k.isdigit() or int(k) < 1):
+            raise ValueError(f"{TOKENS_PER_STEP} must be an integer >= 1, got {k!r}")
+    return list(dict.fromkeys(settings))
+
+
+def _setting(name: str, chosen: Mapping[str, str], swept: tuple[str, ...],
+             common: Mapping[str, Any]) -> Setting:
+    fields: dict[str, Any] = dict(common)
+    cache_options = dict(fields.pop("cache_options", ()))
+    scheduler_options = {}
+    for key, value in chosen.items():
+        if key.startswith("cache."):
+            cache_options[key[len("cache."):]] = value
+        elif key == "gen_length":
+            fields[key] = None if value == ANSWER else _int(key, value)
+        elif key == "block_length":
+            fields[key] = None if value.lower() == "none" else _int(key, value)
+        elif key == "temperature":
+            fields[key] = float(value)
+        else:
+            scheduler_options[key] = value
+    return Setting(scheduler=name, options=tuple(sorted(scheduler_options.items())),
+                   cache_options=tuple(sorted(cache_options.items())), swept=swept, **fields)
+
+
+def _int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None

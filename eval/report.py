@@ -1,0 +1,91 @@
+"""`report.md`: the summary as markdown tables (leaderboard, per configuration, per task) with
+links to the plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _num(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
+    """The report text; `plots` are linked by file name (they sit next to the report)."""
+    lines = [f"# Evaluation: {summary.get('model', 'model')}", ""]
+    if summary.get("command"):
+        lines += ["```", summary["command"], "```", ""]
+    lines += [f"{summary['num_samples']} samples, {len(summary['configurations'])} "
+              f"configuration(s), {len(summary['tasks'])} task(s). Accuracy in %, tokens per step "
+              f"= canvas length / NFE (ParallelBench).", ""]
+    for message in summary.get("skipped", []):
+        lines.append(f"* {message}")
+    if summary.get("skipped"):
+        lines.append("")
+    for path in plots:
+        lines += [f"![{path.stem}]({path.name})", ""]
+    levels = list(summary["leaderboard"][0]["max_tokens_per_step"]) if summary["leaderboard"] else []
+    lines += ["## Max tokens per step at mean accuracy", ""]
+    lines += _table(["sweep", "swept", *(f">= {lv}%" for lv in levels), "interpolated"], [
+        [e["label"], ", ".join(e["swept"]) or "–",
+         *(_num(e["max_tokens_per_step"][lv], 2) for lv in levels), "yes" if e["interpolated"] else "no"]
+        for e in summary["leaderboard"]])
+    lines += ["", "## Configurations", ""]
+    lines += _table(["scheduler", "params", "mean accuracy", "tokens/step", "NFE", "s/sample"], [
+        [c["scheduler"], _params(c["params"]), _num(c["mean_accuracy"]), _num(c["tokens_per_step"], 2),
+         _num(c["nfe"]), _num(c["seconds"], 3)] for c in summary["configurations"]])
+    if summary.get("oracle"):
+        lines += ["", "## Oracle (best sweep point per sample, ParallelBench App. G.2)", ""]
+        lines += _table(["sweep", "mean accuracy", "tokens/step"], [
+            [o["label"], _num(o["mean_accuracy"]), _num(o["tokens_per_step"], 2)]
+            for o in summary["oracle"]])
+    theory = any(c.get("theory_accuracy") is not None for c in summary["results"])
+    lines += ["", "## Per task", ""]
+    header = ["task", "scheduler", "params", "accuracy", "tokens/step", "NFE", "s/sample"]
+    lines += _table(header + (["ideal (theory)"] if theory else []), [
+        [c["task"], c["scheduler"], _params(c["params"]), _num(c["accuracy"]),
+         _num(c["tokens_per_step"], 2), _num(c["nfe"]), _num(c["seconds"], 3),
+         *([_num(c.get("theory_accuracy"))] if theory else [])] for c in summary["results"]])
+    lines += ["", "## Tasks: conditional total correlation C(Y|X)", ""]
+    lines += _table(["task", "examples", "C(Y|X) bits"], [
+        [task, str(info["examples"]), _num(info["total_correlation_bits"], 3)]
+        for task, info in summary["tasks"].items()])
+    return "\n".join(lines) + "\n"
+
+
+def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = ()) -> Path:
+    path = Path(out_dir) / "report.md"
+    path.write_text(render(summary, plots))
+    return path
+
+
+def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, theory: bool = False,
+                  skipped: Sequence[str] = (), meta: dict[str, Any] | None = None,
+                  plots: bool = True) -> dict[str, Any]:
+    """`summary.json`, the plots and `report.md` for a grid's records; returns the summary."""
+    import json
+
+    from eval.plots import plot_summary
+    from eval.summary import summarize
+
+    out = Path(out_dir)
+    summary = summarize(records, theory=theory, skipped=skipped, meta=meta)
+    paths = plot_summary(summary, out) if plots else []
+    summary["plots"] = [p.name for p in paths]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_report(summary, out, paths)
+    return summary

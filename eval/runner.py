@@ -1,0 +1,211 @@
+"""`evaluate`: run a grid of decoding settings over scored tasks, resumably and data-parallel.
+
+Work is cut into batches once, from the whole grid (setting x task x canvas length, in order),
+so a batch's rows and its random generator (seeded from the batch's identity) do not depend on
+how many processes share the work or on what an earlier run finished: batch b goes to rank
+b mod world. Each finished batch is appended to JSONL at once (`eval.records`); a re-run skips
+samples already written. With several processes each rank writes `samples.rank<r>.jsonl` and rank
+0 merges them into `samples.jsonl`, then writes `summary.json`, `report.md` and the plots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.sampler import generate
+from eval import distributed
+from eval.grid import Setting
+from eval.progress import Progress
+from eval.records import (append_records, read_records, repair, sample_key, stable_hash,
+                          unique_by_key)
+from eval.sources import TaskRun
+from eval.tasks import Example
+
+SAMPLES = "samples.jsonl"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Rows decoded together: one setting, one task, one canvas length."""
+
+    setting: Setting
+    config_key: str
+    run: TaskRun
+    gen_length: int
+    indices: tuple[int, ...]
+
+    @property
+    def seed(self) -> int:
+        return int(stable_hash([self.config_key, self.run.name, self.indices[0]], 15), 16)
+
+
+Decoder = Callable[[list[str], Setting, int, torch.Generator], tuple[list[dict[str, Any]], float]]
+"""(prompts, setting, gen_length, generator) -> (per row: output, nfe, tokens_per_step,
+answer_tokens_per_step; seconds for the batch)."""
+
+
+def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
+    """Decode with the one denoising loop; prompts go through the tokenizer's chat template
+    when it has one (instruction-tuned checkpoints) and `chat_template` is set."""
+    tokenizer = getattr(model, "tokenizer", None)
+    templated = chat_template and getattr(tokenizer, "chat_template", None)
+
+    def decode(prompts: list[str], setting: Setting, gen_length: int,
+               generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
+        if templated:
+            prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
+                                                     add_generation_prompt=True, tokenize=False)
+                       for p in prompts]
+        return _generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+    return decode
+
+
+def ideal_decoder(noise: float = 1e-3) -> Decoder:
+    """Decode with ParallelBench's ideal model (`eval.ideal.IdealModel`, built per canvas length).
+
+    Args:
+        noise: std of the zero-mean logit noise (spec §2.2); a small value breaks the exact ties
+            of uniform marginals at random, as the closed forms for greedy decoding assume. Its
+            generator is drawn from the batch's, so runs repeat.
+    """
+    from eval.ideal import IdealModel
+    from eval.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+
+    def decode(prompts: list[str], setting: Setting, gen_length: int,
+               generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
+        seed = int(torch.randint(2 ** 62, (1,), generator=generator))
+        model = IdealModel(gen_length, noise, torch.Generator().manual_seed(seed))
+        return _generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+    return decode
+
+
+def _generate_rows(model: Any, prompts: list[str], setting: Setting, gen_length: int,
+                   generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
+    result = generate(model, prompts, setting.decode_config(gen_length), cache=setting.build_cache(),
+                      filters=setting.build_filters(), generator=generator, tokenizer=tokenizer)
+    texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
+    rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
+             "answer_tokens_per_step": float(atps)}
+            for text, nfe, tps, atps in zip(texts, result.nfe.tolist(),
+                                            result.tokens_per_step.tolist(),
+                                            result.answer_tokens_per_step.tolist())]
+    return rows, result.seconds
+
+
+def answer_length(tokenizer: Any, example: Example) -> int:
+    """Tokens of the reference answer under the model's tokenizer (words without one)."""
+    if tokenizer is None:
+        return max(1, len(example.answer.split()))
+    return max(1, len(tokenizer(example.answer, add_special_tokens=False)["input_ids"]))
+
+
+def plan(settings: Sequence[Setting], runs: Sequence[TaskRun], tokenizer: Any, model_name: str,
+         batch_size: int) -> list[Batch]:
+    """All batches of the grid, in a fixed order."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batches = []
+    lengths: dict[tuple[str, int], int] = {}
+    for setting in settings:
+        config_key = config_key_of(setting, model_name)
+        for run in runs:
+            by_length: dict[int, list[int]] = {}
+            for i, example in enumerate(run.examples):
+                if setting.gen_length is None:
+                    length = lengths.setdefault((run.name, i), answer_length(tokenizer, example))
+                else:
+                    length = setting.gen_length
+                by_length.setdefault(length, []).append(i)
+            for length, indices in by_length.items():
+                for start in range(0, len(indices), batch_size):
+                    batches.append(Batch(setting, config_key, run, length,
+                                         tuple(indices[start:start + batch_size])))
+    return batches
+
+
+def config_key_of(setting: Setting, model_name: str) -> str:
+    return stable_hash({"model": model_name, **setting.to_dict()})
+
+
+def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
+             runs: Sequence[TaskRun], out_dir: str | Path, *, tokenizer: Any = None,
+             batch_size: int = 8, progress: bool = False) -> list[dict[str, Any]] | None:
+    """Decode and score every pending sample of the grid; resumes from `out_dir`.
+
+    Args:
+        decoder: how a batch is decoded (`diffusion_decoder(model)`, `ideal_decoder()`).
+        model_name: recorded in every sample and part of the configuration key.
+        settings: the grid (`eval.grid.expand_grid`).
+        runs: the tasks (`eval.sources.select_tasks`).
+        out_dir: where `samples.jsonl` (and the rank shards) live.
+        tokenizer: counts answer tokens for `gen_length=answer` canvases (None: words).
+        batch_size: rows per decoder call.
+        progress: draw a progress bar on stderr (rank 0 only).
+    Returns:
+        On rank 0 the grid's records, in plan order; None on the other ranks.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rank, world = distributed.rank_and_world()
+    mine = out / (SAMPLES if world == 1 else f"samples.rank{rank}.jsonl")
+    if rank == 0:                   # shards left by a killed run (of any world size) come first
+        distributed.merge_shards(out, SAMPLES)
+    distributed.barrier()
+    repair(mine)
+    done = {r["key"] for r in read_records(out / SAMPLES)} | {r["key"] for r in read_records(mine)}
+    batches = [b for i, b in enumerate(plan(settings, runs, tokenizer, model_name, batch_size))
+               if i % world == rank]
+    pending = [(b, [i for i in b.indices if _key(b, i) not in done]) for b in batches]
+    pending = [(b, rows) for b, rows in pending if rows]
+    bar = Progress(sum(len(rows) for _, rows in pending), label=f"eval {model_name}",
+                   enabled=progress and rank == 0)
+    for batch, rows in pending:
+        records = _decode(batch, rows, decoder, model_name)
+        append_records(mine, records)
+        bar.update([r["score"] for r in records])
+    bar.close()
+    distributed.barrier()
+    if rank != 0:
+        return None
+    if world > 1:
+        distributed.merge_shards(out, SAMPLES)
+    keys = [_key(b, i) for b in plan(settings, runs, tokenizer, model_name, batch_size) for i in b.indices]
+    by_key = {r["key"]: r for r in unique_by_key(read_records(out / SAMPLES))}
+    return [by_key[k] for k in keys if k in by_key]
+
+
+def _key(batch: Batch, index: int) -> str:
+    return sample_key(batch.config_key, batch.run.name, index, batch.run.examples[index].prompt)
+
+
+def _decode(batch: Batch, rows: list[int], decoder: Decoder, model_name: str) -> list[dict[str, Any]]:
+    examples = [batch.run.examples[i] for i in rows]
+    generator = torch.Generator().manual_seed(batch.seed)
+    started = time.perf_counter()
+    outputs, seconds = decoder([e.prompt for e in examples], batch.setting, batch.gen_length,
+                               generator)
+    seconds = seconds or time.perf_counter() - started
+    setting = batch.setting
+    records = []
+    for i, example, out in zip(rows, examples, outputs):
+        items = example.meta.get("items")
+        records.append({
+            "key": _key(batch, i), "config_key": batch.config_key, "group": setting.group,
+            "task": batch.run.name, "index": i, "model": model_name,
+            "scheduler": setting.scheduler, "params": setting.params(), "label": setting.label(),
+            "swept": list(setting.swept), "config": setting.to_dict(),
+            "prompt": example.prompt, "reference": example.answer,
+            "score": float(batch.run.score(example, out["output"])),
+            "gen_length": batch.gen_length, "block_length": setting.block_for(batch.gen_length),
+            "n": len(items) if isinstance(items, list) else None,
+            "seconds": seconds / len(rows), **out,
+        })
+    return records

@@ -1,0 +1,56 @@
+"""Leaderboard interpolation, oracle and theory points of `eval.summary`."""
+
+import pytest
+
+from eval.summary import max_tps_at, summarize, theory_point
+
+LLADA15_THRESHOLD = [(1.33, 86.4), (3.42, 83.8), (4.53, 77.5), (5.62, 68.3), (6.55, 57.9), (8.27, 47.2)]
+
+
+def test_max_tps_matches_the_parallelbench_leaderboard():
+    # LLaDA 1.5 confidence threshold: 4.09 at 80% ([PAGE] leaderboard JSON, spec §3.3).
+    assert max_tps_at(LLADA15_THRESHOLD, 80, interpolate=True) == pytest.approx(4.09, abs=5e-3)
+    # Top-k entries are reported at the largest tested point: LLaDA 1.5 confidence top-k -> 1.
+    topk = [(1, 86.4), (2, 74.4), (4, 58.9), (8, 41.1)]
+    assert max_tps_at(topk, 80, interpolate=False) == 1
+    assert max_tps_at(topk, 90, interpolate=True) == 0.0
+    assert max_tps_at(topk, 50, interpolate=False) == 4
+
+
+def _record(config, task, index, score, tps, swept=("threshold",), group="g", **extra):
+    return {"config_key": config, "group": group, "task": task, "index": index, "score": score,
+            "tokens_per_step": tps, "answer_tokens_per_step": tps, "nfe": 8 / tps, "seconds": 0.1,
+            "scheduler": "threshold", "params": {}, "label": "threshold", "swept": list(swept),
+            "model": "m", "gen_length": 8, "block_length": 8, "n": 3,
+            "config": {"scheduler": {"name": "threshold", "threshold": 0.9}, "temperature": 0.0},
+            **extra}
+
+
+def test_summary_means_and_oracle():
+    records = [_record("a", "copy", 0, 1.0, 1.0), _record("a", "copy", 1, 1.0, 1.0),
+               _record("b", "copy", 0, 1.0, 4.0), _record("b", "copy", 1, 0.0, 2.0),
+               _record("a", "sort", 0, 0.0, 1.0), _record("b", "sort", 0, 1.0, 8.0)]
+    summary = summarize(records)
+    cells = {(c["config_key"], c["task"]): c for c in summary["results"]}
+    assert cells["b", "copy"]["accuracy"] == 50.0 and cells["b", "copy"]["tokens_per_step"] == 3.0
+    configs = {c["config_key"]: c for c in summary["configurations"]}
+    assert configs["a"]["mean_accuracy"] == 50.0 and configs["b"]["mean_accuracy"] == 75.0
+    assert configs["b"]["tokens_per_step"] == pytest.approx((3.0 + 8.0) / 2)
+    (oracle,) = summary["oracle"]        # per sample: best score, then most tokens per step
+    assert oracle["tasks"]["copy"] == {"accuracy": 100.0, "tokens_per_step": 2.5}
+    assert oracle["tasks"]["sort"] == {"accuracy": 100.0, "tokens_per_step": 8.0}
+    (entry,) = summary["leaderboard"]
+    assert entry["interpolated"] and entry["max_tokens_per_step"]["70"] == pytest.approx(5.5)
+
+
+def test_theory_point_only_where_a_closed_form_holds():
+    shuffle = _record("a", "shuffle", 0, 0.0, 1.0, gen_length=4, block_length=4, n=4)
+    shuffle["config"] = {"scheduler": {"name": "random", "tokens_per_step": 2}, "temperature": 0.0}
+    assert theory_point(shuffle) == pytest.approx((2.0, 0.375 * (1 - 1 / 24)))   # identity fails
+    assert theory_point({**shuffle, "gen_length": 8, "block_length": 8}) is None   # EOS padding
+    assert theory_point({**shuffle, "task": "copy"}) is None
+    replace = {**shuffle, "task": "replace_random"}
+    replace["config"] = {"scheduler": {"name": "threshold", "threshold": 0.8}, "temperature": 0.0}
+    assert theory_point(replace) == pytest.approx((1.0, 1.0))     # 3/4 < 0.8: one per step
+    replace["config"]["scheduler"]["threshold"] = 0.7
+    assert theory_point(replace) == pytest.approx((4.0, 0.0))     # 3/4 >= 0.7: all keep at once
