@@ -31,7 +31,8 @@ class HFMaskedLM(nn.Module):
 
     Positions: when the wrapped forward takes `position_ids`, a padded batch gets
     `cumsum(attention_mask) - 1` (plus the family's offset), so a left-padded row sees the
-    positions of the unpadded one; otherwise the model's own positions apply.
+    positions of the unpadded one; otherwise the model's own positions apply. `max_length` is
+    `max_position_embeddings` minus that offset (RoBERTa: 514 -> 512).
 
     Args:
         model: the masked LM, e.g. `BertForMaskedLM`.
@@ -46,7 +47,8 @@ class HFMaskedLM(nn.Module):
         self.model = model
         self.mask_token_id = mask_token_id
         self.eos_token_ids = tuple(eos_token_ids)
-        self.vocab_size: int = model.config.vocab_size
+        head = model.get_output_embeddings()                   # logit columns may exceed the vocab
+        self.vocab_size: int = head.weight.shape[0] if head is not None else model.config.vocab_size
         self._offset = _position_offset(model)
         self._takes_positions = "position_ids" in inspect.signature(model.forward).parameters
         max_positions = getattr(model.config, "max_position_embeddings", None)
