@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import ClassVar
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from caches import CACHES, DualCache, NoCache, PrefixCache
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.cli import main
-from dllm_decode.interfaces import Decision, Filter, StepInput
+from dllm_decode.interfaces import Decision, Filter, Scheduler, StepInput
 from dllm_decode.registry import build
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
 from schedulers import SCHEDULERS, ThresholdScheduler
@@ -43,15 +44,15 @@ def assert_same_decode(result, reference, atol=1e-5) -> None:
 
 
 @pytest.mark.parametrize("name", KV_CACHES)
-def test_refresh_every_step_equals_no_cache(name):
-    model = tiny_llada(seed=3, layers=3)
+def test_refresh_every_step_equals_no_cache(name, make_native):
+    model = make_native(layers=3, seed=3)
     assert_same_decode(decode(model, build(CACHES, name, {"refresh_every": "1"})), decode(model, NoCache()))
 
 
 @pytest.mark.parametrize("name", KV_CACHES)
-def test_one_layer_block_start_refresh_is_exact(name):
+def test_one_layer_block_start_refresh_is_exact(name, make_native):
     """One layer: a position's K/V depend only on its own token, so nothing cached goes stale."""
-    model = tiny_llada(seed=4, layers=1)
+    model = make_native(layers=1, seed=4)
     assert_same_decode(decode(model, CACHES[name]()), decode(model, NoCache()))
 
 
@@ -71,8 +72,8 @@ def test_multi_layer_refresh_steps_are_exact_and_cached_steps_are_not(name):
 
 
 @pytest.mark.parametrize("name", sorted(CACHES))
-def test_batched_equals_one_by_one(name):
-    model = tiny_llada(seed=3)
+def test_batched_equals_one_by_one(name, make_native):
+    model = make_native(seed=3)
     cache = CACHES[name]()
     batched = generate(model, PROMPTS, config(), cache=cache)
     for row, prompt in enumerate(PROMPTS):
@@ -91,6 +92,28 @@ def test_every_scheduler_with_every_cache_leaves_no_mask(scheduler_name, cache_n
                       generator=torch.Generator().manual_seed(0))
     assert not (result.tokens == MASK).any()
     assert (result.nfe >= 1).all() and (result.nfe <= 16 + 4).all()
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedBlocks(Scheduler):
+    """Threshold rule whose blocks end 3, 5, 7, ... columns after their start in rows 0, 1, 2, ...
+    so rows run out of step: the loop passes the cache (min start, max end) over rows."""
+
+    chooses_block_bounds: ClassVar[bool] = True
+
+    def block_end(self, inp: StepInput, state):
+        return inp.block[:, 0] + 3 + 2 * torch.arange(inp.block.shape[0]), state
+
+    def select(self, inp: StepInput, state):
+        return Decision(commit=inp.confidence >= 0.9), state
+
+
+@pytest.mark.parametrize("name", KV_CACHES)
+def test_per_row_block_bounds_keep_one_layer_exactness(name):
+    model, cfg = tiny_llada(seed=4, layers=1), config(RaggedBlocks(), gen=16, block=5, stop_at_eos=False)
+    cached, reference = decode(model, CACHES[name](), cfg=cfg), decode(model, NoCache(), cfg=cfg)
+    assert not (cached.tokens == MASK).any()
+    assert_same_decode(cached, reference)
 
 
 class EosForPrompt(torch.nn.Module):

@@ -1,0 +1,178 @@
+"""Benchmark the block KV caches side by side: `none` vs `prefix` vs `dual` in one run.
+
+    python -m eval.bench_cache [--json FILE] [--repeats 3] [--gen 256 512] [--batch 1 8]
+
+Setting (Fast-dLLM's published LLaDA runs, spec §4.7): block 32, the `threshold` scheduler at 0.9,
+greedy. Every configuration (generation length x batch size) runs each cache `--repeats` times,
+interleaved (a rotating order inside each repeat, so load drifts on a shared machine hit every
+cache alike); the figures are medians, and the speedups are ratios of those medians. Model: the
+embedded model when it is installed, else a random-weight LLaDA of the same size (labelled as
+such: a random model commits about one token per step, so its NFE is not a trained model's).
+Prompts and accuracy come from the task suite (`eval.tasks`) when the embedded model is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from caches import CACHES
+from dllm_decode.config import DecodeConfig
+from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from dllm_decode.models.loading import ModelLoadError, load_model
+from dllm_decode.sampler import generate
+from schedulers import ThresholdScheduler
+
+CACHE_NAMES = ("none", "prefix", "dual")
+BLOCK, THRESHOLD = 32, 0.9
+FALLBACK_SIZE = dict(d_model=256, n_heads=8, n_layers=4, mlp_hidden_size=704)
+"""The embedded model's architecture (eval/training/dllm.py), used with random weights."""
+ACCURACY_TASKS = ("sort", "reverse", "copy", "shuffle", "insert_index", "remove_index")
+
+
+@dataclass
+class Bench:
+    model: Any
+    label: str
+    tasks: dict | None        # TASKS when the embedded model and the suite are both present
+
+
+def load_bench_model() -> Bench:
+    """The embedded model (+ tasks), else a random LLaDA of the embedded size."""
+    try:
+        model = load_model("embedded")
+    except ModelLoadError:
+        generator = torch.Generator().manual_seed(0)
+        config = LLaDAConfig(**FALLBACK_SIZE, vocab_size=128, max_sequence_length=1024,
+                             rope_theta=10000.0, mask_token_id=127, eos_token_id=126, pad_token_id=126)
+        model = LLaDAModelLM(config)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.05 if p.dim() > 1 else torch.ones(p.shape))
+        return Bench(model.eval(), "RANDOM-WEIGHT LLaDA at the embedded size (embedded model not "
+                                   "installed): d_model 256, 4 layers, vocab 128", None)
+    try:
+        from eval.tasks import TASKS
+    except ImportError:
+        TASKS = None
+    return Bench(model, "embedded model (dllm_decode/embedded/dllm)", TASKS)
+
+
+def task_examples(tasks: dict, n: int, seed: int = 0) -> list:
+    """`n` test-split examples cycling over the list tasks that exist in the suite."""
+    names = [t for t in ACCURACY_TASKS if t in tasks] or sorted(tasks)
+    per_task = -(-n // len(names))
+    pools = [tasks[name].examples("test", per_task, seed) for name in names]
+    mixed = [pool[i] for i in range(per_task) for pool in pools]
+    return mixed[:n]
+
+
+def prompts_for(bench: Bench, batch: int) -> list:
+    if bench.tasks is not None:
+        return [e.prompt for e in task_examples(bench.tasks, batch)]
+    generator = torch.Generator().manual_seed(1)
+    lengths = [16 + (5 * i) % 9 for i in range(batch)]        # unequal: exercises left padding
+    return [torch.randint(0, 120, (n,), generator=generator).tolist() for n in lengths]
+
+
+def run_once(bench: Bench, prompts: list, gen: int, cache_name: str, stop_at_eos: bool) -> dict:
+    config = DecodeConfig(scheduler=ThresholdScheduler(THRESHOLD), gen_length=gen,
+                          block_length=BLOCK, stop_at_eos=stop_at_eos)
+    started = time.perf_counter()
+    result = generate(bench.model, prompts, config, cache=CACHES[cache_name]())
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "nfe": result.nfe.double().mean().item(),
+            "tokens": result.tokens, "text": result.text}
+
+
+def measure(bench: Bench, gen: int, batch: int, repeats: int, stop_at_eos: bool) -> list[dict]:
+    """Median seconds and NFE per cache for one configuration, caches interleaved per repeat."""
+    prompts = prompts_for(bench, batch)
+    runs: dict[str, list[dict]] = {name: [] for name in CACHE_NAMES}
+    for repeat in range(repeats):
+        order = CACHE_NAMES[repeat % len(CACHE_NAMES):] + CACHE_NAMES[:repeat % len(CACHE_NAMES)]
+        for name in order:
+            runs[name].append(run_once(bench, prompts, gen, name, stop_at_eos))
+    base = statistics.median(r["seconds"] for r in runs["none"])
+    rows = []
+    for name in CACHE_NAMES:
+        seconds = statistics.median(r["seconds"] for r in runs[name])
+        same = torch.equal(runs[name][0]["tokens"], runs["none"][0]["tokens"])
+        rows.append({"gen": gen, "batch": batch, "cache": name,
+                     "seconds_per_sample": seconds / batch, "tokens_per_second": gen * batch / seconds,
+                     "nfe": runs[name][0]["nfe"], "speedup": base / seconds,
+                     "same_tokens_as_none": same, "repeats": repeats})
+    return rows
+
+
+def accuracy(bench: Bench, n: int, gen: int, batch: int, stop_at_eos: bool) -> dict[str, dict]:
+    """Task accuracy (%) per cache on `n` test examples, and agreement with `none`'s outputs."""
+    examples = task_examples(bench.tasks, n)
+    texts: dict[str, list[str]] = {}
+    for name in CACHE_NAMES:
+        texts[name] = []
+        for start in range(0, n, batch):
+            chunk = examples[start:start + batch]
+            texts[name] += run_once(bench, [e.prompt for e in chunk], gen, name, stop_at_eos)["text"]
+    out = {}
+    for name in CACHE_NAMES:
+        scores = [bench.tasks[e.task].score(e, t) for e, t in zip(examples, texts[name])]
+        agree = sum(a == b for a, b in zip(texts[name], texts["none"]))
+        out[name] = {"accuracy": 100 * sum(scores) / n, "agreement_with_none": 100 * agree / n}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", dest="json_path", help="also write the results here")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gen", type=int, nargs="+", default=[256, 512])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1: stable on a shared 2-core machine)")
+    parser.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="stop a row after the block holding its end-of-text (the loop default)")
+    parser.add_argument("--accuracy-samples", type=int, default=48)
+    parser.add_argument("--accuracy-gen", type=int, default=256)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    bench = load_bench_model()
+    print(f"model: {bench.label}; block {BLOCK}, threshold {THRESHOLD}, threads {args.threads}, "
+          f"stop_at_eos {args.stop_at_eos}, median of {args.repeats} interleaved repeats")
+    run_once(bench, prompts_for(bench, 1), 64, "dual", args.stop_at_eos)        # warm-up
+    rows = []
+    header = f"{'gen':>4} {'B':>2} {'cache':<7} {'s/sample':>9} {'tok/s':>8} {'NFE':>6} {'speedup':>8} {'=none':>5}"
+    print(header)
+    for gen in args.gen:
+        for batch in args.batch:
+            for row in measure(bench, gen, batch, args.repeats, args.stop_at_eos):
+                rows.append(row)
+                print(f"{row['gen']:>4} {row['batch']:>2} {row['cache']:<7} "
+                      f"{row['seconds_per_sample']:>9.3f} {row['tokens_per_second']:>8.1f} "
+                      f"{row['nfe']:>6.1f} {row['speedup']:>7.2f}x {str(row['same_tokens_as_none']):>5}",
+                      flush=True)
+    acc = None
+    if bench.tasks is not None and args.accuracy_samples > 0:
+        acc = accuracy(bench, args.accuracy_samples, args.accuracy_gen, max(args.batch),
+                       args.stop_at_eos)
+        print(f"accuracy on {args.accuracy_samples} test examples (gen {args.accuracy_gen}):")
+        for name, values in acc.items():
+            print(f"  {name:<7} {values['accuracy']:5.1f}%  same output as none: "
+                  f"{values['agreement_with_none']:5.1f}%")
+    else:
+        print("accuracy: not measured (needs the embedded model and eval.tasks)")
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"model": bench.label, "block_length": BLOCK, "threshold": THRESHOLD,
+                       "threads": args.threads, "stop_at_eos": args.stop_at_eos, "rows": rows,
+                       "accuracy": acc}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
