@@ -118,7 +118,6 @@ def key_mask_of(attention_mask: Tensor | None) -> Tensor | None:
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
-
 class PreNormBlock(nn.Module):
     """Llama-shaped block: x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))).
 
