@@ -5,6 +5,7 @@ objects here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -18,7 +19,7 @@ from dllm_decode.models.loading import ModelLoadError
 from dllm_decode.registry import build, describe
 from dllm_decode.sampler import generate
 from filters import FILTERS
-from schedulers import SCHEDULERS
+from schedulers import SCHEDULERS, with_delimiters
 
 DEFAULT_MODEL = "embedded"
 
@@ -137,6 +138,9 @@ def main(ctx: click.Context, model_name: str, scheduler: str, scheduler_opts: di
     if not prompt.strip():
         raise click.BadParameter("the prompt is empty", param_hint="--prompt")
     model = load_any_model(model_name, device, dtype)
+    # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` from this model's.
+    config = dataclasses.replace(
+        config, scheduler=with_delimiters(config.scheduler, getattr(model, "tokenizer", None)))
     generator = torch.Generator(device=device or "cpu").manual_seed(seed)
     try:
         result = generate(model, [encode_prompt(model, prompt, chat_template)], config,
@@ -153,7 +157,7 @@ def main(ctx: click.Context, model_name: str, scheduler: str, scheduler_opts: di
         "tokens_per_step": float(result.tokens_per_step[0]),
         "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
         "seconds": result.seconds, "model": model_name,
-        "scheduler": component_dict(scheduler_obj, names), "cache": component_dict(cache_obj, names),
+        "scheduler": component_dict(config.scheduler, names), "cache": component_dict(cache_obj, names),
         "filters": [component_dict(f, names) for f in filters],
         "config": {k: v for k, v in config.to_dict(names).items() if k != "scheduler"},
     }))

@@ -43,9 +43,7 @@ def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any]
     for key in plain.keys() | nested.keys():
         annotation = hints[key]
         if _is_component(annotation):
-            default = next(f for f in dataclasses.fields(cls) if f.name == key).default_factory  # type: ignore[misc]
-            base_name = plain.get(key) or _name_of(registry, default() if callable(default) else None)
-            kwargs[key] = build(registry, str(base_name), nested.get(key, {}))
+            kwargs[key] = _component(registry, cls, key, plain.get(key), nested.get(key, {}))
         elif key in nested:
             raise ValueError(f"{name}: option {key!r} is not a component; drop the dotted part")
         else:
@@ -57,6 +55,25 @@ def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any]
         return cls(**kwargs)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{name}: {err}") from None
+
+
+def _component(registry: Mapping[str, type[T]], cls: type, key: str, value: Any,
+               nested: dict[str, Any]) -> Any:
+    """A component field's value from a registry name, a `component_dict` mapping (JSON round
+    trip), an object, or nothing (the field's default, so `-o base.kappa=0.8` keeps the default
+    base's other settings); dotted `nested` options then override its fields."""
+    if isinstance(value, str):
+        return build(registry, value, nested)
+    if isinstance(value, Mapping):
+        options = dict(value)
+        return build(registry, str(options.pop("name", "")), {**options, **nested})
+    if value is None:
+        spec = next(f for f in dataclasses.fields(cls) if f.name == key)
+        value = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()  # type: ignore[misc]
+    if not nested:
+        return value
+    current = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return build(registry, _name_of(registry, value), {**current, **nested})
 
 
 def coerce(annotation: Any, value: Any) -> Any:

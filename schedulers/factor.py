@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
+from schedulers.prefix import sorted_prefix
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,8 @@ class FactorScheduler(Scheduler):
             raise ValueError(f"factor must be > 0, got {self.factor}")
 
     def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
-        ranked, order = inp.confidence.sort(dim=-1, descending=True, stable=True)
+        return Decision(commit=sorted_prefix(inp.confidence, self._passes)), state
+
+    def _passes(self, ranked: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         n = torch.arange(1, ranked.shape[-1] + 1, device=ranked.device, dtype=ranked.dtype)
-        passes = ranked >= 1 - self.factor / (n + 1)
-        passes[..., 0] = True                            # c_(1) always accepted
-        keep_sorted = passes.long().cumprod(-1).bool() & (ranked > float("-inf"))
-        commit = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        return Decision(commit=commit), state
+        return ranked >= 1 - self.factor / (n + 1)
