@@ -251,7 +251,7 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
     from eval import distributed
     from eval.grid import ANSWER, expand_grid, parse_sweep
     from eval.report import write_outputs
-    from eval.runner import diffusion_decoder, evaluate, ideal_decoder
+    from eval.runner import ar_decoder, diffusion_decoder, evaluate, ideal_decoder
     from eval.sources import select_tasks
     from eval.tokenizer import load_tokenizer
 
@@ -270,13 +270,21 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
         runs, skipped = select_tasks(selection, limit, data_seed, sort_by)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    if model_name.startswith("ar:"):
-        raise click.BadParameter("the AR speculative baseline (ar:TARGET[+DRAFT]) needs "
-                                 "dllm_decode.speculative, which this install does not have yet",
-                                 param_hint="--model")
     rank, _ = distributed.init_from_env(device)
     ideal = model_name == "ideal" or model_name.startswith("ideal:")
-    if ideal:                      # `ideal[:noise=X]`: the analytic model, built per canvas length
+    if model_name.startswith("ar:"):     # `ar:TARGET[+DRAFT]`: the AR (speculative) baseline
+        from dllm_decode.speculative.command import make_drafter
+        from dllm_decode.speculative.models import load_causal_lm
+
+        target_name, _, draft_spec = model_name[len("ar:"):].partition("+")
+        try:
+            target = load_causal_lm(target_name, device=distributed.local_device(device))
+        except ModelLoadError as err:
+            raise click.BadParameter(str(err), param_hint="--model") from None
+        drafter, _ = make_drafter(draft_spec or "none", target, build(SCHEDULERS, "low_confidence"),
+                                  "", distributed.local_device(device))
+        decoder, tokenizer = ar_decoder(target, drafter, chat_template=chat_template), target.tokenizer
+    elif ideal:                      # `ideal[:noise=X]`: the analytic model, built per canvas length
         try:
             _, ideal_opts = parse_filter_spec(model_name)
             decoder = ideal_decoder(float(ideal_opts.pop("noise", 1e-3)), **ideal_opts)

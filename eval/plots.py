@@ -29,8 +29,8 @@ def _pyplot():
     return plt
 
 
-def _is_ar(scheduler: str) -> bool:
-    return scheduler.startswith("ar")
+def _is_ar(model: str) -> bool:
+    return model.startswith("ar:")
 
 
 def plot_summary(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -51,8 +51,10 @@ def _overall(summary: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for i, entry in enumerate(summary["leaderboard"]):
         points = [(p["tokens_per_step"], p["mean_accuracy"]) for p in entry["points"]]
-        style = _style(i) | ({"marker": "X", "markersize": 9} if _is_ar(entry["scheduler"]) else {})
-        ax.plot(*zip(*points), label=entry["label"], linewidth=1.6, **style)
+        ar = _is_ar(entry.get("model", ""))
+        style = _style(i) | ({"marker": "X", "markersize": 9} if ar else {})
+        ax.plot(*zip(*points), label=("AR+spec " if ar else "") + entry["label"], linewidth=1.6,
+                **style)
     for i, oracle in enumerate(summary.get("oracle", [])):
         ax.plot(oracle["tokens_per_step"], oracle["mean_accuracy"], marker="*", markersize=14,
                 linestyle="none", color=_style(i)["color"], markeredgecolor="black",

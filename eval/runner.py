@@ -62,7 +62,7 @@ def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
             prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
                                                      add_generation_prompt=True, tokenize=False)
                        for p in prompts]
-        return _generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+        return generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
     return decode
 
 
@@ -83,12 +83,45 @@ def ideal_decoder(noise: float = 1e-3) -> Decoder:
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         seed = int(torch.randint(2 ** 62, (1,), generator=generator))
         model = IdealModel(gen_length, noise, torch.Generator().manual_seed(seed))
-        return _generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+        return generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
     return decode
 
 
-def _generate_rows(model: Any, prompts: list[str], setting: Setting, gen_length: int,
-                   generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
+def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
+               chat_template: bool = True) -> Decoder:
+    """The AR baseline: `dllm_decode.speculative` (target verifies `drafter`'s proposals; plain AR
+    without one), the setting's scheduler choosing each round's draft length. Batch size 1 per
+    call. NFE counts target forwards, so tokens per step is the mean tokens appended per target
+    forward (Spec-Bench's mean accepted tokens), the AR counterpart of a dLLM's tokens per step."""
+    from dllm_decode.speculative import Sampling, SpecConfig, speculative_generate
+
+    tokenizer = getattr(target, "tokenizer", None)
+    templated = chat_template and getattr(tokenizer, "chat_template", None)
+
+    def decode(prompts: list[str], setting: Setting, gen_length: int,
+               generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
+        config = SpecConfig(scheduler=setting.build_scheduler(gen_length), max_new_tokens=gen_length,
+                            max_draft=max_draft, sampling=Sampling(temperature=setting.temperature))
+        rows, seconds = [], 0.0
+        for prompt in prompts:
+            if templated:
+                prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                       add_generation_prompt=True, tokenize=False)
+            result = speculative_generate(target, prompt, config, drafter, generator=generator)
+            per_forward = len(result.tokens) / max(1, result.target_forwards)
+            rows.append({"output": result.text if result.text is not None else
+                         " ".join(map(str, result.tokens.tolist())),
+                         "nfe": result.target_forwards, "tokens_per_step": per_forward,
+                         "answer_tokens_per_step": per_forward,
+                         "draft_forwards": result.draft_forwards})
+            seconds += result.seconds
+        return rows, seconds
+    return decode
+
+
+def generate_rows(model: Any, prompts: list[str], setting: Setting, gen_length: int,
+                  generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
+    """One `generate` call under `setting`: per row the text and speed figures, and the seconds."""
     result = generate(model, prompts, setting.decode_config(gen_length), cache=setting.build_cache(),
                       filters=setting.build_filters(), generator=generator, tokenizer=tokenizer)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]

@@ -128,6 +128,7 @@ def _configurations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "config_key": key, "group": first["group"], "scheduler": first["scheduler"],
             "params": first["params"], "label": first["label"], "swept": first["swept"],
+            "model": first["model"],
             "tasks": len(cells), "samples": sum(c["samples"] for c in cells),
             "mean_accuracy": _mean(c["accuracy"] for c in cells),
             "tokens_per_step": _mean(c["tokens_per_step"] for c in cells),
@@ -149,7 +150,7 @@ def _leaderboard(configurations: list[dict[str, Any]], levels: Sequence[float]) 
         points = [(c["tokens_per_step"], c["mean_accuracy"]) for c in configs]
         out.append({
             "group": group, "scheduler": configs[0]["scheduler"], "label": configs[0]["label"],
-            "swept": swept, "interpolated": interpolate,
+            "model": configs[0]["model"], "swept": swept, "interpolated": interpolate,
             "points": [{"tokens_per_step": t, "mean_accuracy": a} for t, a in sorted(points)],
             "max_tokens_per_step": {f"{level:g}": max_tps_at(points, level, interpolate)
                                     for level in levels},

@@ -1,0 +1,147 @@
+"""lm-evaluation-harness model `dllm_decode`: generation tasks with any scheduler, cache and filter.
+
+lm-eval finds models only through its registry, so run it through this module, which registers
+the model and then hands over to lm-eval's own command line:
+
+    python -m eval.lm_eval_adapter --model dllm_decode \\
+        --model_args model=embedded,scheduler=threshold,scheduler.threshold=0.9,cache=prefix,gen_length=64 \\
+        --tasks TASK
+
+`lm_eval` is optional (`pip install lm_eval`); without it this module still imports, and
+`DllmDecodeLM` works on any object with lm-eval's `Instance.args`. Only `generate_until` is
+supported: a masked diffusion LM has no cheap exact log-likelihood.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from eval.grid import Setting
+from eval.runner import generate_rows
+
+try:
+    from lm_eval.api.model import LM as _LMBase
+    from lm_eval.api.registry import register_model
+except ImportError:                      # the adapter stays importable without the harness
+    _LMBase = object
+
+    def register_model(*names: str):
+        return lambda cls: cls
+
+
+def _load(model: Any, device: str | None, dtype: str | None) -> Any:
+    if not isinstance(model, str):
+        return model
+    if model == "tiny":
+        from dllm_decode.testing import tiny_llada_with_tokenizer
+
+        return tiny_llada_with_tokenizer()
+    from dllm_decode.models.loading import load_model
+
+    dtypes = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return load_model(model, dtype=dtypes[dtype], device=device)
+
+
+def _as_bool(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).lower() in {"1", "true", "yes"}
+
+
+@register_model("dllm_decode")
+class DllmDecodeLM(_LMBase):
+    """Decode lm-eval requests with `dllm_decode.generate`.
+
+    Args:
+        model: checkpoint directory, `embedded`, `tiny`, or a loaded DiffusionLM.
+        scheduler, cache: registry names; `scheduler.<field>=v` / `cache.<field>=v` set fields.
+        filters: `name` or `name:key=value` entries joined by `;`.
+        gen_length: canvas length; a request's `max_gen_toks` rounds up to whole blocks.
+        block_length: semi-AR block (default: the whole canvas).
+        temperature, seed: as `DecodeConfig`.
+        batch_size: requests per `generate` call.
+        chat_template: wrap each context in the tokenizer's chat template when it has one.
+    Raises:
+        ValueError: unknown names or options, bad values.
+    """
+
+    def __init__(self, model: Any = "embedded", scheduler: str = "threshold", cache: str = "none",
+                 filters: str = "", gen_length: int | str = 128, block_length: int | str | None = None,
+                 temperature: float | str = 0.0, seed: int | str = 0, batch_size: int | str = 1,
+                 chat_template: bool | str = True, device: str | None = None,
+                 dtype: str | None = None, **options: Any):
+        super().__init__()
+        bad = [k for k in options if not k.startswith(("scheduler.", "cache."))]
+        if bad:
+            raise ValueError(f"unknown model_args {sorted(bad)}; use scheduler.<field> or cache.<field>")
+        pick = lambda prefix: tuple(sorted((k[len(prefix):], str(v)) for k, v in options.items()  # noqa: E731
+                                           if k.startswith(prefix)))
+        specs = [part.partition(":") for part in str(filters).split(";") if part.strip()]
+        self.setting = Setting(
+            scheduler=scheduler, options=pick("scheduler."), cache=cache, cache_options=pick("cache."),
+            filters=tuple((name.strip(), tuple(sorted(
+                tuple(kv.split("=", 1)) for kv in rest.split(",") if "=" in kv))) for name, _, rest in specs),
+            gen_length=int(gen_length), block_length=None if block_length in (None, "None", "") else int(block_length),
+            temperature=float(temperature), seed=int(seed))
+        self.setting.decode_config(self.setting.gen_length)      # validate every part now
+        self.setting.to_dict()
+        self.model = _load(model, device, dtype)
+        self.tokenizer = getattr(self.model, "tokenizer", None)
+        self.batch_size = int(batch_size)
+        self.chat_template = _as_bool(chat_template) and bool(getattr(self.tokenizer, "chat_template", None))
+        self.generator = torch.Generator().manual_seed(int(seed))
+
+    def _canvas(self, max_tokens: Any) -> int:
+        """A request's canvas: `max_gen_toks` rounded up to whole blocks, else `gen_length`."""
+        if max_tokens is None:
+            return self.setting.gen_length
+        block = self.setting.block_length
+        return -(-int(max_tokens) // block) * block if block else int(max_tokens)
+
+    def _prompt(self, context: str) -> str:
+        if not self.chat_template:
+            return context
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
+                                                  add_generation_prompt=True, tokenize=False)
+
+    def generate_until(self, requests: list[Any]) -> list[str]:
+        """Each request's `args` is `(context, gen_kwargs)`; output is cut at the first `until`."""
+        outputs: list[str | None] = [None] * len(requests)
+        groups: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            _, kwargs = request.args
+            groups.setdefault(self._canvas((kwargs or {}).get("max_gen_toks")), []).append(i)
+        for length, indices in groups.items():
+            for start in range(0, len(indices), self.batch_size):
+                chunk = indices[start:start + self.batch_size]
+                prompts = [self._prompt(requests[i].args[0]) for i in chunk]
+                rows, _ = generate_rows(self.model, prompts, self.setting, length, self.generator,
+                                        self.tokenizer)
+                for i, row in zip(chunk, rows):
+                    outputs[i] = _cut(row["output"], (requests[i].args[1] or {}).get("until"))
+        return [text or "" for text in outputs]
+
+    def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
+        raise NotImplementedError("dllm_decode runs generation tasks only (generate_until)")
+
+    def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
+        raise NotImplementedError("dllm_decode runs generation tasks only (generate_until)")
+
+
+def _cut(text: str, until: Any) -> str:
+    stops = [until] if isinstance(until, str) else list(until or [])
+    cut = min((text.find(s) for s in stops if s and s in text), default=len(text))
+    return text[:cut]
+
+
+def main() -> None:
+    """Register `dllm_decode`, then run lm-eval's command line."""
+    try:
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError:
+        raise SystemExit("lm-evaluation-harness is not installed: pip install lm_eval") from None
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The lm-eval adapter's `generate_until`, on a stub of lm-eval's `Instance` (lm_eval optional)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from eval.lm_eval_adapter import DllmDecodeLM
+from tests.eval.answer_key import AnswerKeyModel
+
+
+@dataclass
+class Request:
+    """lm-eval's `Instance` as the adapter sees it: `args = (context, gen_kwargs)`."""
+
+    args: tuple
+
+
+def test_generate_until_decodes_and_cuts_at_stop_strings():
+    key = {"copy : alice bob": "alice bob carol", "reverse : dan emma": "emma dan"}
+    lm = DllmDecodeLM(model=AnswerKeyModel(key, 6), scheduler="low_confidence",
+                      **{"scheduler.steps_per_block": "3"}, gen_length=6, batch_size=2)
+    requests = [Request(("copy : alice bob", {"until": ["carol"]})),
+                Request(("reverse : dan emma", {"until": "\n"})),
+                Request(("copy : alice bob", {}))]
+    assert lm.generate_until(requests) == ["alice bob ", "emma dan", "alice bob carol"]
+    assert lm.setting.build_scheduler(6).steps_per_block == 3
+
+
+def test_max_gen_toks_rounds_up_to_blocks_and_bad_args_fail():
+    lm = DllmDecodeLM(model=AnswerKeyModel({}, 8), gen_length=8, block_length=4)
+    assert lm._canvas(5) == 8 and lm._canvas(None) == 8
+    with pytest.raises(ValueError, match="unknown model_args"):
+        DllmDecodeLM(model=AnswerKeyModel({}, 8), top_p="0.9")
+    with pytest.raises(ValueError, match="threshold"):
+        DllmDecodeLM(model=AnswerKeyModel({}, 8), **{"scheduler.threshold": "3"})
+    with pytest.raises(NotImplementedError):
+        lm.loglikelihood([])
