@@ -1,0 +1,128 @@
+"""Load ParallelBench's released JSONL files from a local directory and score them offline.
+
+Nothing is downloaded or vendored (the release has no license). Layout this loader reads, one JSON
+object per line (`<dir>/waiting_line/<task>.jsonl`, `<dir>/puzzle/latin_square_n4.jsonl`,
+`<dir>/puzzle/sudoku_n4_12.jsonl`, where `<dir>` is `dataset/parallel_bench/data/output/test`):
+
+* Waiting Line: `{"input": {"context": [items], "word": w?, "index": i?, "icl_examples": [...]},
+  "label": [items] | {"input": [items], "word": w, "example": [items]}, "output_format": [...]}`.
+* Latin square: `{"input": {"symbols": [4 symbols], "size": 4}, "label": "csv rows"}`.
+* Sudoku: `{"input": {"context": "4 lines of 4 digits"} | "4 lines", "label": "4 lines"}`.
+
+Prompts are rendered in this package's compact format with the items as a JSON-style list
+(`copy : ["Billy Ramos", "Alan Wells"]`); answers and outputs are parsed as ParallelBench's
+lenient `_parse_list` does (text after the last `[` up to the next `]`, split on commas, quotes
+stripped). Sort: the released labels are sorted by the full "First Last" string, i.e. by first
+name, while the prompt says last name; `sort_by` picks the order that is scored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eval.tasks.base import Example, EOS_TEXT
+from eval.tasks.puzzles import CELLS, SIZE, is_latin
+from eval.tasks.waiting_line import OPS
+
+PUZZLE_FILES = {"latin_square": "puzzle/latin_square_n4.jsonl", "sudoku": "puzzle/sudoku_n4_12.jsonl"}
+SORT_ORDERS = ("first", "last")
+
+
+def list_to_str(items: list[str]) -> str:
+    """ParallelBench's list rendering: `["a", "b"]`."""
+    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
+
+
+def parse_list(text: str) -> list[str]:
+    """Lenient list parse: after the last `[`, up to the next `]`, comma-split, quotes stripped."""
+    text = text.split(EOS_TEXT, 1)[0]
+    start = text.rfind("[")
+    body = text[start + 1:] if start >= 0 else text
+    body = body.split("]", 1)[0]
+    return [part.strip().strip("'\"").strip() for part in body.split(",") if part.strip()]
+
+
+def load_released(directory: str | Path, task: str, sort_by: str = "first") -> list[Example]:
+    """Examples of one released task file.
+
+    Args:
+        directory: the released `output/test` directory.
+        task: a Waiting Line op name (`copy`, ..., `replace_random`), `latin_square` or `sudoku`.
+        sort_by: "first" (the released labels) or "last" (what the Sort prompt asks for).
+    Raises:
+        ValueError: unknown task or sort order; FileNotFoundError: missing file.
+    """
+    if sort_by not in SORT_ORDERS:
+        raise ValueError(f"sort_by must be one of {SORT_ORDERS}, got {sort_by!r}")
+    if task not in OPS and task not in PUZZLE_FILES:
+        raise ValueError(f"unknown released task {task!r}; choose from "
+                         f"{sorted(OPS) + sorted(PUZZLE_FILES)}")
+    path = Path(directory) / PUZZLE_FILES.get(task, f"waiting_line/{task}.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    make = {"latin_square": _latin, "sudoku": _sudoku}.get(task, _list_example)
+    return [make(task, row, sort_by) for row in rows]
+
+
+def _list_example(task: str, row: dict[str, Any], sort_by: str) -> Example:
+    inp, label = row["input"], row["label"]
+    items = list(inp["context"] if isinstance(inp, dict) else inp)
+    word = inp.get("word") if isinstance(inp, dict) else None
+    index = inp.get("index") if isinstance(inp, dict) else None
+    if isinstance(label, dict):             # random-position tasks: one valid example + the input
+        items, word = list(label.get("input", items)), label.get("word", word)
+        reference = list(label["example"])
+    else:
+        reference = list(label)
+    if task == "sort" and sort_by == "last":
+        reference = sorted(items, key=lambda name: (name.split()[-1], name))
+    head = OPS[task].head(word, index)
+    return Example(f"released/{task}", " ".join([*head, ":", list_to_str(items)]),
+                   list_to_str(reference),
+                   {"items": items, "word": word, "index": index, "format": "json",
+                    "sort_by": sort_by if task == "sort" else None})
+
+
+def _latin(task: str, row: dict[str, Any], sort_by: str) -> Example:
+    inp = row["input"]
+    symbols = [str(s) for s in (inp.get("symbols") or inp.get("context"))]
+    return Example("released/latin_square", "latin : " + " ".join(symbols), str(row["label"]),
+                   {"symbols": symbols, "format": "csv"})
+
+
+def _sudoku(task: str, row: dict[str, Any], sort_by: str) -> Example:
+    inp = row["input"]
+    puzzle = inp.get("context", "") if isinstance(inp, dict) else inp
+    digits = [int(ch) for ch in str(puzzle) if ch.isdigit()]
+    return Example("released/sudoku", "sudoku : " + " ".join(map(str, digits)),
+                   str(row.get("label", row.get("output", ""))), {"puzzle": digits, "format": "grid"})
+
+
+def latin_csv_cells(text: str, symbols: list[str]) -> list[str]:
+    """ParallelBench's Latin-square reading: keep the lines whose cell set is the symbol set,
+    take the first `SIZE` of them, return their cells row-major."""
+    rows = []
+    for line in text.split(EOS_TEXT, 1)[0].splitlines():
+        cells = [c.strip() for c in line.split(",") if c.strip()]
+        if len(cells) == SIZE and set(cells) == set(symbols):
+            rows.append(cells)
+    return [c for row in rows[:SIZE] for c in row]
+
+
+def score_released(example: Example, output_text: str) -> float:
+    """ParallelBench's metric for a released example: exact list match, the random-op and shuffle
+    validity checkers, the Latin-square checker, or exact Sudoku match. Never raises."""
+    task = example.task.removeprefix("released/")
+    if task == "latin_square":
+        return float(is_latin(latin_csv_cells(output_text, example.meta["symbols"]),
+                              example.meta["symbols"]))
+    if task == "sudoku":
+        def grid(text: str) -> list[str]:
+            return [ch for ch in text.split(EOS_TEXT, 1)[0] if ch.isdigit()]
+        out = grid(output_text)
+        return float(len(out) == CELLS and out == grid(example.answer))
+    op, meta, out = OPS[task], example.meta, parse_list(output_text)
+    if op.valid is None:
+        return float(out == parse_list(example.answer))
+    return float(op.valid(meta["items"], meta["word"], meta["index"], out))

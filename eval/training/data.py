@@ -1,0 +1,123 @@
+"""Training data shared by the diffusion and AR recipes: a seeded pool of train-split examples,
+token ids, and the per-step batches (each step's batch is a pure function of (seed, step), so a
+resumed run sees exactly the batches an uninterrupted run would)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE, Example
+from eval.tokenizer import EOS, MASK, PAD, SEPARATOR, vocabulary
+
+VOCAB = vocabulary()
+PAD_ID, EOS_ID, MASK_ID, SEP_ID = VOCAB[PAD], VOCAB[EOS], VOCAB[MASK], VOCAB[SEPARATOR]
+SHORT_LENGTHS = (3, 6)
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of space-separated task text (the tokenizer's result, without its overhead)."""
+    return [VOCAB[word] for word in text.split()]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """Encoded train examples: per example the prompt ids and the answer ids (no EOS)."""
+
+    prompts: list[list[int]]
+    answers: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25) -> Pool:
+    """`per_task` train examples of every task; a `long_share` of each list task's examples use
+    the long lengths (8-12), the rest ParallelBench's 3-6."""
+    examples: list[Example] = []
+    for name, task in TASKS.items():
+        n_long = int(per_task * long_share) if name in WAITING_LINE else 0
+        examples += task.examples("train", per_task - n_long, seed, lengths=SHORT_LENGTHS)
+        if n_long:
+            examples += task.examples("train", n_long, seed, lengths=LONG_LENGTHS)
+    return Pool([encode(e.prompt) for e in examples], [encode(e.answer) for e in examples])
+
+
+def step_rng(seed: int, step: int) -> tuple[random.Random, torch.Generator]:
+    """The Python and torch generators of one training step."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return random.Random(f"{seed}|{step}"), gen
+
+
+@dataclass(frozen=True)
+class DiffusionBatch:
+    """One masked-diffusion batch, rows laid out `[left pad][prompt][canvas]`.
+
+    Attributes:
+        input_ids: (B, L) long, canvas positions replaced by the mask token where `masked`.
+        targets: (B, L) long clean tokens (answer, then EOS up to the canvas end).
+        attention_mask: (B, L) long, 0 on left padding.
+        masked: (B, L) bool, positions whose loss counts (only ever inside the canvas).
+        weight: (B, L) float, 1 / (t * canvas length) on masked positions (LLaDA SFT), else 0.
+    """
+
+    input_ids: Tensor
+    targets: Tensor
+    attention_mask: Tensor
+    masked: Tensor
+    weight: Tensor
+
+
+def diffusion_batch(pool: Pool, batch_size: int, canvas: int | None, rng: random.Random,
+                    gen: torch.Generator, eps: float = 1e-3) -> DiffusionBatch:
+    """Sample a batch and mask it. `canvas` None: the longest answer + EOS + 0..8 extra EOS.
+
+    LLaDA SFT: the answer is EOS-padded to the canvas length and the EOS tail is part of the
+    masked target; t ~ U(eps, 1) per row; each canvas token is masked with probability t; the
+    prompt is never masked.
+    """
+    idx = [rng.randrange(len(pool)) for _ in range(batch_size)]
+    prompts = [pool.prompts[i] for i in idx]
+    answers = [pool.answers[i] for i in idx]
+    longest = max(len(a) for a in answers) + 1
+    g = max(canvas or 0, longest) if canvas else longest + rng.randint(0, 8)
+    p = max(len(x) for x in prompts)
+    rows = [[PAD_ID] * (p - len(x)) + x + a + [EOS_ID] * (g - len(a)) for x, a in zip(prompts, answers)]
+    targets = torch.tensor(rows)
+    attention_mask = (torch.arange(p + g) >= torch.tensor([p - len(x) for x in prompts])[:, None]).long()
+    t = eps + (1 - eps) * torch.rand(batch_size, 1, generator=gen)
+    in_canvas = torch.arange(p + g) >= p
+    masked = (torch.rand(batch_size, p + g, generator=gen) < t) & in_canvas
+    input_ids = torch.where(masked, MASK_ID, targets)
+    weight = masked.float() / (t * g)
+    return DiffusionBatch(input_ids, targets, attention_mask, masked, weight)
+
+
+@dataclass(frozen=True)
+class CausalBatch:
+    """`prompt = answer EOS` right-padded; `labels` is -100 except on answer and EOS tokens."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    labels: Tensor
+
+
+def causal_batch(pool: Pool, batch_size: int, rng: random.Random) -> CausalBatch:
+    """Sample a next-token-prediction batch (loss on the answer and its EOS only)."""
+    idx = [rng.randrange(len(pool)) for _ in range(batch_size)]
+    seqs, labels = [], []
+    for i in idx:
+        prompt = pool.prompts[i] + [SEP_ID]
+        answer = pool.answers[i] + [EOS_ID]
+        seqs.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(len(s) for s in seqs)
+    pad = [width - len(s) for s in seqs]
+    return CausalBatch(
+        torch.tensor([s + [PAD_ID] * k for s, k in zip(seqs, pad)]),
+        torch.tensor([[1] * len(s) + [0] * k for s, k in zip(seqs, pad)]),
+        torch.tensor([lab + [-100] * k for lab, k in zip(labels, pad)]),
+    )

@@ -1,0 +1,105 @@
+"""Train the embedded masked diffusion LM (LLaDA architecture) on the task mix.
+
+    python -m eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume]
+
+Objective: LLaDA SFT. Each row is `[left pad][prompt][answer, EOS-padded to the canvas]`; a time
+t ~ U(eps, 1) per row masks each canvas token with probability t (the prompt never); the loss is
+cross-entropy on masked tokens weighted 1/t, divided by the canvas length. Most batches use the
+native canvas (longest answer + EOS + 0-8 extra); every `--long-every`-th batch uses a canvas of
+up to 520 tokens with fewer rows, so the model also behaves at generation lengths 256 and 512.
+The final weights land in `<out>/model` (config.json, model.safetensors, tokenizer files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from eval.tokenizer import save_tokenizer
+from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, VOCAB, Pool, build_pool, diffusion_batch,
+                                step_rng)
+from eval.training.evaluate import accuracy_by_task, diffusion_generate
+from eval.training.loop import LoopConfig, add_run_arguments, train
+
+SIZES = {
+    "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512),
+    "tiny": dict(d_model=32, n_heads=4, n_layers=2, mlp_hidden_size=64),
+}
+LONG_CANVAS = (32, 520)
+LONG_TOKENS = 2800
+"""Token budget of a long-canvas batch (rows = budget // row length, at least 2)."""
+
+
+def model_config(size: str) -> LLaDAConfig:
+    return LLaDAConfig(**SIZES[size], vocab_size=len(VOCAB), max_sequence_length=1024,
+                       rope_theta=10000.0, mask_token_id=MASK_ID, eos_token_id=EOS_ID,
+                       pad_token_id=PAD_ID)
+
+
+def diffusion_loss(model: LLaDAModelLM, pool: Pool, step: int, seed: int, batch_size: int,
+                   long_every: int) -> torch.Tensor:
+    """The LLaDA SFT loss of step `step`'s batch (a pure function of seed and step)."""
+    rng, gen = step_rng(seed, step)
+    canvas, rows = None, batch_size
+    if long_every and step % long_every == long_every - 1:
+        canvas = rng.randint(*LONG_CANVAS)
+        rows = max(2, LONG_TOKENS // (canvas + 16))
+    batch = diffusion_batch(pool, rows, canvas, rng, gen)
+    logits = model(batch.input_ids, attention_mask=batch.attention_mask)
+    ce = F.cross_entropy(logits[batch.masked], batch.targets[batch.masked], reduction="none")
+    return (ce * batch.weight[batch.masked]).sum() / rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(parser, steps=5000, batch_size=64)
+    parser.add_argument("--size", choices=sorted(SIZES), default="embedded")
+    parser.add_argument("--long-every", type=int, default=5, help="0 disables long canvases")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)                  # parameter init only; batches use step_rng
+    pool = build_pool(args.pool_per_task, args.seed)
+    model = LLaDAModelLM(model_config(args.size))
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{n_params / 1e6:.2f}M parameters, pool of {len(pool)} train examples", flush=True)
+    cfg = LoopConfig(steps=args.steps, lr=args.lr, warmup=min(200, args.steps // 10 + 1))
+    began = time.monotonic()
+    losses = train(model, lambda step: diffusion_loss(model, pool, step, args.seed, args.batch_size,
+                                                      args.long_every),
+                   cfg, args.out, resume=args.resume, max_minutes=args.max_minutes)
+    export(model, args.out / "model")
+    summary = {"parameters": n_params, "steps": args.steps, "train_minutes": (time.monotonic() - began) / 60,
+               "loss_first_100": sum(losses[:100]) / len(losses[:100]),
+               "loss_last_100": sum(losses[-100:]) / len(losses[-100:])}
+    if args.eval_n:
+        summary["accuracy"] = evaluate(model, args.eval_n)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2), flush=True)
+
+
+def export(model: LLaDAModelLM, directory: Path) -> None:
+    """Weights in bfloat16 (half the bytes; `load_model` upcasts to float32) plus tokenizer."""
+    model.save_pretrained(directory, dtype=torch.bfloat16)
+    save_tokenizer(directory)
+
+
+def evaluate(model: LLaDAModelLM, n_per_task: int) -> dict[str, dict[str, float]]:
+    """Accuracy at the native canvas (one token per step) and at 256/512 (threshold 0.9)."""
+    model.eval()
+    runs = {"native32_k1": (32, None), "native32_t0.9": (32, 0.9),
+            "len256_t0.9": (256, 0.9), "len512_t0.9": (512, 0.9)}
+    return {name: accuracy_by_task(lambda prompts: diffusion_generate(model, prompts, g, thr)[0],
+                                   n_per_task)
+            for name, (g, thr) in runs.items()}
+
+
+if __name__ == "__main__":
+    main()

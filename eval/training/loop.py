@@ -1,0 +1,126 @@
+"""The optimisation loop both recipes share: AdamW, warmup + cosine schedule, gradient clipping,
+a progress line (step, loss, it/s, ETA), and atomic checkpoints every few minutes for `--resume`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, steps: int, batch_size: int) -> None:
+    """The command-line options both recipes share."""
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop (checkpointed, resumable) and export after this much wall-clock")
+    parser.add_argument("--batch-size", type=int, default=batch_size)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--pool-per-task", type=int, default=12000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-n", type=int, default=20, help="test examples per task (0: skip)")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Optimisation hyper-parameters.
+
+    Attributes:
+        steps: total optimizer steps (the schedule is laid out over them).
+        lr: peak learning rate; warmup: linear warmup steps; min_lr_ratio: cosine floor.
+        checkpoint_minutes: wall-clock minutes between checkpoints.
+        log_every: steps between progress lines.
+    """
+
+    steps: int
+    lr: float = 1e-3
+    warmup: int = 200
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    checkpoint_minutes: float = 4.0
+    log_every: int = 25
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+    def lr_at(self, step: int, time_share: float = 0.0) -> float:
+        """Warmup, then cosine over max(step progress, `time_share` of the wall-clock budget)."""
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        progress = max((step - self.warmup) / max(1, self.steps - self.warmup), time_share)
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cosine)
+
+
+def train(model: nn.Module, loss_at: Callable[[int], Tensor], cfg: LoopConfig, out: Path,
+          resume: bool = False, max_minutes: float | None = None, log=sys.stdout) -> list[float]:
+    """Run steps `[start, cfg.steps)`; `loss_at(step)` builds that step's batch and returns its loss.
+
+    `max_minutes` bounds the wall-clock (summed over resumed sessions): the machine is shared
+    and step rates vary, so the cosine then follows whichever of step or time progress is
+    further along, and the run stops (checkpointed) when the budget is spent. Without it the
+    run is a pure function of the seed, resumed or not.
+    Returns the per-step losses of the whole run (restored from the checkpoint on resume).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
+                              weight_decay=cfg.weight_decay)
+    start, losses, spent = 0, [], 0.0
+    if resume and (out / CHECKPOINT).is_file():
+        state = torch.load(out / CHECKPOINT, weights_only=False)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        start, losses, spent = state["step"], state["losses"], state.get("seconds", 0.0)
+        print(f"resumed at step {start}", file=log, flush=True)
+    model.train()
+    began = last_save = time.monotonic()
+    budget = None if max_minutes is None else 60 * max_minutes
+    for step in range(start, cfg.steps):
+        elapsed = spent + time.monotonic() - began
+        time_share = 0.0 if budget is None else elapsed / budget
+        for group in optim.param_groups:
+            group["lr"] = cfg.lr_at(step, time_share)
+        loss = loss_at(step)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        optim.step()
+        losses.append(loss.item())
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            rate = (done - start) / (time.monotonic() - began)
+            recent = losses[-cfg.log_every:]
+            print(f"step {done}/{cfg.steps} loss {sum(recent) / len(recent):.4f} "
+                  f"lr {optim.param_groups[0]['lr']:.2e} {rate:.2f} it/s "
+                  f"ETA {(cfg.steps - done) / rate / 60:.1f} min", file=log, flush=True)
+        out_of_time = budget is not None and spent + time.monotonic() - began > budget
+        if time.monotonic() - last_save > 60 * cfg.checkpoint_minutes or done == cfg.steps or out_of_time:
+            save_checkpoint(out, model, optim, done, losses, spent + time.monotonic() - began)
+            last_save = time.monotonic()
+        if out_of_time:
+            print(f"stopped at step {done}: --max-minutes {max_minutes} reached", file=log, flush=True)
+            break
+    model.eval()
+    return losses
+
+
+def save_checkpoint(out: Path, model: nn.Module, optim: torch.optim.Optimizer, step: int,
+                    losses: list[float], seconds: float) -> None:
+    """Write atomically, so a kill during the write never leaves a torn checkpoint."""
+    tmp = out / (CHECKPOINT + ".tmp")
+    torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
+                "losses": losses, "seconds": seconds}, tmp)
+    os.replace(tmp, out / CHECKPOINT)
