@@ -34,8 +34,9 @@ class AdaptiveBlockScheduler(Wrapper):
     every block is the default one.
 
     The decision reuses the block's first decode step (no extra forward). It needs logits past
-    the block, so the view is the rest of the canvas; under the dual cache the window is the
-    block only, so blocks can only shrink to a delimiter inside the default block.
+    the block, so the view is the rest of the canvas; the prefix and dual caches' refresh
+    forward at each block start covers the rest too (a cache whose first step saw less would
+    restrict the window to what it returned).
 
     Defaults: delimiter_threshold 0.3 (LLaDA; use 0.5 for Dream), window 0.25, fallback block
     32 via the config (README table, `llada/eval_adablock.sh`).

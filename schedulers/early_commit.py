@@ -42,10 +42,11 @@ class EarlyCommitScheduler(Wrapper):
     bases). The check is batch-safe (the reference reads batch row 0).
 
     Caches: the view is the rest of the canvas (no cache, prefix cache) so the answer region past
-    the block is visible and all-in fills the whole generation. Under the dual cache the view is
-    the active block only: the gap is then taken over the block's masked positions, finish fills
-    that block, and a triggered row stays triggered, so each later block is filled at its first
-    step (one forward per remaining block) instead of in a single pass.
+    the block is visible and all-in fills the whole generation. Under the dual cache only a
+    block's first step (the refresh forward) sees the rest; its in-block steps see the block
+    alone. There the gap is taken over the block's masked positions (an explicit region out of
+    view falls back to them), all-in fills only that block, and the row stays triggered, so the
+    next block's refresh step fills the rest: one extra forward compared with the paper.
     """
 
     base: Scheduler = field(default_factory=LowConfidenceScheduler)

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from caches import CACHES
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.config import component_dict
 from dllm_decode.registry import build
@@ -146,3 +147,14 @@ def test_generate_terminates_batched_equals_one_by_one_and_state_never_leaks(nam
         alone = run([prompt])
         assert torch.equal(batched.tokens[row], alone.tokens[0])
         assert batched.nfe[row] == alone.nfe[0]
+
+
+@pytest.mark.parametrize("cache_name", ["prefix", "dual"])
+@pytest.mark.parametrize("name", NAMES)
+def test_generate_under_block_caches_terminates_and_repeats(name, cache_name, model):
+    config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=8, block_length=4)
+    cache = CACHES[cache_name]()
+    runs = [generate(model, PROMPTS, config, cache=cache, generator=torch.Generator().manual_seed(0))
+            for _ in range(2)]
+    assert not (runs[0].tokens == model.mask_token_id).any()
+    assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].nfe, runs[1].nfe)
