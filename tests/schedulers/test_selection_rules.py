@@ -107,3 +107,15 @@ def test_eb_running_max_is_along_the_sequence_not_the_batch():
     # entropy (ln 4) instead and let row 1's second coin through (bound 2 ln 2 - ln 4 = 0).
     inp = entropy_input([[DIE, DIE], [COIN, COIN]])
     assert committed(EntropyBoundScheduler(0.01), inp) == [[0], [0]]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.0, 2.0), st.floats(0.0, 2.0))
+def test_eb_commits_more_as_gamma_grows_and_everything_at_infinity(seed, a, b):
+    logits = torch.randn(2, 9, 7, generator=torch.Generator().manual_seed(seed)) * 2
+    inp = step_input(logits, block=[(0, 6), (2, 9)])
+    small, large = ({(r, c) for r, row in enumerate(committed(EntropyBoundScheduler(g), inp)) for c in row}
+                    for g in sorted((a, b)))
+    assert small <= large
+    everything = committed(EntropyBoundScheduler(float("inf")), inp)
+    assert everything == [row.nonzero().flatten().tolist() for row in inp.eligible]
