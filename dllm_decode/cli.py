@@ -186,10 +186,13 @@ def list_registries() -> None:
 @click.option("--epochs", type=click.IntRange(1), default=2000, show_default=True)
 @click.option("--threshold", type=click.FloatRange(0, 1), default=0.96, show_default=True,
               help="Accept threshold the held-out report uses.")
+@click.option("--trajectory", type=click.Choice(["baseline", "oracle", "both"]), default="baseline",
+              show_default=True, help="Log steps of the reference decode, of the oracle, or both.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cpu).")
 def train_filter_command(model_name: str, out: str, per_task: int, gen_length: int, block_length: int,
-                         width: int, epochs: int, threshold: float, seed: int, device: str | None) -> None:
+                         width: int, epochs: int, threshold: float, trajectory: str, seed: int,
+                         device: str | None) -> None:
     """Train the Learn2PD filter (`--filter learned:weights=OUT`) on the task suite's train split."""
     from eval.training.filter import task_prompts, train_filter
 
@@ -197,11 +200,12 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
     try:
         _, report = train_filter(model, task_prompts(per_task, seed), gen_length=gen_length,
                                  block_length=block_length, width=width, epochs=epochs,
-                                 threshold=threshold, seed=seed, out=out,
+                                 threshold=threshold, trajectory=trajectory, seed=seed, out=out,
                                  progress=lambda line: click.echo(line, err=True))
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     click.echo(json.dumps({"model": model_name, "out": out, **report}, indent=1))
+
 
 @main.command("eval")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,

@@ -7,8 +7,9 @@ llada/generate_training_data.py`, `train.ipynb@22837cc`):
 2. Features and labels from the same decode's trace: at every step, the active block's
    confidence vector (`filters.features.block_confidence`, exactly what the filter sees at
    decode time) and, per masked slot, whether the step's prediction equals the final token.
-   Deviation: the paper logs along the oracle trajectory (commit exactly the slots that already
-   match); we log the baseline trajectory, whose steps see more still-masked context.
+   The paper logs along the oracle trajectory (commit exactly the slots that already match,
+   `schedulers.OracleScheduler`); `trajectory="baseline"` (default) logs the reference decode
+   itself, whose steps see more still-masked context, and `"both"` logs the two.
 3. BCE on the masked slots only (committed and padding slots have no decision to learn), AdamW
    at lr 3e-3, full batch, as the notebook does (fewer epochs: the data set is small).
 4. Precision, recall and false-positive rate of "accept" at the filter's threshold on a
@@ -17,6 +18,7 @@ llada/generate_training_data.py`, `train.ipynb@22837cc`):
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,8 +30,9 @@ from torch import Tensor
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from filters.features import block_confidence, block_slots
+from filters.learned import LearnedFilter
 from filters.mlp import ConfidenceMLP, save_mlp
-from schedulers import LowConfidenceScheduler
+from schedulers import LowConfidenceScheduler, OracleScheduler
 
 Progress = Callable[[str], None]
 
@@ -52,6 +55,14 @@ class StepData:
 
     def take(self, keep: Tensor) -> "StepData":
         return StepData(self.features[keep], self.labels[keep], self.valid[keep], self.prompt[keep])
+
+    @staticmethod
+    def concat(parts: Sequence["StepData"], width: int) -> "StepData":
+        if not parts:
+            return StepData(torch.zeros(0, width), torch.zeros(0, width, dtype=torch.bool),
+                            torch.zeros(0, width, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
+        return StepData(*(torch.cat([getattr(p, name) for p in parts])
+                          for name in ("features", "labels", "valid", "prompt")))
 
 
 def steps_from_trace(trace: list[dict[str, Any]], final: Tensor, block_length: int, width: int,
@@ -78,29 +89,63 @@ def steps_from_trace(trace: list[dict[str, Any]], final: Tensor, block_length: i
         reference = final[rows].gather(1, (column + offset).clamp(max=gen - 1))
         valid = real & torch.isfinite(confidence.gather(1, column))
         parts.append((features, predicted == reference, valid, rows + first_prompt))
-    if not parts:
-        return StepData(torch.zeros(0, width), torch.zeros(0, width, dtype=torch.bool),
-                        torch.zeros(0, width, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
-    return StepData(*(torch.cat(column) for column in zip(*parts)))
+    return StepData.concat([StepData(*part) for part in parts], width)
+
+
+TRAJECTORIES = ("baseline", "oracle", "both")
 
 
 def collect(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen_length: int,
-            block_length: int, width: int, batch_size: int = 32,
-            progress: Progress | None = None) -> tuple[StepData, Tensor]:
-    """Decode `prompts` one token per step with a trace; returns the step data and the NFE per prompt."""
+            block_length: int, width: int, trajectory: str = "baseline", batch_size: int = 32,
+            progress: Progress | None = None) -> tuple[StepData, Tensor, Tensor]:
+    """Reference decodes of `prompts` (one token per step) and the traced step data.
+
+    Args:
+        trajectory: whose steps to log: the reference decode itself (`baseline`), the oracle
+            that commits exactly the slots already equal to the reference (`oracle`, the
+            paper's choice), or `both`.
+    Returns:
+        The step data, the (N, G) reference tokens and the reference NFE per prompt.
+    """
+    if trajectory not in TRAJECTORIES:
+        raise ValueError(f"trajectory must be one of {list(TRAJECTORIES)}, got {trajectory!r}")
     config = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length,
                           block_length=block_length)
-    data, nfe = [], []
+    data, references, nfe = [], [], []
     for first in range(0, len(prompts), batch_size):
         chunk = list(prompts[first:first + batch_size])
-        result = generate(model, chunk, config, trace=True)
-        data.append(steps_from_trace(result.trace or [], result.tokens, block_length, width, first))
+        result = generate(model, chunk, config, trace=trajectory != "oracle")
+        if trajectory != "oracle":
+            data.append(steps_from_trace(result.trace or [], result.tokens, block_length, width, first))
+        if trajectory != "baseline":
+            oracle = dataclasses.replace(config, scheduler=OracleScheduler.from_reference(result.tokens))
+            traced = generate(model, chunk, oracle, trace=True)
+            data.append(steps_from_trace(traced.trace or [], result.tokens, block_length, width, first))
+        references.append(result.tokens)
         nfe.append(result.nfe)
         if progress:
             progress(f"reference decodes: {first + len(chunk)}/{len(prompts)}")
-    merged = StepData(*(torch.cat(column) for column in zip(*((d.features, d.labels, d.valid, d.prompt)
-                                                              for d in data))))
-    return merged, torch.cat(nfe)
+    return StepData.concat(data, width), torch.cat(references), torch.cat(nfe)
+
+
+def decode_report(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], reference: Tensor,
+                  learned: LearnedFilter, *, gen_length: int, block_length: int,
+                  batch_size: int = 32) -> dict[str, float]:
+    """Mean NFE of the oracle and of `learned` over one-token-per-step decoding on `prompts`,
+    and the share of `learned` outputs identical to the reference."""
+    config = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length,
+                          block_length=block_length)
+    oracle_nfe, learned_nfe, same = [], [], []
+    for first in range(0, len(prompts), batch_size):
+        chunk, ref = list(prompts[first:first + batch_size]), reference[first:first + batch_size]
+        oracle = dataclasses.replace(config, scheduler=OracleScheduler.from_reference(ref))
+        oracle_nfe.append(generate(model, chunk, oracle).nfe)
+        result = generate(model, chunk, config, filters=[learned])
+        learned_nfe.append(result.nfe)
+        same.append((result.tokens == ref).all(-1))
+    return {"oracle_nfe_mean": float(torch.cat(oracle_nfe).double().mean()),
+            "learned_nfe_mean": float(torch.cat(learned_nfe).double().mean()),
+            "learned_same_as_reference": float(torch.cat(same).double().mean())}
 
 
 def fit(data: StepData, *, width: int, hidden: int = 32, epochs: int = 2000, lr: float = 3e-3,
@@ -159,35 +204,45 @@ def split_prompts(n: int, heldout: float, seed: int) -> tuple[list[int], list[in
 
 def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen_length: int = 256,
                  block_length: int = 32, width: int = 32, hidden: int = 32, epochs: int = 2000,
-                 lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1, seed: int = 0,
-                 batch_size: int = 32, out: str | None = None,
-                 progress: Progress | None = None) -> tuple[ConfidenceMLP, dict[str, Any]]:
+                 lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1,
+                 trajectory: str = "baseline", seed: int = 0, batch_size: int = 32,
+                 out: str | None = None, progress: Progress | None = None
+                 ) -> tuple[ConfidenceMLP, dict[str, Any]]:
     """Reference decodes -> step data -> trained filter (+ held-out report), optionally saved.
 
     Returns:
-        The network and a JSON-ready report: data sizes, the reference NFE, and `metrics` on the
-        train and held-out slots.
+        The network and a JSON-ready report: data sizes, the reference NFE, `metrics` on the
+        train and held-out slots and, when saved to `out`, `decode_report` on the held-out
+        prompts (oracle NFE, NFE of `learned` over one token per step, agreement).
     Raises:
         ValueError: no prompts, or the decodes produced no masked slot to learn from.
     """
     if not prompts:
         raise ValueError("train_filter needs at least one prompt")
-    data, nfe = collect(model, prompts, gen_length=gen_length, block_length=block_length,
-                        width=width, batch_size=batch_size, progress=progress)
+    data, reference, nfe = collect(model, prompts, gen_length=gen_length, block_length=block_length,
+                                   width=width, trajectory=trajectory, batch_size=batch_size,
+                                   progress=progress)
     train_ids, test_ids = split_prompts(len(prompts), heldout, seed)
     in_train = torch.isin(data.prompt, torch.tensor(train_ids))
     train, test = data.take(in_train), data.take(~in_train)
     if not train.valid.any():
         raise ValueError("the reference decodes left no masked slot to learn from")
     module = fit(train, width=width, hidden=hidden, epochs=epochs, lr=lr, seed=seed, progress=progress)
-    report = {"prompts": len(prompts), "train_prompts": len(train_ids), "heldout_prompts": len(test_ids),
-              "steps": int(data.features.shape[0]), "gen_length": gen_length,
-              "block_length": block_length, "width": width, "hidden": hidden, "epochs": epochs,
-              "threshold": threshold, "reference_nfe_mean": float(nfe.double().mean()),
-              "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold)}
+    report: dict[str, Any] = {
+        "prompts": len(prompts), "train_prompts": len(train_ids), "heldout_prompts": len(test_ids),
+        "trajectory": trajectory, "steps": int(data.features.shape[0]), "gen_length": gen_length,
+        "block_length": block_length, "width": width, "hidden": hidden, "epochs": epochs,
+        "threshold": threshold, "reference_nfe_mean": float(nfe.double().mean()),
+        "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold)}
     if out is not None:
         save_mlp(module, out, metadata={"gen_length": str(gen_length), "block_length": str(block_length),
-                                        "prompts": str(len(prompts)), "recipe": "eval/training/filter.py"})
+                                        "prompts": str(len(prompts)), "trajectory": trajectory,
+                                        "recipe": "eval/training/filter.py"})
+        learned = LearnedFilter(weights=str(out), width=width, threshold=threshold)
+        held = [prompts[i] for i in test_ids]
+        report["heldout_decode"] = decode_report(model, held, reference[test_ids], learned,
+                                                 gen_length=gen_length, block_length=block_length,
+                                                 batch_size=batch_size)
     return module, report
 
 

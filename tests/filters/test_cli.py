@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
@@ -26,6 +27,7 @@ def test_missing_weights_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "not found at" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_train_filter_writes_loadable_weights(tmp_path):
     out = tmp_path / "f.safetensors"
     result = CliRunner().invoke(main, ["train-filter", "--model", "tiny", "--out", str(out), "--per-task", "1",

@@ -9,8 +9,8 @@ import torch
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.interfaces import Decision
 from dllm_decode.registry import build
-from dllm_decode.testing import tiny_llada
-from eval.training.filter import StepData, fit, metrics, train_filter
+from dllm_decode.testing import OracleMaskPredictor, tiny_llada
+from eval.training.filter import StepData, collect, fit, metrics, train_filter
 from filters import FILTERS, LearnedFilter, load_mlp
 from filters.mlp import save_mlp
 from schedulers import LowConfidenceScheduler
@@ -118,10 +118,36 @@ def test_train_filter_end_to_end_on_tiny_model(tmp_path):
     prompts = [torch.randint(1, 30, (4,), generator=generator).tolist() for _ in range(6)]
     out = tmp_path / "filter.safetensors"
     _, report = train_filter(model, prompts, gen_length=16, block_length=8, width=8, epochs=20,
-                             heldout=0.34, out=str(out))
+                             heldout=0.34, trajectory="both", out=str(out))
     assert report["train_prompts"] + report["heldout_prompts"] == 6
     assert report["steps"] > 0 and 0 <= report["heldout"]["false_positive_rate"] <= 1
+    assert 1 <= report["heldout_decode"]["oracle_nfe_mean"] <= 16
     learned = LearnedFilter(weights=str(out), width=8, threshold=0.5)
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=16, block_length=8)
     result = generate(model, prompts[:2], config, filters=[learned])
     assert not (result.tokens == model.mask_token_id).any()
+
+
+def test_oracle_trajectory_labels_match_its_commits():
+    # along the oracle's path every committed slot was a correct prediction (or a stall pick)
+    model = tiny_llada()
+    prompts = [[3, 4, 5], [6, 7]]
+    data, reference, _ = collect(model, prompts, gen_length=8, block_length=8, width=8, trajectory="oracle")
+    assert reference.shape == (2, 8)
+    assert data.features.shape[0] >= 2 and (data.labels & data.valid).any(-1).float().mean() > 0
+    with pytest.raises(ValueError, match="trajectory must be one of"):
+        collect(model, prompts, gen_length=8, block_length=8, width=8, trajectory="teacher")
+
+
+@pytest.mark.parametrize("mode", ["union", "only"])
+def test_oracle_end_to_end_commits_the_accepted_then_one_per_step(step_weights, mode):
+    # accepted (> 0.75): columns 0, 2, 4, 6 at step 0; then 3, 1, 5, 7 one per step -> 5 NFE
+    target = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    confidence = torch.tensor([0.9, 0.5, 0.8, 0.6, 0.95, 0.3, 0.99, 0.2])
+    model = OracleMaskPredictor(target, confidence, vocab_size=12, mask_token_id=11, eos_token_id=10)
+    config = DecodeConfig(LowConfidenceScheduler(), gen_length=8, block_length=8)
+    result = generate(model, [[4, 5]], config, trace=True,
+                      filters=[LearnedFilter(weights=step_weights(8), width=8, mode=mode)])
+    assert torch.equal(result.tokens[0], target) and result.nfe.tolist() == [5]
+    assert result.trace[0]["commit"][0].nonzero().flatten().tolist() == [0, 2, 4, 6]
+    assert generate(model, [[4, 5]], config).nfe.tolist() == [8]
