@@ -28,11 +28,14 @@ class EarlyCommitScheduler(Wrapper):
     (argmax when greedy) and the row stops. Otherwise `base` decides (any scheduler; default the
     reference's LLaDA low-confidence rule, one token per step).
 
-    Answer region: `answer_start=None` (default, usable without constraints) takes every still
-    masked generated position in view, i.e. "is the rest of the answer settled?", which is
-    stricter than the paper's five positions, so it triggers later and rarely mis-fires on a
-    long tail. `answer_start=k` takes the `answer_length` (5) positions from generation offset
-    k, as the reference (`answer_start = max(constraint_pos) + 2`). The paper's suffix anchor
+    Answer region: `answer_start=None` (default, usable without constraints) takes the still
+    masked generated positions in view before the first predicted end-of-text (the answer still
+    to be written; the masked tail when only end-of-text padding is left). This asks "is the
+    rest of the answer settled?", stricter than the paper's five positions, so it triggers later
+    and mis-fires less; leaving out the padding matters, since its near-certain EOS predictions
+    would dominate the mean and trigger all-in while the answer is still open.
+    `answer_start=k` takes the `answer_length` (5) positions from generation offset k, as the
+    reference (`answer_start = max(constraint_pos) + 2`). The paper's suffix anchor
     ("Answer:") is a prompt suffix here: end the prompt with it and set `answer_start=0`; the
     reference's mid-canvas constraint tokens need loop support dllm_decode does not have. A
     region entirely out of view (already decoded) falls back to the masked positions in view.
@@ -89,7 +92,11 @@ class EarlyCommitScheduler(Wrapper):
         gen_start, gen_end = inp.gen_span[:, :1], inp.gen_span[:, 1:]
         masked = inp.is_masked & (cols >= gen_start) & (cols < gen_end)
         if self.answer_start is None:
-            return masked
+            eos = torch.tensor(inp.eos_ids, dtype=torch.long, device=cols.device)
+            ends = torch.isin(inp.candidates, eos) & (cols >= gen_start)
+            first_end = torch.where(ends, cols, gen_end).min(-1, keepdim=True).values
+            answer = masked & (cols < first_end)
+            return torch.where(answer.any(-1, keepdim=True), answer, masked)
         first = gen_start + self.answer_start
         fixed = (cols >= first) & (cols < first + self.answer_length) & (cols < gen_end)
         return torch.where(fixed.any(-1, keepdim=True), fixed, masked)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -57,6 +59,22 @@ def test_masks_past_the_view_count_as_undecoded():
     masked = [False, False, True, True]
     assert not finishes(PROPHET, gaps_view([7.0] * 4, masked, gen=16))
     assert finishes(PROPHET, gaps_view([7.5] * 4, masked, gen=16))
+
+
+def eos_tail_view(masked=None):
+    """Columns 0-1 predict token 1 with gap 1; columns 2-7 predict EOS (token 2) with gap 10."""
+    logits = torch.zeros(1, 8, 6)
+    logits[0, :2, 1] = 1.0
+    logits[0, 2:, 2] = 10.0
+    inp = step_input(logits, masked=None if masked is None else torch.tensor([masked]))
+    return dataclasses.replace(inp, eos_ids=(2,))
+
+
+def test_default_region_leaves_out_the_predicted_end_of_text_padding():
+    assert not finishes(PROPHET, eos_tail_view())                        # answer gap 1 < 7.5
+    assert finishes(PROPHET, dataclasses.replace(eos_tail_view(), eos_ids=()))  # mean 7.75
+    only_tail = eos_tail_view([False, False] + [True] * 6)               # answer written
+    assert finishes(PROPHET, only_tail)
 
 
 def test_explicit_answer_region_and_its_fallback():
