@@ -24,8 +24,10 @@ import torch
 
 from caches import CACHES
 from dllm_decode.config import DecodeConfig
+from dllm_decode.models.layers import KVCache
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from dllm_decode.models.loading import ModelLoadError, load_model
+from dllm_decode.prompts import encode_prompts, left_pad
 from dllm_decode.sampler import generate
 from schedulers import ThresholdScheduler
 
@@ -43,11 +45,14 @@ class Bench:
     tasks: dict | None        # TASKS when the embedded model and the suite are both present
 
 
-def load_bench_model() -> Bench:
-    """The embedded model (+ tasks), else a random LLaDA of the embedded size."""
+def load_bench_model(name: str = "embedded") -> Bench:
+    """The named model (+ tasks when it speaks the task vocabulary), else a random LLaDA of the
+    embedded size when the embedded model is not installed."""
     try:
-        model = load_model("embedded")
+        model = load_model(name)
     except ModelLoadError:
+        if name != "embedded":
+            raise
         generator = torch.Generator().manual_seed(0)
         config = LLaDAConfig(**FALLBACK_SIZE, vocab_size=128, max_sequence_length=1024,
                              rope_theta=10000.0, mask_token_id=127, eos_token_id=126, pad_token_id=126)
@@ -61,7 +66,7 @@ def load_bench_model() -> Bench:
         from eval.tasks import TASKS
     except ImportError:
         TASKS = None
-    return Bench(model, "embedded model (dllm_decode/embedded/dllm)", TASKS)
+    return Bench(model, f"{name} ({getattr(model, 'name_or_path', name)})", TASKS)
 
 
 def task_examples(tasks: dict, n: int, seed: int = 0) -> list:
@@ -81,9 +86,12 @@ def prompts_for(bench: Bench, batch: int) -> list:
     return [torch.randint(0, 120, (n,), generator=generator).tolist() for n in lengths]
 
 
-def run_once(bench: Bench, prompts: list, gen: int, cache_name: str, stop_at_eos: bool) -> dict:
-    config = DecodeConfig(scheduler=ThresholdScheduler(THRESHOLD), gen_length=gen,
-                          block_length=BLOCK, stop_at_eos=stop_at_eos)
+def decode_config(gen: int, threshold: float = THRESHOLD, stop_at_eos: bool = True) -> DecodeConfig:
+    return DecodeConfig(scheduler=ThresholdScheduler(threshold), gen_length=gen, block_length=BLOCK,
+                        stop_at_eos=stop_at_eos)
+
+
+def run_once(bench: Bench, prompts: list, config: DecodeConfig, cache_name: str) -> dict:
     started = time.perf_counter()
     result = generate(bench.model, prompts, config, cache=CACHES[cache_name]())
     seconds = time.perf_counter() - started
@@ -91,27 +99,51 @@ def run_once(bench: Bench, prompts: list, gen: int, cache_name: str, stop_at_eos
             "tokens": result.tokens, "text": result.text}
 
 
-def measure(bench: Bench, gen: int, batch: int, repeats: int, stop_at_eos: bool) -> list[dict]:
+def measure(bench: Bench, config: DecodeConfig, batch: int, repeats: int) -> list[dict]:
     """Median seconds and NFE per cache for one configuration, caches interleaved per repeat."""
     prompts = prompts_for(bench, batch)
     runs: dict[str, list[dict]] = {name: [] for name in CACHE_NAMES}
     for repeat in range(repeats):
         order = CACHE_NAMES[repeat % len(CACHE_NAMES):] + CACHE_NAMES[:repeat % len(CACHE_NAMES)]
         for name in order:
-            runs[name].append(run_once(bench, prompts, gen, name, stop_at_eos))
+            runs[name].append(run_once(bench, prompts, config, name))
     base = statistics.median(r["seconds"] for r in runs["none"])
     rows = []
     for name in CACHE_NAMES:
         seconds = statistics.median(r["seconds"] for r in runs[name])
         same = torch.equal(runs[name][0]["tokens"], runs["none"][0]["tokens"])
-        rows.append({"gen": gen, "batch": batch, "cache": name,
-                     "seconds_per_sample": seconds / batch, "tokens_per_second": gen * batch / seconds,
+        rows.append({"gen": config.gen_length, "batch": batch, "cache": name,
+                     "seconds_per_sample": seconds / batch,
+                     "tokens_per_second": config.gen_length * batch / seconds,
                      "nfe": runs[name][0]["nfe"], "speedup": base / seconds,
                      "same_tokens_as_none": same, "repeats": repeats})
     return rows
 
 
-def accuracy(bench: Bench, n: int, gen: int, batch: int, stop_at_eos: bool) -> dict[str, dict]:
+def forward_costs(bench: Bench, gen: int, batch: int, repeats: int = 5) -> dict[str, float]:
+    """Median milliseconds of one forward at the first block: full (a refresh, or `none`), a
+    prefix-cached step (rows [s, L)) and a dual-cached step (rows [s, s + 32)): the ceiling
+    any step mix can reach."""
+    ids = encode_prompts(prompts_for(bench, batch), getattr(bench.model, "tokenizer", None))
+    canvas, mask = left_pad(ids, gen, bench.model.mask_token_id, bench.model.eos_token_ids[0],
+                            torch.device("cpu"))
+    start, length = canvas.shape[1] - gen, canvas.shape[1]
+    kv = KVCache()
+    with torch.inference_mode():
+        bench.model(canvas, mask, kv=kv, rows=(start, length))
+        calls = {"full": lambda: bench.model(canvas, mask, rows=(start, length)),
+                 "prefix": lambda: bench.model(canvas, mask, kv=kv, rows=(start, length)),
+                 "dual": lambda: bench.model(canvas, mask, kv=kv, rows=(start, start + BLOCK))}
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(repeats):
+            for name, call in calls.items():
+                started = time.perf_counter()
+                call()
+                times[name].append(1000 * (time.perf_counter() - started))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def accuracy(bench: Bench, n: int, config: DecodeConfig, batch: int) -> dict[str, dict]:
     """Task accuracy (%) per cache on `n` test examples, and agreement with `none`'s outputs."""
     examples = task_examples(bench.tasks, n)
     texts: dict[str, list[str]] = {}
@@ -119,7 +151,7 @@ def accuracy(bench: Bench, n: int, gen: int, batch: int, stop_at_eos: bool) -> d
         texts[name] = []
         for start in range(0, n, batch):
             chunk = examples[start:start + batch]
-            texts[name] += run_once(bench, [e.prompt for e in chunk], gen, name, stop_at_eos)["text"]
+            texts[name] += run_once(bench, [e.prompt for e in chunk], config, name)["text"]
     out = {}
     for name in CACHE_NAMES:
         scores = [bench.tasks[e.task].score(e, t) for e, t in zip(examples, texts[name])]
@@ -131,6 +163,8 @@ def accuracy(bench: Bench, n: int, gen: int, batch: int, stop_at_eos: bool) -> d
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", dest="json_path", help="also write the results here")
+    parser.add_argument("--model", default="embedded",
+                        help="a model directory trained on the task suite (default: the embedded model)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gen", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -138,29 +172,36 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch intra-op threads (1: stable on a shared 2-core machine)")
     parser.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="stop a row after the block holding its end-of-text (the loop default)")
+    parser.add_argument("--threshold", type=float, default=THRESHOLD,
+                        help="of the threshold scheduler (1.0: about one token per step, long decodes)")
     parser.add_argument("--accuracy-samples", type=int, default=48)
     parser.add_argument("--accuracy-gen", type=int, default=256)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    bench = load_bench_model()
-    print(f"model: {bench.label}; block {BLOCK}, threshold {THRESHOLD}, threads {args.threads}, "
+    bench = load_bench_model(args.model)
+    configs = {gen: decode_config(gen, args.threshold, args.stop_at_eos)
+               for gen in {*args.gen, args.accuracy_gen}}
+    print(f"model: {bench.label}; block {BLOCK}, threshold {args.threshold}, threads {args.threads}, "
           f"stop_at_eos {args.stop_at_eos}, median of {args.repeats} interleaved repeats")
-    run_once(bench, prompts_for(bench, 1), 64, "dual", args.stop_at_eos)        # warm-up
+    run_once(bench, prompts_for(bench, 1), decode_config(64), "dual")        # warm-up
     rows = []
     header = f"{'gen':>4} {'B':>2} {'cache':<7} {'s/sample':>9} {'tok/s':>8} {'NFE':>6} {'speedup':>8} {'=none':>5}"
     print(header)
     for gen in args.gen:
         for batch in args.batch:
-            for row in measure(bench, gen, batch, args.repeats, args.stop_at_eos):
-                rows.append(row)
+            costs = forward_costs(bench, gen, batch)
+            print(f"{gen:>4} {batch:>2} one forward at the first block: full {costs['full']:.1f} ms, "
+                  f"prefix {costs['prefix']:.1f} ms ({costs['full'] / costs['prefix']:.2f}x), "
+                  f"dual {costs['dual']:.1f} ms ({costs['full'] / costs['dual']:.2f}x)", flush=True)
+            for row in measure(bench, configs[gen], batch, args.repeats):
+                rows.append({**row, "forward_ms": costs})
                 print(f"{row['gen']:>4} {row['batch']:>2} {row['cache']:<7} "
                       f"{row['seconds_per_sample']:>9.3f} {row['tokens_per_second']:>8.1f} "
                       f"{row['nfe']:>6.1f} {row['speedup']:>7.2f}x {str(row['same_tokens_as_none']):>5}",
                       flush=True)
     acc = None
     if bench.tasks is not None and args.accuracy_samples > 0:
-        acc = accuracy(bench, args.accuracy_samples, args.accuracy_gen, max(args.batch),
-                       args.stop_at_eos)
+        acc = accuracy(bench, args.accuracy_samples, configs[args.accuracy_gen], max(args.batch))
         print(f"accuracy on {args.accuracy_samples} test examples (gen {args.accuracy_gen}):")
         for name, values in acc.items():
             print(f"  {name:<7} {values['accuracy']:5.1f}%  same output as none: "
@@ -169,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         print("accuracy: not measured (needs the embedded model and eval.tasks)")
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump({"model": bench.label, "block_length": BLOCK, "threshold": THRESHOLD,
+            json.dump({"model": bench.label, "block_length": BLOCK, "threshold": args.threshold,
                        "threads": args.threads, "stop_at_eos": args.stop_at_eos, "rows": rows,
                        "accuracy": acc}, f, indent=2)
 
