@@ -318,3 +318,11 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
         levels = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
         click.echo(f"{entry['label']}: max tokens/step {levels}")
     click.echo(f"wrote {out_dir}/samples.jsonl, summary.json, report.md")
+
+
+# AR speculative decoding (`spec`, `fetch smollm2`): its draft-length schedulers are looked up here,
+# in the diffusion registry plus the AR-only ones, because core may not import `schedulers`.
+from dllm_decode.speculative.command import fetch_command, spec_command  # noqa: E402
+
+main.add_command(spec_command(SCHEDULERS))
+main.add_command(fetch_command)

@@ -1,0 +1,21 @@
+"""Autoregressive speculative decoding behind the diffusion loop's scheduler interface.
+
+A drafter (small causal LM, prompt lookup, the target with layers skipped, or a masked diffusion
+LM drafting a block in parallel) proposes tokens; a `Scheduler` (the same objects the diffusion
+loop uses, plus the AR-only `heuristic`) decides how many to verify; the target verifies them in
+one forward, greedily (identical to its own greedy output) or by speculative sampling (identical
+in distribution). Batch size 1. See `schedule.py` for how each scheduler maps.
+"""
+
+from dllm_decode.speculative.drafters import (DiffusionDrafter, Draft, Drafter, LookupDrafter,
+                                              ModelDrafter, layer_subset, layerskip_drafter)
+from dllm_decode.speculative.loop import SpecConfig, SpecResult, eos_ids_of, speculative_generate
+from dllm_decode.speculative.sampling import Sampling
+from dllm_decode.speculative.schedule import (SPEC_SCHEDULERS, DraftLengthScheduler,
+                                              HeuristicScheduler, check_scheduler, draft_length)
+from dllm_decode.speculative.verify import greedy_verify, speculative_verify
+
+__all__ = ["SPEC_SCHEDULERS", "DiffusionDrafter", "Draft", "DraftLengthScheduler", "Drafter",
+           "HeuristicScheduler", "LookupDrafter", "ModelDrafter", "Sampling", "SpecConfig",
+           "SpecResult", "check_scheduler", "draft_length", "eos_ids_of", "greedy_verify",
+           "layer_subset", "layerskip_drafter", "speculative_generate", "speculative_verify"]

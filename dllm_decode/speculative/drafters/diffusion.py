@@ -1,0 +1,77 @@
+"""A masked diffusion LM drafts a whole block in parallel; the AR target verifies it.
+
+SpecDiff (Christopher et al., arXiv 2408.05636), DiffuSpec (arXiv 2510.02358), FailFast
+(arXiv 2512.20573) in their simplest form: the dLLM decodes `width` masked positions after the AR
+context with the toolkit's own `generate` and an unmasking scheduler, and the AR model checks the
+block left to right. Greedy (argmax) unmasking is deterministic, so q is one-hot and the result
+is lossless with respect to the AR target (spec speculative.md §4.3), whatever the dLLM proposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.interfaces import Cache, DiffusionLM, Scheduler
+from dllm_decode.sampler import generate
+from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
+from dllm_decode.speculative.sampling import Sampling
+
+
+@dataclass(frozen=True, eq=False)
+class DiffusionDrafter(Drafter):
+    """Draft `width` tokens as one block of the dLLM (`dllm_decode.generate`, temperature 0).
+
+    The dLLM must share the target's token ids. Its per-token confidence (the clean softmax
+    probability when the token was committed, read from the step trace) is what the
+    draft-length scheduler sees; q stays one-hot because argmax unmasking is deterministic.
+
+    Attributes:
+        model: the DiffusionLM.
+        scheduler: its unmasking policy (which positions to commit each denoising step).
+        cache: its logits cache (None: a full forward per step).
+        drop_ids: token ids removed from the AR context before it becomes the dLLM prompt (e.g.
+            the `=` separator of the embedded AR format, which the dLLM never saw).
+    """
+
+    model: DiffusionLM
+    scheduler: Scheduler
+    cache: Cache | None = None
+    drop_ids: tuple[int, ...] = field(default=())
+
+    def propose(self, context: Tensor, width: int, sampling: Sampling,
+                generator: torch.Generator | None, eos_ids: tuple[int, ...], state: Any,
+                stop: Callable[[Draft], bool] | None = None) -> tuple[Draft, Any]:
+        prompt = context
+        if self.drop_ids:
+            prompt = context[~torch.isin(context, torch.tensor(self.drop_ids, device=context.device))]
+        limit = getattr(self.model, "max_length", None)
+        if limit is not None:
+            width = min(width, limit - prompt.shape[0])
+        if width < 1 or not prompt.numel():
+            return Draft.empty(context.device), state
+        config = DecodeConfig(scheduler=self.scheduler, gen_length=width, block_length=width,
+                              temperature=0.0, stop_at_eos=True)
+        result = generate(self.model, [prompt.tolist()], config, cache=self.cache,
+                          generator=generator, tokenizer=None, trace=True)
+        tokens = result.tokens[0].to(context.device)
+        confidence = _commit_confidence(result.trace, width).to(context.device)
+        draft = Draft(tokens, confidence, forwards=int(result.nfe[0]))
+        return draft.head(cut_at_eos(tokens, tuple(eos_ids) or tuple(self.model.eos_token_ids))), state
+
+
+def _commit_confidence(trace: list[dict[str, Any]] | None, width: int) -> Tensor:
+    """(width,) confidence each generated position had at the step that committed it (1 if never
+    recorded, e.g. end-of-text filled after an early stop)."""
+    confidence = torch.ones(width)
+    for step in trace or ():                            # one entry per denoising step, not per token
+        commit, conf = step["commit"][0], step["confidence"][0].float()
+        columns = torch.arange(commit.shape[0]) + step["offset"]
+        keep = commit & (columns >= 0) & (columns < width)
+        confidence[columns[keep]] = conf[keep]
+    return confidence

@@ -1,0 +1,69 @@
+"""Self-speculation by layer skipping: the target with a subset of its layers is its own draft.
+
+Draft & Verify (Zhang et al., ACL 2024, arXiv 2309.08168) skips intermediate layers chosen
+offline; LayerSkip / HF `assistant_early_exit` keeps the first N layers. Both are a subset of
+decoder layers followed by the target's final norm and LM head; verification by the full model
+keeps the output identical to the target's.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from torch import nn
+
+from dllm_decode.speculative.drafters.model import ModelDrafter
+
+
+def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
+    """`"N"` -> the first N layers (early exit); `"0,2,3"` -> those layers (Draft & Verify).
+
+    Raises:
+        ValueError: malformed text, an index outside [0, num_layers), no layer, all layers, or a
+            subset without layer 0 (the cache reads the sequence length from layer 0).
+    """
+    text = spec.strip()
+    try:
+        if "," in text:
+            layers = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+        else:
+            layers = tuple(range(int(text)))
+    except ValueError:
+        raise ValueError(f"layerskip expects N (first N layers) or a comma list of layer indices, "
+                         f"got {spec!r}") from None
+    if not layers or layers[0] != 0 or layers[-1] >= num_layers:
+        raise ValueError(f"layerskip layers must include layer 0 and lie in [0, {num_layers}), "
+                         f"got {spec!r}")
+    if len(layers) == num_layers:
+        raise ValueError(f"layerskip {spec!r} keeps all {num_layers} layers: nothing is skipped")
+    return layers
+
+
+def layer_subset(model: nn.Module, layers: Sequence[int]) -> nn.Module:
+    """A shallow copy of a transformers decoder LM that runs only `layers` (weights shared).
+
+    The kept attention modules keep their original `layer_idx`, so a dynamic cache stores their
+    keys/values under the original indices (skipped ones stay empty). Needs `model.model.layers`
+    (Llama, Mistral, Qwen2, SmolLM2, ... layouts).
+
+    Raises:
+        ValueError: the model has no `model.layers` list.
+    """
+    inner = getattr(model, "model", None)
+    if not isinstance(getattr(inner, "layers", None), nn.ModuleList):
+        raise ValueError(f"layer skipping needs a decoder with `model.layers`; "
+                         f"{type(model).__name__} has none")
+    shallow_inner = copy.copy(inner)
+    shallow_inner._modules = dict(inner._modules)
+    shallow_inner._modules["layers"] = nn.ModuleList(inner.layers[i] for i in layers)
+    shallow = copy.copy(model)
+    shallow._modules = dict(model._modules)
+    shallow._modules["model"] = shallow_inner
+    return shallow
+
+
+def layerskip_drafter(model: nn.Module, spec: str) -> ModelDrafter:
+    """`layerskip:SPEC` of the CLI: a `ModelDrafter` over `layer_subset(model, parse_layers(SPEC))`."""
+    num_layers = len(getattr(getattr(model, "model", None), "layers", ()))
+    return ModelDrafter(layer_subset(model, parse_layers(spec, num_layers)))

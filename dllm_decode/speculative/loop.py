@@ -1,0 +1,232 @@
+"""`speculative_generate`: the autoregressive draft-then-verify loop (batch size 1).
+
+Per round: the drafter proposes up to k tokens, the scheduler decides how many of them to
+verify (`schedule.draft_length`), one target forward scores them all, verification appends the
+accepted prefix plus one target token, and the target's KV cache is cut back to the accepted
+context. Without a drafter every round is one plain AR step, which is the baseline the speedups
+are measured against.
+
+Batch size 1 only, as HF assisted generation ("assisted generate is only supported for
+batch_size = 1"): per-row acceptance makes the caches ragged (spec speculative.md §6).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.interfaces import Scheduler
+from dllm_decode.prompts import encode_prompts
+from dllm_decode.speculative.drafters.base import Draft, Drafter
+from dllm_decode.speculative.kv import KV, extend, new_kv, rollback
+from dllm_decode.speculative.sampling import Sampling
+from dllm_decode.speculative.schedule import (DraftLengthScheduler, check_scheduler, draft_length,
+                                              would_cut)
+from dllm_decode.speculative.verify import greedy_verify, speculative_verify
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """One speculative decoding configuration (change with `dataclasses.replace`).
+
+    Attributes:
+        scheduler: decides each round's draft length (see `dllm_decode.speculative.schedule`).
+        max_new_tokens: generation budget.
+        max_draft: k, the most tokens drafted per round (HF `num_assistant_tokens`; HF's default
+            is 20, ours 8 because small CPU targets gain little from longer windows).
+        sampling: temperature/top-k/top-p of the target (and of a model drafter).
+        stop_at_eos: stop after the first end-of-text token.
+        early_stop: a drafter that drafts token by token stops as soon as the scheduler would
+            cut before its newest token (`schedule.would_cut`; HF's confidence-threshold
+            stopping). Saves the draft forwards a cut would discard; drafts can only get shorter.
+    """
+
+    scheduler: Scheduler
+    max_new_tokens: int = 64
+    max_draft: int = 8
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_at_eos: bool = True
+    early_stop: bool = True
+
+    def __post_init__(self) -> None:
+        check_scheduler(self.scheduler)
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 1 <= self.max_draft <= 256:
+            raise ValueError(f"max_draft must be in [1, 256], got {self.max_draft}")
+
+
+@dataclass
+class SpecResult:
+    """What `speculative_generate` returns.
+
+    Attributes:
+        tokens: (N,) long generated tokens (through the first end-of-text when stopping at it).
+        text: decoded `tokens` without special tokens (None without a tokenizer).
+        appended: tokens appended per target forward (Spec-Bench's accept length: accepted
+            drafts plus the correction/bonus token; 1 for plain AR).
+        drafted: draft length verified by each target forward.
+        matched: drafts accepted by each target forward.
+        target_forwards: target forward passes (one per round; the first also prefills).
+        draft_forwards: drafter forward passes (dLLM NFE for a diffusion drafter).
+        seconds: wall-clock of the call.
+    """
+
+    tokens: Tensor
+    appended: list[int]
+    drafted: list[int]
+    matched: list[int]
+    target_forwards: int
+    draft_forwards: int
+    seconds: float
+    text: str | None = None
+
+    @property
+    def mean_accepted(self) -> float:
+        """Mean tokens appended per target forward (Spec-Bench `#Mean accepted tokens`)."""
+        return sum(self.appended) / max(1, len(self.appended))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Per-token acceptance estimate alpha: accepted drafts / accept-or-reject decisions made
+        (a round stops at its first rejection, so later drafts are never judged)."""
+        decisions = sum(m + (m < d) for m, d in zip(self.matched, self.drafted))
+        return sum(self.matched) / decisions if decisions else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "tokens": self.tokens.tolist(), "new_tokens": len(self.tokens),
+                "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
+                "accepted_per_target_call": self.appended, "draft_lengths": self.drafted,
+                "mean_accepted_tokens": self.mean_accepted,
+                "target_forwards_per_token": self.target_forwards / max(1, len(self.tokens)),
+                "acceptance_rate": self.acceptance_rate, "seconds": self.seconds}
+
+
+@torch.inference_mode()
+def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, config: SpecConfig,
+                         drafter: Drafter | None = None, *, generator: torch.Generator | None = None,
+                         tokenizer: Any = None, eos_ids: Sequence[int] | None = None) -> SpecResult:
+    """Decode one prompt with the target, drafting with `drafter` and verifying every round.
+
+    Greedy sampling returns exactly the target's own greedy tokens (in exact arithmetic; fp32 on
+    CPU in the tests); sampling returns tokens distributed exactly as the target's (Leviathan
+    et al. 2023). `drafter=None` is plain autoregressive decoding with a KV cache.
+
+    Args:
+        target: a transformers causal LM (`input_ids`, `past_key_values`, `logits_to_keep`).
+        prompt: text (needs a tokenizer; special tokens are not added, apply a chat template
+            first) or token ids.
+        config: scheduler, budget, sampling.
+        drafter: proposes tokens (`ModelDrafter`, `LookupDrafter`, `DiffusionDrafter`, ...).
+        generator: the only source of randomness.
+        tokenizer: default `target.tokenizer`; encodes a text prompt and decodes the output.
+        eos_ids: end-of-text ids (default: from the tokenizer and the target's configs).
+    Raises:
+        ValueError: empty prompt, or text without a tokenizer.
+    """
+    started = time.perf_counter()
+    tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
+    kv = new_kv(target)
+    device = kv.ids.device
+    (ids,) = encode_prompts([prompt] if not isinstance(prompt, Tensor) else [prompt.tolist()], tokenizer)
+    context = torch.tensor(ids, dtype=torch.long, device=device)
+    eos = tuple(eos_ids) if eos_ids is not None else eos_ids_of(target, tokenizer)
+    eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
+    scheduler, sampling = config.scheduler, config.sampling
+    adaptive = isinstance(scheduler, DraftLengthScheduler)
+    sched_state = scheduler.init_state(1, device)
+    draft_state = drafter.init_state() if drafter is not None else None
+    vocab = _vocab_size(target)
+    appended: list[int] = []
+    drafted: list[int] = []
+    matched: list[int] = []
+    draft_forwards = 0
+    prompt_length = context.shape[0]
+    while (remaining := config.max_new_tokens - (context.shape[0] - prompt_length)) > 0:
+        width = min(config.max_draft, remaining - 1)     # the target adds one more token
+        if adaptive:
+            width = min(width, scheduler.propose_length(sched_state) or width)
+        draft = Draft.empty(device)
+        if drafter is not None and width > 0:
+            stop = None
+            if config.early_stop and not adaptive:
+                stop = functools.partial(_cut, scheduler, width=width, vocab_size=vocab, eos_ids=eos)
+            draft, draft_state = drafter.propose(context, width, sampling, generator, eos,
+                                                 draft_state, stop)
+            draft_forwards += draft.forwards
+            if len(draft):
+                state = sched_state if adaptive else scheduler.init_state(1, device)
+                g, state = draft_length(scheduler, draft, state, vocab, width, generator, eos)
+                sched_state = state if adaptive else sched_state
+                draft = draft.head(g)
+        g = len(draft)
+        new, n, kv = verify_round(target, kv, context, draft, sampling, generator)
+        if adaptive and g:
+            sched_state = scheduler.feedback(sched_state, g, n)
+        new = new[:remaining]
+        stop = False
+        if config.stop_at_eos and eos:
+            is_eos = torch.isin(new, eos_tensor)
+            first = int(torch.where(is_eos.any(), is_eos.int().argmax(), new.shape[0]))
+            stop = first < new.shape[0]
+            new = new[:first + 1]
+        context = torch.cat([context, new])
+        appended.append(int(new.shape[0]))
+        drafted.append(g)
+        matched.append(n)
+        if stop:
+            break
+    tokens = context[prompt_length:].cpu()
+    text = tokenizer.decode(tokens.tolist(), skip_special_tokens=True) if tokenizer is not None else None
+    return SpecResult(tokens=tokens, appended=appended, drafted=drafted, matched=matched,
+                      target_forwards=len(appended), draft_forwards=draft_forwards,
+                      seconds=time.perf_counter() - started, text=text)
+
+
+def verify_round(target: Any, kv: KV, context: Tensor, draft: Draft, sampling: Sampling,
+                 generator: torch.Generator | None) -> tuple[Tensor, int, KV]:
+    """One target forward over the context's uncached tail plus the draft, verification, rollback.
+
+    Returns:
+        The tokens to append ((n + 1,) long), n the accepted drafts, and the target's state,
+        whose cache then holds exactly `context` + the n accepted drafts: the appended target
+        token is fed (with the next drafts) in the next round (HF crops to `new_cur_len - 1`).
+    """
+    g = len(draft)
+    logits, kv = extend(target, kv, torch.cat([context, draft.tokens]), g + 1)
+    if sampling.greedy:
+        new, n = greedy_verify(draft.tokens, logits)
+    else:
+        new, n = speculative_verify(draft.tokens, draft.probs, sampling.probs(logits), generator)
+    return new, n, rollback(kv, context.shape[0] + n)
+
+
+def _cut(scheduler: Scheduler, partial: Draft, **kwargs: Any) -> bool:
+    return would_cut(scheduler, partial, **kwargs)
+
+
+def eos_ids_of(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
+    """End-of-text ids from the tokenizer, the generation config and the model config."""
+    found: list[int] = []
+    sources = (getattr(tokenizer, "eos_token_id", None),
+               getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+               getattr(getattr(model, "config", None), "eos_token_id", None))
+    for value in sources:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, int) and item >= 0 and item not in found:
+                found.append(item)
+    return tuple(found)
+
+
+def _vocab_size(model: Any) -> int:
+    config = getattr(model, "config", None)
+    size = getattr(config, "vocab_size", None) or getattr(model, "vocab_size", None)
+    if size is None:
+        raise ValueError(f"cannot tell the vocabulary size of {type(model).__name__}")
+    return int(size)

@@ -1,0 +1,70 @@
+"""Causal LMs for the AR mode: the embedded Llama-format pair, local checkpoints, SmolLM2 (GGUF).
+
+Nothing is downloaded here: `smollm2` must have been fetched (`dllm-decode fetch smollm2`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.models.loading import (EMBEDDED_DIR, ModelLoadError, load_tokenizer, read_config,
+                                        resolve_model_dir)
+from dllm_decode.speculative.gguf import WHEEL_MODELS, FetchError, gguf_path, load_gguf
+
+EMBEDDED_AR = ("ar_target", "ar_draft")
+"""Shipped AR models, in `dllm_decode/embedded/<name>/` (same tokenizer as the embedded dLLM)."""
+
+
+def resolve_causal_dir(name: str) -> Path:
+    """`ar_target` / `ar_draft`, a local directory, or a repo id in the local HF cache."""
+    if name in EMBEDDED_AR:
+        for directory in (EMBEDDED_DIR / name, EMBEDDED_DIR / name / "model"):
+            if (directory / "config.json").is_file():
+                return directory
+        raise ModelLoadError(f"the embedded AR model {name!r} is not installed at {EMBEDDED_DIR / name}")
+    return resolve_model_dir(name)
+
+
+def load_causal_lm(name: str | Path, dtype: torch.dtype = torch.float32,
+                   device: str | torch.device | None = None) -> Any:
+    """A transformers causal LM in eval mode with `.tokenizer` (None if it ships none).
+
+    Args:
+        name: `smollm2` (the fetched GGUF), `ar_target`, `ar_draft`, a `.gguf` file, a local
+            checkpoint directory, or a repo id already in the local HF cache.
+    Raises:
+        ModelLoadError: missing model, a directory that is not a causal LM, or a GGUF problem
+            (one-line message).
+    """
+    text = str(name)
+    try:
+        if text in WHEEL_MODELS:
+            model = load_gguf(gguf_path(text), dtype)
+        elif text.endswith(".gguf"):
+            model = load_gguf(Path(text).expanduser(), dtype)
+        else:
+            model = _load_directory(resolve_causal_dir(text), dtype)
+    except FetchError as err:
+        raise ModelLoadError(str(err)) from None
+    model.name_or_path = text
+    return model.to(device or "cpu").eval()
+
+
+def _load_directory(directory: Path, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    config = read_config(directory)
+    architectures = config.get("architectures") or []
+    if architectures and not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        raise ModelLoadError(f"{directory}: {architectures[0]} is not a causal LM; the AR mode "
+                             f"needs a transformers *ForCausalLM checkpoint")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"cannot load a causal LM from {directory}: {first}") from None
+    model.tokenizer = load_tokenizer(directory)
+    return model

