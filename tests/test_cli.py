@@ -69,3 +69,10 @@ def test_bad_model_directories_are_usage_errors(tmp_path, setup, fragment):
     result = run("--model", str(directory), "--prompt", "hi")
     assert result.exit_code == 2, result.output
     assert fragment in result.output and "Traceback" not in result.output
+
+
+def test_ideal_model_decodes_a_task_prompt():
+    result = run("--model", "ideal", "--gen-length", "8", "--block-length", "8",
+                 "--prompt", "sort : mia ella hank", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["text"] == "ella hank mia"
