@@ -251,3 +251,67 @@ def task_prompts(per_task: int, seed: int = 0, split: str = "train") -> list[str
     from eval.tasks import TASKS
 
     return [example.prompt for task in TASKS.values() for example in task.examples(split, per_task, seed)]
+
+
+def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_length: int = 32,
+            weights: str = "embedded", seed: int = 0, progress: Progress | None = None
+            ) -> dict[str, dict[str, float]]:
+    """Accuracy and speed of the Learn2PD configurations on the test split, one prompt at a time.
+
+    Rows: `low_confidence` (one token per step, also the oracle's reference), `threshold` 0.9,
+    `learned`, `learned + eotp`, `learned + eotp + dual cache`, `learned + eotp (predicted)`, and
+    the oracle (reference: the `low_confidence` output).
+    """
+    from caches import DualCache
+    from eval.tasks import TASKS
+    from filters.eotp import EoTPFilter
+    from schedulers import ThresholdScheduler
+
+    examples = [e for task in TASKS.values() for e in task.examples("test", per_task, seed)]
+    base = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length, block_length=block_length)
+    learned = LearnedFilter(weights=weights)
+    runs: dict[str, tuple[DecodeConfig, Any, list]] = {
+        "low_confidence": (base, None, []),
+        "threshold_0.9": (dataclasses.replace(base, scheduler=ThresholdScheduler(threshold=0.9)), None, []),
+        "learned": (base, None, [learned]),
+        "learned+eotp": (base, None, [learned, EoTPFilter()]),
+        "learned+eotp+dual": (base, DualCache(), [learned, EoTPFilter()]),
+        "learned+eotp_predicted": (base, None, [learned, EoTPFilter(mode="predicted")]),
+    }
+    rows: dict[str, list[tuple[float, int, float, float]]] = {name: [] for name in [*runs, "oracle"]}
+    for i, example in enumerate(examples):
+        score = TASKS[example.task].score
+        reference = None
+        for name, (config, cache, filters) in runs.items():
+            result = generate(model, [example.prompt], config, cache=cache, filters=filters)
+            rows[name].append((score(example, result.text[0]), int(result.nfe[0]),
+                               float(result.tokens_per_step[0]), result.seconds))
+            reference = result.tokens if reference is None else reference
+        oracle = dataclasses.replace(base, scheduler=OracleScheduler.from_reference(reference))
+        result = generate(model, [example.prompt], oracle)
+        rows["oracle"].append((score(example, result.text[0]), int(result.nfe[0]),
+                               float(result.tokens_per_step[0]), result.seconds))
+        if progress and (i + 1) % 10 == 0:
+            progress(f"compared {i + 1}/{len(examples)}")
+    return {name: {"accuracy": 100 * sum(r[0] for r in rs) / len(rs),
+                   "nfe": sum(r[1] for r in rs) / len(rs),
+                   "tokens_per_step": sum(r[2] for r in rs) / len(rs),
+                   "seconds": sum(r[3] for r in rs) / len(rs)} for name, rs in rows.items()}
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(description="Learn2PD comparison table on the test split (batch 1).")
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--weights", default="embedded")
+    parser.add_argument("--per-task", type=int, default=10)
+    parser.add_argument("--gen-length", type=int, default=256)
+    args = parser.parse_args()
+    from dllm_decode.models.loading import load_model
+
+    table = compare(load_model(args.model), args.per_task, gen_length=args.gen_length,
+                    weights=args.weights, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(table, indent=1))

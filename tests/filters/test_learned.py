@@ -151,3 +151,15 @@ def test_oracle_end_to_end_commits_the_accepted_then_one_per_step(step_weights, 
     assert torch.equal(result.tokens[0], target) and result.nfe.tolist() == [5]
     assert result.trace[0]["commit"][0].nonzero().flatten().tolist() == [0, 2, 4, 6]
     assert generate(model, [[4, 5]], config).nfe.tolist() == [8]
+
+
+@pytest.mark.slow
+def test_compare_table_has_every_configuration(step_weights):
+    from dllm_decode.testing import tiny_llada_with_tokenizer
+    from eval.training.filter import compare
+
+    table = compare(tiny_llada_with_tokenizer(), per_task=1, gen_length=32, weights=step_weights(32))
+    assert set(table) == {"low_confidence", "threshold_0.9", "learned", "learned+eotp",
+                          "learned+eotp+dual", "learned+eotp_predicted", "oracle"}
+    assert table["oracle"]["nfe"] <= table["low_confidence"]["nfe"]
+    assert all(1 <= row["nfe"] <= 32 for row in table.values())
