@@ -43,10 +43,13 @@ def assert_same_decode(result, reference, atol=1e-5) -> None:
         torch.testing.assert_close(step["confidence"], ref["confidence"], atol=atol, rtol=0)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("name", KV_CACHES)
-def test_refresh_every_step_equals_no_cache(name, make_native):
-    model = make_native(layers=3, seed=3)
-    assert_same_decode(decode(model, build(CACHES, name, {"refresh_every": "1"})), decode(model, NoCache()))
+def test_refresh_every_step_equals_no_cache(name, temperature, make_native):
+    model, cfg = make_native(layers=3, seed=3), config(temperature=temperature)
+    runs = [decode(model, cache, cfg=cfg, generator=torch.Generator().manual_seed(7))
+            for cache in (build(CACHES, name, {"refresh_every": "1"}), NoCache())]
+    assert_same_decode(*runs)
 
 
 @pytest.mark.parametrize("name", KV_CACHES)
@@ -91,7 +94,7 @@ def test_every_scheduler_with_every_cache_leaves_no_mask(scheduler_name, cache_n
     result = generate(tiny_llada(seed=5), PROMPTS, cfg, cache=CACHES[cache_name](),
                       generator=torch.Generator().manual_seed(0))
     assert not (result.tokens == MASK).any()
-    assert (result.nfe >= 1).all() and (result.nfe <= 16 + 4).all()
+    assert (result.nfe >= 1).all() and (result.nfe <= 16).all()    # >= 1 commit per step with work
 
 
 @dataclasses.dataclass(frozen=True)
