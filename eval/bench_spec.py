@@ -236,9 +236,13 @@ def smollm2_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict 
         Config("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
         Config("prompt lookup, constant k=4", LookupDrafter(), constant, 4),
     ]
-    skip = layerskip_drafter(model, str(layers // 2))
-    configs.append(Config(f"layer skip {layers // 2}/{layers}, thr 0.4", skip,
-                          ThresholdScheduler(0.4), 8, skip.model))
+    # Draft & Verify style: skip the middle fifth. Untrained early exit (the first half) agrees
+    # with the full model on almost no token here; skipping the middle six of 30 layers on ~60%.
+    middle = range(2 * layers // 5, 3 * layers // 5)
+    kept = ",".join(str(i) for i in range(layers) if i not in middle)
+    skip = layerskip_drafter(model, kept)
+    configs.append(Config(f"layer skip middle {len(middle)}/{layers}, heuristic", skip,
+                          HeuristicScheduler(), 8, skip.model))
     log(f"SmolLM2-135M-Instruct: {len(prompts)} chat prompts, {args.smollm2_repeats} repeats")
     rows = measure(model, prompts, configs, args.smollm2_repeats, args.smollm2_tokens, log)
     entries = summarize(rows)

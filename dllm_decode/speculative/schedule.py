@@ -11,6 +11,18 @@ one) is the draft that the target verifies. How the registered schedulers map:
   the default s = k: one token); `random`, `margin` and `entropy` rank by their own scores, so
   their leading run varies.
 * `factor` (f): the longest prefix whose n-th token has confidence >= 1 - f/(n+1).
+* `eb` (gamma): the longest prefix whose draft-distribution entropies, summed less their
+  maximum, stay <= gamma.
+* `local_leap` (kappa, tau, radius): the leading run of tokens above kappa, or above tau within
+  `radius` of one above kappa.
+* `credit` (base): its base rule on credit-fused distributions; one round is one step, so the
+  credit is that step's own evidence only.
+* `klass` (base): KL stability needs a previous step, which a round never has, so it is always
+  its base rule (default low_confidence, one token).
+* `early_commit` (base): an all-in finish (large mean logit gap of the draft) verifies the
+  whole draft; otherwise its base rule.
+* `oracle`: its reference is aligned to a diffusion canvas, not to a round's window; with the
+  default empty reference it verifies one token per round.
 * any scheduler that chooses block bounds (adaptive block sizes) is rejected: an AR round has no
   block to resize (`check_scheduler`). A scheduler's `process_logits` is applied to the draft's
   distributions before `select`; tokens it would substitute are ignored (the drafter's law fixes
