@@ -1,0 +1,35 @@
+"""The benchmark's theory column and summary on a tiny target (no timing assertions)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dllm_decode.speculative import LookupDrafter, ModelDrafter
+from eval.bench_spec import Config, measure, summarize, theory_tokens
+from schedulers import LowConfidenceScheduler
+
+
+@pytest.mark.parametrize("alpha,drafted,expected", [
+    (0.0, [4], 1.0),                          # every draft rejected: one token per call
+    (1.0, [4], 5.0),                          # every draft accepted: g + 1
+    (0.5, [2], 1.75),                         # 1 + a + a^2
+    (0.8, [0, 3], (1.0 + (1 - 0.8 ** 4) / 0.2) / 2),
+])
+def test_theory_tokens(alpha, drafted, expected):
+    assert math.isclose(theory_tokens(alpha, drafted), expected)
+
+
+def test_summary_rows(target, draft_model):
+    constant = LowConfidenceScheduler(steps_per_block=1)
+    configs = [Config("plain", None, constant), Config("self", ModelDrafter(target), constant, 4, target),
+               Config("lookup", LookupDrafter(), constant, 4)]
+    prompts = [[3, 17, 5, 9, 3, 17], [8, 2, 8, 2]]
+    rows = measure(target, prompts, configs, repeats=1, max_new_tokens=9, log=lambda line: None)
+    plain, self_draft, lookup = summarize(rows)
+    assert all(row["exact"] for row in (plain, self_draft, lookup))
+    assert plain["mean_accepted_tokens"] == 1.0 and plain["target_forwards_per_token"] == 1.0
+    assert self_draft["acceptance_rate"] == 1.0 and self_draft["mean_accepted_tokens"] > 4
+    assert self_draft["draft_forwards_per_token"] > 0 and lookup["draft_forwards_per_token"] == 0
+    assert plain["speedup"] == 1.0
