@@ -66,6 +66,11 @@ def test_does_not_modify_inputs(step_weights):
         assert torch.equal(getattr(inp, name), value), name
 
 
+def test_shipped_filter_loads_by_default():
+    learned = build(FILTERS, "learned", {})
+    assert learned.weights == "embedded" and load_mlp("embedded").width == learned.width == 32
+
+
 def test_missing_and_wrong_width_weights_are_one_line_errors(step_weights, tmp_path):
     with pytest.raises(ValueError, match="not found at") as missing:
         build(FILTERS, "learned", {"weights": str(tmp_path / "nope.safetensors")})
