@@ -14,13 +14,23 @@ def topk_mask(scores: Tensor, k: Tensor) -> Tensor:
     Ties go to the lower column (stable sort), so runs repeat exactly. Entries scored -inf are
     never selected, even when k exceeds the number of finite scores.
     """
-    ranks = scores.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+    order = scores.argsort(dim=-1, descending=True, stable=True)
+    # rank of each column = the inverse permutation of `order` (one sort and a scatter, not two sorts)
+    positions = torch.arange(scores.shape[-1], device=scores.device).expand_as(order)
+    ranks = torch.empty_like(order).scatter_(-1, order, positions)
     return (ranks < k.unsqueeze(-1)) & (scores > NEG_INF)
 
 
 def argmax_mask(scores: Tensor) -> Tensor:
-    """(B, W) -> (B, W) bool marking each row's largest finite score (none for an all -inf row)."""
-    return topk_mask(scores, torch.ones(scores.shape[0], dtype=torch.long, device=scores.device))
+    """(B, W) -> (B, W) bool marking each row's largest finite score (none for an all -inf row).
+
+    Same as `topk_mask(scores, 1)` (ties to the lower column: `argmax` returns the first maximum)
+    without a sort.
+    """
+    if scores.shape[-1] == 0:
+        return torch.zeros_like(scores, dtype=torch.bool)
+    columns = torch.arange(scores.shape[-1], device=scores.device)
+    return (columns == scores.argmax(dim=-1, keepdim=True)) & (scores > NEG_INF)
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:

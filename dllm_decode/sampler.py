@@ -65,7 +65,7 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     if tokenizer is not None:
         text = [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
                 for row, n in zip(tokens, answer_lengths.tolist())]
-    return DecodeResult(tokens=tokens, nfe=run.nfe, answer_lengths=answer_lengths,
+    return DecodeResult(tokens=tokens, nfe=run.nfe.cpu(), answer_lengths=answer_lengths,
                         seconds=time.perf_counter() - started, text=text,
                         trace=run.trace if trace else None)
 
@@ -91,7 +91,7 @@ class _Run:
         self.out = canvas.clone()                       # finished rows are written back here
         self.x, self.attention_mask = canvas, attention_mask
         self.rows = torch.arange(batch, device=canvas.device)    # original index of each working row
-        self.nfe = torch.zeros(batch, dtype=torch.long)
+        self.nfe = torch.zeros(batch, dtype=torch.long, device=canvas.device)   # counted on device
         self.gen_end = [width] * batch                  # shrinks under truncation (EoTP)
         self.start = [self.gen_start] * batch
         self.end = [self.gen_start] * batch
@@ -101,7 +101,9 @@ class _Run:
         self.sched_state = config.scheduler.init_state(batch, canvas.device)
         self.cache_state = cache.init_state(model) if cache is not None else None
         self.columns = torch.arange(width, device=canvas.device)
+        self.gen_region = self.columns >= self.gen_start
         self.mask_column = torch.tensor([self.mask_id], device=canvas.device)
+        self._bounds_memo: dict[str, tuple[Any, Tensor]] = {}
 
     # -- phases: every working row decodes its next block; the phase ends when all are done --
     def decode(self) -> None:
@@ -134,10 +136,23 @@ class _Run:
             logits = logits[:, :hi - offset]
         return logits, offset
 
+    def _bounds(self, name: str, key: tuple, rows: Any) -> Tensor:
+        """A (B, 2) device tensor of host-side bounds, rebuilt only when `key` changes (bounds
+        change at block starts and row drops, not every step)."""
+        cached = self._bounds_memo.get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, torch.tensor(rows, dtype=torch.long, device=self.x.device))
+            self._bounds_memo[name] = cached
+        return cached[1]
+
+    def _block(self) -> Tensor:
+        """(B, 2) each working row's active block `[start, end)`."""
+        return self._bounds("block", (tuple(self.start), tuple(self.end)), list(zip(self.start, self.end)))
+
     def _step_input(self, block_step: int) -> StepInput:
         logits, offset = self._logits(block_step)
-        block = torch.tensor(list(zip(self.start, self.end)), device=self.x.device)
-        gen_span = torch.tensor([[self.gen_start, g] for g in self.gen_end], device=self.x.device)
+        block = self._block()
+        gen_span = self._bounds("gen_span", tuple(self.gen_end), [[self.gen_start, g] for g in self.gen_end])
         window = self.x[:, offset:offset + logits.shape[1]]
         is_masked = window == self.mask_id
         cols = self.columns[offset:offset + logits.shape[1]]
@@ -173,7 +188,7 @@ class _Run:
         return inp, decision
 
     def _rebound(self, inp: StepInput) -> StepInput:
-        block = torch.tensor(list(zip(self.start, self.end)), device=self.x.device)
+        block = self._block()
         eligible = inp.is_masked & ((inp.columns >= block[:, :1]) & (inp.columns < block[:, 1:]))
         confidence = masked_scores(inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1), eligible)
         self.budget = self._block_budget()
@@ -221,16 +236,14 @@ class _Run:
 
     def _bookkeep(self, has_work: Tensor, gen_end: Tensor) -> bool:
         """The step's single host sync; drops finished rows. Returns True when the phase is over."""
-        block = torch.tensor(list(zip(self.start, self.end)), device=self.x.device)
+        block = self._block()
         in_block = (self.columns >= block[:, :1]) & (self.columns < block[:, 1:])
-        gen_region = self.columns >= self.gen_start
         still = self.x == self.mask_id
-        stats = torch.stack([
-            (still & in_block).any(-1).long(), (still & gen_region).any(-1).long(),
-            (torch.isin(self.x, self.eos_ids) & in_block).any(-1).long(), has_work.long(), gen_end,
-        ]).cpu()                                         # the one host sync of the step
-        block_left, gen_left, block_eos, has_work, gen_end = stats.tolist()
-        self.nfe.index_add_(0, self.rows.cpu(), stats[3])
+        self.nfe.index_add_(0, self.rows, has_work.long())
+        block_left, gen_left, block_eos, gen_end = torch.stack([
+            (still & in_block).any(-1).long(), (still & self.gen_region).any(-1).long(),
+            (torch.isin(self.x, self.eos_ids) & in_block).any(-1).long(), gen_end,
+        ]).tolist()                                      # the one host sync of the step
         self.gen_end = gen_end
         self.end = [min(e, g) for e, g in zip(self.end, gen_end)]
         eos_stop = [bool(self.config.stop_at_eos and not left and eos) for left, eos in zip(block_left, block_eos)]

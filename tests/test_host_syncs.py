@@ -1,0 +1,105 @@
+"""The loop syncs with the host at most once per step (design §4), plus once per block start.
+
+Every tensor-to-host conversion (`item`, `tolist`, `cpu`, `numpy`, `bool()`, `int()`, `float()`,
+`index`) made while `_Run.decode` runs is counted, for every registered scheduler under each
+cache, with the EoTP filter. On CPU these calls are cheap, but on an accelerator each one stalls
+the queue, so the count is the portable measure.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from caches import CACHES
+from dllm_decode import sampler
+from dllm_decode.config import DecodeConfig
+from dllm_decode.sampler import generate
+from dllm_decode.testing import tiny_llada
+from filters import EoTPFilter
+from schedulers import SCHEDULERS
+
+CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+class SyncCounter:
+    """Counts host conversions while `active`; also counts steps (forwards) and block starts."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.active = False
+        self.syncs = self.forwards = self.blocks = 0
+        for name in CONVERSIONS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+        decode, block = sampler._Run.decode, sampler._Run._decode_block
+
+        def counted_decode(run):
+            self.active = True
+            try:
+                decode(run)
+            finally:
+                self.active = False
+
+        def counted_block(run):
+            self.blocks += 1
+            block(run)
+
+        monkeypatch.setattr(sampler._Run, "decode", counted_decode)
+        monkeypatch.setattr(sampler._Run, "_decode_block", counted_block)
+
+    def _counted(self, method):
+        def wrapper(tensor, *args, **kwargs):
+            if self.active:
+                self.syncs += 1
+                self.active = False          # a conversion's own internals are not more syncs
+                try:
+                    return method(tensor, *args, **kwargs)
+                finally:
+                    self.active = True
+            return method(tensor, *args, **kwargs)
+        return wrapper
+
+    def model(self, inner):
+        counter = self
+
+        class Counting(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = inner
+                self.mask_token_id, self.eos_token_ids = inner.mask_token_id, inner.eos_token_ids
+                self.vocab_size, self.max_length = inner.vocab_size, inner.max_length
+                self.supports_kv = inner.supports_kv
+
+            def forward(self, *args, **kwargs):
+                counter.forwards += 1
+                return self.inner(*args, **kwargs)
+
+        return Counting()
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
+    counter = SyncCounter(monkeypatch)
+    model = counter.model(tiny_llada(layers=1))
+    config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=16, block_length=8)
+    result = generate(model, [[1, 2, 3], [4, 5, 6, 7, 8], [9]], config, cache=CACHES[cache](),
+                      filters=[EoTPFilter()])
+    assert counter.forwards >= int(result.nfe.max()) > 0 and counter.blocks > 0
+    assert counter.syncs <= counter.forwards + counter.blocks, (
+        f"{counter.syncs} host syncs for {counter.forwards} steps and {counter.blocks} block starts")
+
+
+def test_counter_sees_a_sync(monkeypatch):
+    """The counter is live: a scheduler that calls `.item()` each step is over budget."""
+    from dllm_decode.interfaces import Decision
+    from schedulers import ThresholdScheduler
+
+    class Chatty(ThresholdScheduler):
+        def select(self, inp, state):
+            float(inp.confidence.max().item())
+            return Decision(commit=inp.confidence >= self.threshold), state
+
+    counter = SyncCounter(monkeypatch)
+    model = counter.model(tiny_llada(layers=1))
+    generate(model, [[1, 2, 3]], DecodeConfig(scheduler=Chatty(), gen_length=16, block_length=8))
+    assert counter.syncs > counter.forwards + counter.blocks
