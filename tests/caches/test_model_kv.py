@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 
-from dllm_decode.models.layers import KVCache
-from tests.models.conftest import LLADA_SIZES, left_padded_batch
+from dllm_decode.models.layers import KVCache, apply_rope, default_positions, rope_tables
+from tests.models.conftest import LLADA_SIZES, left_padded_batch, make_llada
 
 ATOL = 1e-5
 MASK = LLADA_SIZES["mask_token_id"]
@@ -112,3 +114,50 @@ def test_rows_of_a_batch_are_independent_and_can_be_dropped(make_native):
     model(ids[keep], mask[keep], kv=alone, rows=(START, LENGTH))
     torch.testing.assert_close(out, model(commit_some(ids)[keep], mask[keep], kv=alone, rows=(START, END)),
                                atol=ATOL, rtol=0)
+
+
+def stale_reference(model, before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor,
+                    rows: tuple[int, int]) -> torch.Tensor:
+    """Fast-dLLM's cached step written out for LLaDA: rows [a, b) of `after` are recomputed; at
+    every layer the keys/values of all other columns are those of a full forward over `before`."""
+    t, cfg = model.model.transformer, model.config
+    cos, sin = rope_tables(default_positions(mask, *before.shape, before.device), cfg.head_dim, cfg.rope_theta)
+    key_mask = mask.bool()[:, None, None, :]
+
+    def heads(x):
+        return rearrange(x, "b l (h d) -> b h l d", d=cfg.head_dim)
+
+    def layer(block, h, lo, hi, stale):
+        attn_norm, q, k, v, out, ff_norm, gate, up, down = block.parts()
+        x = attn_norm(h)
+        keys, values = apply_rope(heads(k(x)), cos[:, :, lo:hi], sin[:, :, lo:hi], True), heads(v(x))
+        if stale is not None:
+            keys = torch.cat([stale[0][:, :, :lo], keys, stale[0][:, :, hi:]], dim=2)
+            values = torch.cat([stale[1][:, :, :lo], values, stale[1][:, :, hi:]], dim=2)
+        queries = apply_rope(heads(q(x)), cos[:, :, lo:hi], sin[:, :, lo:hi], True)
+        h = h + out(rearrange(F.scaled_dot_product_attention(queries, keys, values, attn_mask=key_mask),
+                              "b h l d -> b l (h d)"))
+        f = ff_norm(h)
+        return h + down(F.silu(gate(f)) * up(f)), (keys, values)
+
+    h, cached = t["wte"](before), []
+    for block in t["blocks"]:
+        h, kv = layer(block, h, 0, before.shape[1], None)
+        cached.append(kv)
+    a, b = rows
+    h = t["wte"](after[:, a:b])
+    for block, stale in zip(t["blocks"], cached):
+        h, _ = layer(block, h, a, b, stale)
+    return t["ff_out"](t["ln_f"](h))
+
+
+@pytest.mark.parametrize("rows", [(START, LENGTH), (START, END)], ids=["prefix", "dual"])
+def test_multi_layer_cached_step_uses_refresh_time_kv_of_the_other_columns(rows):
+    """The approximation, exactly: stale K/V outside the fed rows, fresh inside, at every layer."""
+    model = make_llada(layers=3, seed=2)
+    ids, mask = canvas()
+    kv = KVCache()
+    model(ids, mask, kv=kv, rows=(START, LENGTH))
+    changed = commit_some(ids)
+    torch.testing.assert_close(model(changed, mask, kv=kv, rows=rows),
+                               stale_reference(model, ids, changed, mask, rows), atol=ATOL, rtol=0)
