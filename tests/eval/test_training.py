@@ -1,0 +1,161 @@
+"""Training recipes on tiny configs: data pipeline, loss goes down, resume is exact, export loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_decode import load_model
+from eval.ideal import IdealModel
+from eval.tasks import TASKS
+from eval.training import ar, dllm
+from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, build_pool, causal_batch,
+                                diffusion_batch, encode, step_rng)
+from eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
+from eval.training.loop import LoopConfig, train
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a second thread and, on a loaded machine, OpenMP's barrier
+    waits for a descheduled worker at every op (measured: 30x slower steps)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return build_pool(40, seed=0)
+
+
+def test_diffusion_batch_masks_only_the_answer_canvas(pool):
+    rng, gen = step_rng(0, 3)
+    batch = diffusion_batch(pool, 16, None, rng, gen)
+    # the canvas starts where every row's prompt has ended: prompts are left-padded to one width
+    widths = [len(p) for p in pool.prompts]
+    assert batch.masked.any()
+    assert not (batch.masked & (batch.attention_mask == 0)).any()          # padding never masked
+    assert not (batch.masked & (batch.targets == PAD_ID)).any()
+    first_masked_col = batch.masked.float().argmax(1)[batch.masked.any(1)]
+    assert (first_masked_col >= min(widths)).all()
+    assert torch.equal(batch.input_ids[batch.masked], torch.full_like(batch.input_ids[batch.masked], MASK_ID))
+    assert torch.equal(batch.input_ids[~batch.masked], batch.targets[~batch.masked])
+    assert (batch.weight[~batch.masked] == 0).all() and (batch.weight[batch.masked] > 0).all()
+    assert (batch.targets[:, -1] == EOS_ID).all()                           # EOS tail is a target
+
+
+def test_diffusion_batch_never_masks_a_prompt_token(pool):
+    for step in range(5):
+        rng, gen = step_rng(1, step)
+        batch = diffusion_batch(pool, 8, 40 if step % 2 else None, rng, gen)
+        canvas = batch.targets.shape[1] - batch.masked.shape[1]      # 0: same width
+        assert canvas == 0
+        # rebuild each row's prompt span from the pool order the batch used
+        rng, _ = step_rng(1, step)
+        idx = [rng.randrange(len(pool)) for _ in range(8)]
+        width = max(len(pool.prompts[i]) for i in idx)
+        assert not batch.masked[:, :width].any()
+        for row, i in enumerate(idx):
+            assert batch.targets[row, width - len(pool.prompts[i]):width].tolist() == pool.prompts[i]
+
+
+def test_causal_batch_supervises_answer_and_eos_only(pool):
+    rng, _ = step_rng(0, 0)
+    batch = causal_batch(pool, 6, rng)
+    for ids, labels, mask in zip(batch.input_ids.tolist(), batch.labels.tolist(),
+                                 batch.attention_mask.tolist()):
+        sep = ids.index(SEP_ID)
+        assert all(lab == -100 for lab in labels[:sep + 1])
+        eos = ids.index(EOS_ID, sep)
+        assert labels[sep + 1:eos + 1] == ids[sep + 1:eos + 1]
+        assert all(lab == -100 for lab in labels[eos + 1:]) and sum(mask) == eos + 1
+
+
+def _overfit(model, loss_at, tmp_path, steps=30):
+    losses = train(model, loss_at, LoopConfig(steps=steps, lr=3e-3, warmup=2, log_every=1000),
+                   tmp_path, log=open("/dev/null", "w"))
+    return sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+
+
+def test_dllm_loss_goes_down_on_a_tiny_config(pool, tmp_path):
+    torch.manual_seed(0)
+    model = dllm.LLaDAModelLM(dllm.model_config("tiny"))
+    first, last = _overfit(model, lambda step: dllm.diffusion_loss(model, pool, 0, 0, 16, 0), tmp_path)
+    assert last < 0.7 * first
+
+
+def test_ar_loss_goes_down_on_a_tiny_config(pool, tmp_path):
+    torch.manual_seed(0)
+    model = ar.LlamaForCausalLM(ar.model_config("tiny"))
+    first, last = _overfit(model, lambda step: ar.causal_loss(model, pool, 0, 0, 16), tmp_path)
+    assert last < 0.7 * first
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_resume_from_checkpoint_reproduces_the_uninterrupted_run(pool, tmp_path):
+    cfg = LoopConfig(steps=6, lr=3e-3, warmup=2, checkpoint_minutes=0.0, log_every=1000)
+    devnull = open("/dev/null", "w")
+
+    def fresh():
+        torch.manual_seed(0)
+        return dllm.LLaDAModelLM(dllm.model_config("tiny"))
+
+    straight = fresh()
+    train(straight, lambda s: dllm.diffusion_loss(straight, pool, s, 0, 8, 3), cfg, tmp_path / "a", log=devnull)
+
+    broken = fresh()
+
+    def stop_at_4(step):
+        if step == 4:
+            raise _Interrupt
+        return dllm.diffusion_loss(broken, pool, step, 0, 8, 3)
+
+    with pytest.raises(_Interrupt):
+        train(broken, stop_at_4, cfg, tmp_path / "b", log=devnull)
+    resumed = fresh()
+    losses = train(resumed, lambda s: dllm.diffusion_loss(resumed, pool, s, 0, 8, 3), cfg,
+                   tmp_path / "b", resume=True, log=devnull)
+    assert len(losses) == 6
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_exports_load_through_the_public_loaders(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = dllm.LLaDAModelLM(dllm.model_config("tiny")).eval()
+    dllm.export(model, tmp_path / "dllm")
+    loaded = load_model(tmp_path / "dllm")
+    ids = torch.tensor([encode("copy : alice bob") + [MASK_ID] * 3])
+    model.to(torch.bfloat16).float()                   # the export rounds weights to bfloat16
+    assert torch.allclose(loaded(ids), model(ids), atol=1e-5)
+    assert AutoTokenizer.from_pretrained(tmp_path / "dllm").mask_token_id == MASK_ID
+
+    causal = ar.LlamaForCausalLM(ar.model_config("tiny")).eval()
+    ar.export(causal, tmp_path / "ar")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "ar")
+    assert again.config.num_hidden_layers == causal.config.num_hidden_layers
+    assert AutoTokenizer.from_pretrained(tmp_path / "ar").eos_token_id == EOS_ID
+
+
+def test_own_decoder_with_the_ideal_model_solves_deterministic_tasks():
+    model = IdealModel(12)
+    examples = TASKS["reverse"].examples("test", 6, 0)
+    outputs, nfe = diffusion_generate(model, [encode(e.prompt) for e in examples], 12)
+    assert nfe == 12                                        # one token per step
+    assert [decode_text(o) for o in outputs] == [e.answer for e in examples]
+    _, fewer = diffusion_generate(model, [encode(e.prompt) for e in examples], 12, threshold=0.9)
+    assert fewer == 1                                       # every marginal is certain
+
+
+def test_accuracy_by_task_reports_percentages():
+    model = IdealModel(8)
+    acc = accuracy_by_task(lambda p: diffusion_generate(model, p, 8)[0], 2)
+    assert acc["copy"] == acc["sort"] == acc["replace_index"] == 100.0
+    assert acc["latin_square"] == 0.0 and set(acc) == set(TASKS) | {"mean"}   # 16 cells > canvas
