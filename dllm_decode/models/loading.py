@@ -185,6 +185,17 @@ def load_tokenizer(directory: Path):
         raise ModelLoadError(f"cannot load the tokenizer in {directory}: {_first_line(err)}") from None
 
 
+TURN_END_TOKENS = ("<|eot_id|>", "<|im_end|>")   # LLaDA-Instruct, Dream-Instruct: end of the answer
+
+
+def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
+    """Chat end-of-turn ids the tokenizer defines (they end an answer like EOS), minus `known`."""
+    if tokenizer is None:
+        return ()
+    vocab = tokenizer.get_vocab()
+    return tuple(vocab[t] for t in TURN_END_TOKENS if t in vocab and vocab[t] not in known)
+
+
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
@@ -222,5 +233,6 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         model = load_masked_lm(directory, tokenizer)
     model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
     model.tokenizer = tokenizer
+    model.eos_token_ids = model.eos_token_ids + turn_end_ids(tokenizer, model.eos_token_ids)
     model.name_or_path = str(path)
     return model
