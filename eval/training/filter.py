@@ -291,7 +291,7 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
         result = generate(model, [example.prompt], oracle)
         rows["oracle"].append((score(example, result.text[0]), int(result.nfe[0]),
                                float(result.tokens_per_step[0]), result.seconds))
-        if progress and (i + 1) % 10 == 0:
+        if progress and ((i + 1) % 5 == 0 or i + 1 == len(examples)):
             progress(f"compared {i + 1}/{len(examples)}")
     return {name: {"accuracy": 100 * sum(r[0] for r in rs) / len(rs),
                    "nfe": sum(r[1] for r in rs) / len(rs),
@@ -309,7 +309,9 @@ if __name__ == "__main__":
     parser.add_argument("--weights", default="embedded")
     parser.add_argument("--per-task", type=int, default=10)
     parser.add_argument("--gen-length", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (batch-1 decoding of a small model)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     from dllm_decode.models.loading import load_model
 
     table = compare(load_model(args.model), args.per_task, gen_length=args.gen_length,
