@@ -25,7 +25,7 @@ from eval.tokenizer import save_tokenizer
 from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, VOCAB, Pool, build_pool, diffusion_batch,
                                 step_rng)
 from eval.training.evaluate import accuracy_by_task, diffusion_generate
-from eval.training.loop import LoopConfig, add_run_arguments, train
+from eval.training.loop import CHECKPOINT, LoopConfig, add_run_arguments, train
 
 SIZES = {
     "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512),
@@ -62,7 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="embedded")
     parser.add_argument("--long-every", type=int, default=5, help="0 disables long canvases")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--export-only", action="store_true",
+                        help="export <out>/checkpoint.pt to <out>/model (e.g. mid-run) and exit")
     args = parser.parse_args(argv)
+    if args.export_only:
+        model = LLaDAModelLM(model_config(args.size))
+        state = torch.load(args.out / CHECKPOINT, weights_only=False)
+        model.load_state_dict(state["model"])
+        export(model, args.out / "model")
+        print(f"exported step {state['step']} to {args.out / 'model'}")
+        return
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)                  # parameter init only; batches use step_rng
