@@ -177,12 +177,17 @@ def load_tokenizer(directory: Path):
                ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")):
         return None
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()    # it warns that config.json's `llada`/`Dream` type is unknown to it
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
                                              trust_remote_code=False)
     except Exception as err:  # noqa: BLE001 - tokenizer loading errors vary by class
         raise ModelLoadError(f"cannot load the tokenizer in {directory}: {_first_line(err)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 TURN_END_TOKENS = ("<|eot_id|>", "<|im_end|>")   # LLaDA-Instruct, Dream-Instruct: end of the answer
