@@ -54,6 +54,7 @@ class Options:
     batch: int = 8
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     repeats: int = 3
+    scheduler_repeats: int = 1
     ar_samples: int = 28
     ar_new_tokens: int = 32
     seed: int = 0
@@ -182,8 +183,8 @@ def best_of(rows: list[dict[str, Any]]) -> str:
 def section_schedulers(subject: Subject, samples: list[Sample], o: Options) -> dict[str, Any]:
     combos = scheduler_combos(subject.tokenizer)
     chunks = chunked(samples, o.batch)
-    measured = run_grid(subject.model, [(c, chunks) for c in combos], o.gen, o.block, o.repeats,
-                        subject.tokenizer)
+    measured = run_grid(subject.model, [(c, chunks) for c in combos], o.gen, o.block,
+                        o.scheduler_repeats, subject.tokenizer)
     rows = [row(subject, samples, m, o.gen) for m in measured.values()]
     relative(rows, BASELINE, "baseline")
     relative(rows, "oracle", "oracle")
@@ -301,7 +302,50 @@ def section_ar(subject: Subject, samples: list[Sample], o: Options) -> dict[str,
                       "mean_accepted": statistics.fmean(r.mean_accepted for r in results),
                       "accuracy": scored(subject, picked, texts)}
     rows["ar+speculative"]["speedup_vs_ar"] = rows["ar"]["seconds"] / rows["ar+speculative"]["seconds"]
+    same = [a.tokens.tolist() == b.tokens.tolist() for a, b in zip(outputs["ar"], outputs["ar+speculative"])]
+    rows["ar+speculative"]["same_output_as_ar"] = 100 * sum(same) / len(same)   # greedy: must be 100
     return {"samples": len(picked), "max_new_tokens": o.ar_new_tokens, "rows": rows}
+
+
+def section_compile(subject: Subject, samples: list[Sample], o: Options) -> dict[str, Any]:
+    """Median milliseconds of one forward, eager vs `torch.compile` (static shapes), for a full
+    step (no cache or a refresh) and a dual-cache step, at batch 1 on the first sample's canvas,
+    and the one-off compile seconds. Opt-in (`--section compile`): compiling takes minutes on CPU
+    and recompiles for every new canvas width, which is why the loop runs eager."""
+    from dllm_decode.models.layers import KVCache
+    from dllm_decode.prompts import encode_prompts, left_pad
+
+    model = subject.model
+    ids = encode_prompts([samples[0].prompt], subject.tokenizer)
+    canvas, mask = left_pad(ids, o.gen, model.mask_token_id, model.eos_token_ids[0], torch.device("cpu"))
+    start, length = canvas.shape[1] - o.gen, canvas.shape[1]
+
+    def median_ms(forward: Any, kv: Any, rows: tuple[int, int]) -> float:
+        forward(canvas, mask, kv=kv, rows=rows)
+        times = []
+        for _ in range(max(5, 3 * o.repeats)):
+            started = time.perf_counter()
+            forward(canvas, mask, kv=kv, rows=rows)
+            times.append(1000 * (time.perf_counter() - started))
+        return statistics.median(times)
+
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        kv = KVCache()
+        model(canvas, mask, kv=kv, rows=(start, length))
+        eager = {"full": median_ms(model, None, (start, start + o.block)),
+                 "dual": median_ms(model, kv, (start, start + o.block))}
+        started = time.perf_counter()
+        compiled = torch.compile(model.forward, dynamic=False)
+        try:
+            fast = {"full": median_ms(compiled, None, (start, start + o.block)),
+                    "dual": median_ms(compiled, kv, (start, start + o.block))}
+        except Exception as err:                  # no compiler toolchain, unsupported op, ...
+            return {"failed": f"{type(err).__name__}: {err}"[:300], "eager_ms": eager}
+        out["compile_seconds"] = time.perf_counter() - started
+    out.update({"eager_ms": eager, "compiled_ms": fast,
+                "speedup": {k: eager[k] / fast[k] for k in eager}})
+    return out
 
 
 def run(model_name: str = "embedded", options: Options = Options(), threads: int = 1,
@@ -336,6 +380,8 @@ def run(model_name: str = "embedded", options: Options = Options(), threads: int
     if "ar" in sections:
         out["ar"] = section_ar(subject, samples, options)
         say(f"ar done ({time.perf_counter() - started:.0f}s)")
+    if "compile" in sections:
+        out["compile"] = section_compile(subject, samples, options)
     out["targets"] = targets(out)
     out["seconds_total"] = time.perf_counter() - started
     return out
@@ -391,7 +437,8 @@ def format_report(report: dict[str, Any]) -> str:
                   f"{r['vs_batch_1']:>5.2f}x {100 * r['overhead']:>8.1f}% {r['nfe']:>6.1f}"
                   for r in report["loop"]["rows"]]
     sched = report["schedulers"]
-    lines += ["", f"schedulers (no cache; best within {ACCURACY_SLACK:g} point: {sched['best']}):",
+    lines += ["", f"schedulers (no cache, {o['scheduler_repeats']} repeat(s); best within "
+                  f"{ACCURACY_SLACK:g} point of {BASELINE}: {sched['best']}):",
               f"  {'scheduler':<26} {'NFE':>6} {'tok/step':>8} {'acc%':>6} {'dAcc':>6} {'NFE/1tps':>8} "
               f"{'NFE/orc':>7} {'speedup':>7} {'s/sample':>8} {'ovh%':>5}"]
     for r in sched["rows"]:
@@ -425,6 +472,13 @@ def format_report(report: dict[str, Any]) -> str:
                          f"{g['max_wait_steps']:>4} {_f(g['start_confidence_p10'])} "
                          f"{_f(g['start_confidence_median'])} {g['wrong_candidates']:>7} "
                          f"{_f(g['wrong_confidence_p90'])} {_f(g['wrong_confidence_max'])}")
+    if "compile" in report:
+        c = report["compile"]
+        lines += ["", "torch.compile (one forward, batch 1): " + (
+            c["failed"] if "failed" in c else
+            ", ".join(f"{k} eager {c['eager_ms'][k]:.2f} ms, compiled {c['compiled_ms'][k]:.2f} ms "
+                      f"({c['speedup'][k]:.2f}x)" for k in c["eager_ms"])
+            + f"; compiling took {c['compile_seconds']:.0f} s")]
     if "ar" in report:
         ar = report["ar"]
         if "skipped" in ar:
@@ -435,7 +489,8 @@ def format_report(report: dict[str, Any]) -> str:
                 acc = r["accuracy"]["mean"] if r["accuracy"] else None
                 lines.append(f"  {name:<16} acc {_pct(acc)}%  {r['seconds']:.3f}s  target forwards/token "
                              f"{r['target_forwards_per_token']:.3f}  accepted/forward {r['mean_accepted']:.2f}"
-                             + (f"  speedup {r['speedup_vs_ar']:.2f}x" if "speedup_vs_ar" in r else ""))
+                             + (f"  speedup {r['speedup_vs_ar']:.2f}x, same output as AR "
+                                f"{r['same_output_as_ar']:.0f}%" if "speedup_vs_ar" in r else ""))
     lines += ["", "targets:"]
     for name, t in report["targets"].items():
         lines.append(f"  [{'met' if t['met'] else 'MISSED'}] {name}: {t['value']:.3f}"
@@ -460,8 +515,9 @@ def _f(x: float | None) -> str:
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="torch intra-op threads (1: stable on a shared machine).")
 @click.option("--section", "sections", multiple=True,
-              type=click.Choice(["loop", "stack", "gap", "ar"]),
-              help="Run only these sections (the scheduler table always runs); repeatable [all].")
+              type=click.Choice(["loop", "stack", "gap", "ar", "compile"]),
+              help="Run only these sections (the scheduler table always runs); repeatable "
+                   "[all but compile].")
 def bench_command(json_path: str | None, quick: bool, model_name: str, repeats: int | None,
                   per_task: int | None, gen_length: int | None, threads: int,
                   sections: tuple[str, ...]) -> None:

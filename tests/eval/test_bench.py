@@ -3,6 +3,7 @@ analysis on a model whose every prediction is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -65,3 +66,30 @@ def test_token_waits_on_a_known_model():
     assert waits["wait"] == [order.index(p) for p in range(6)]
     assert waits["start_confidence"] == pytest.approx(confidence.tolist())
     assert waits["wrong_confidence"] == []
+
+
+def test_ar_section_with_tiny_causal_models(monkeypatch):
+    """Greedy speculative decoding returns exactly the plain AR output; figures are filled in."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import dllm_decode.speculative.models as causal
+    from eval import bench
+    from dllm_decode.testing import tiny_tokenizer
+
+    def tiny_causal(seed: int) -> LlamaForCausalLM:
+        torch.manual_seed(seed)
+        config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=48, vocab_size=37, max_position_embeddings=128,
+                             pad_token_id=35, bos_token_id=35, eos_token_id=35)
+        model = LlamaForCausalLM(config).eval()
+        model.tokenizer = tiny_tokenizer(37)
+        return model
+
+    models = {"ar_target": tiny_causal(0), "ar_draft": tiny_causal(1)}
+    monkeypatch.setattr(causal, "load_causal_lm", lambda name, **kwargs: models[name])
+    subject = bench.load_subject("tiny")
+    options = dataclasses.replace(bench.QUICK, ar_samples=1, ar_new_tokens=6)
+    report = bench.section_ar(subject, bench.samples_for(subject, options), options)
+    spec = report["rows"]["ar+speculative"]
+    assert spec["same_output_as_ar"] == 100 and spec["speedup_vs_ar"] > 0
+    assert report["rows"]["ar"]["target_forwards_per_token"] == 1.0
