@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from caches import CACHES, DualCache, NoCache, PrefixCache
+from caches import CACHES, BlockKVCache, DualCache, NoCache, PrefixCache
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.cli import main
 from dllm_decode.interfaces import Decision, Filter, Scheduler, StepInput
@@ -21,7 +21,7 @@ from schedulers import SCHEDULERS, ThresholdScheduler
 
 VOCAB, MASK, EOS = 37, 36, 35
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]       # left padding: three prompt lengths
-KV_CACHES = sorted(name for name, cls in CACHES.items() if cls is not NoCache)
+KV_CACHES = sorted(name for name, cls in CACHES.items() if issubclass(cls, BlockKVCache))
 
 
 def config(scheduler=None, gen=16, block=8, **kw) -> DecodeConfig:
