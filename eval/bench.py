@@ -55,7 +55,7 @@ class Options:
     batch_sizes: tuple[int, ...] = (1, 4, 16)
     repeats: int = 3
     scheduler_repeats: int = 1
-    ar_samples: int = 28
+    ar_samples: int = 14
     ar_new_tokens: int = 32
     seed: int = 0
 
@@ -168,7 +168,8 @@ def scheduler_combos(tokenizer: Any) -> list[Combo]:
     combos = [Combo(BASELINE, SCHEDULERS[BASELINE]())]
     combos += [Combo(name, with_delimiters(cls(), tokenizer)) for name, cls in sorted(SCHEDULERS.items())
                if name not in (BASELINE, "oracle")]
-    combos += [Combo(f"preset:{name}", with_delimiters(p.scheduler(), tokenizer)) for name, p in PRESETS.items()]
+    combos += [Combo(f"preset:{name}", with_delimiters(p.scheduler(), tokenizer), filters=p.filters())
+               for name, p in PRESETS.items()]
     return combos + [Combo("oracle", None, oracle=True, reference=BASELINE)]
 
 
@@ -192,18 +193,23 @@ def section_schedulers(subject: Subject, samples: list[Sample], o: Options) -> d
 
 
 def stack_combos(best: Combo) -> list[Combo]:
+    """One token per step without cache, then for `threshold` (Fast-dLLM's default) and the best
+    configuration: no cache, prefix, dual, + EoTP, dual + EoTP (the full stack). A configuration
+    whose filters already hold an EoTP filter keeps it instead of adding a second one."""
     from caches import DualCache, PrefixCache
     from filters import EoTPFilter
     from schedulers import LowConfidenceScheduler, ThresholdScheduler
 
     out = [Combo(BASELINE, LowConfidenceScheduler())]
-    for name, scheduler in (("threshold", ThresholdScheduler()), (best.label, best.scheduler)):
-        if any(c.label == f"{name}" for c in out):
+    for base in (Combo("threshold", ThresholdScheduler()), best):
+        if any(c.label == base.label for c in out):
             continue
-        out += [Combo(name, scheduler), Combo(f"{name}+prefix", scheduler, PrefixCache()),
-                Combo(f"{name}+dual", scheduler, DualCache()),
-                Combo(f"{name}+eotp", scheduler, None, (EoTPFilter(),)),
-                Combo(f"{name}+dual+eotp", scheduler, DualCache(), (EoTPFilter(),))]
+        eotp = base.filters if any(isinstance(f, EoTPFilter) for f in base.filters) else \
+            base.filters + (EoTPFilter(),)
+        out += [replace(base, cache=None), replace(base, label=f"{base.label}+prefix", cache=PrefixCache()),
+                replace(base, label=f"{base.label}+dual", cache=DualCache()),
+                replace(base, label=f"{base.label}+eotp", cache=None, filters=eotp),
+                replace(base, label=f"{base.label}+dual+eotp", cache=DualCache(), filters=eotp)]
     return out
 
 
