@@ -12,7 +12,6 @@ batch_size = 1"): per-row acceptance makes the caches ragged (spec speculative.m
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,8 +25,8 @@ from dllm_decode.prompts import encode_prompts
 from dllm_decode.speculative.drafters.base import Draft, Drafter
 from dllm_decode.speculative.kv import KV, extend, new_kv, rollback
 from dllm_decode.speculative.sampling import Sampling
-from dllm_decode.speculative.schedule import (DraftLengthScheduler, check_scheduler, draft_length,
-                                              would_cut)
+from dllm_decode.speculative.schedule import (DraftLengthScheduler, EarlyStop, check_scheduler,
+                                              draft_length)
 from dllm_decode.speculative.verify import greedy_verify, speculative_verify
 
 
@@ -43,7 +42,7 @@ class SpecConfig:
         sampling: temperature/top-k/top-p of the target (and of a model drafter).
         stop_at_eos: stop after the first end-of-text token.
         early_stop: a drafter that drafts token by token stops as soon as the scheduler would
-            cut before its newest token (`schedule.would_cut`; HF's confidence-threshold
+            cut before its newest token (`schedule.EarlyStop`; HF's confidence-threshold
             stopping). Saves the draft forwards a cut would discard; drafts can only get shorter.
     """
 
@@ -156,7 +155,7 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
         if drafter is not None and width > 0:
             stop = None
             if config.early_stop and not adaptive:
-                stop = functools.partial(_cut, scheduler, width=width, vocab_size=vocab, eos_ids=eos)
+                stop = EarlyStop(scheduler, width, vocab, eos)
             draft, draft_state = drafter.propose(context, width, sampling, generator, eos,
                                                  draft_state, stop)
             draft_forwards += draft.forwards
@@ -205,10 +204,6 @@ def verify_round(target: Any, kv: KV, context: Tensor, draft: Draft, sampling: S
     else:
         new, n = speculative_verify(draft.tokens, draft.probs, sampling.probs(logits), generator)
     return new, n, rollback(kv, context.shape[0] + n)
-
-
-def _cut(scheduler: Scheduler, partial: Draft, **kwargs: Any) -> bool:
-    return would_cut(scheduler, partial, **kwargs)
 
 
 def eos_ids_of(model: Any, tokenizer: Any = None) -> tuple[int, ...]:

@@ -166,6 +166,14 @@ def draft_length(scheduler: Scheduler, draft: Draft, state: Any, vocab_size: int
     Raises:
         ValueError: an empty draft (there is nothing to schedule).
     """
+    run, state = _committed_run(scheduler, draft, state, vocab_size, width, generator, eos_ids)
+    return min(len(draft), max(1, run)), state
+
+
+def _committed_run(scheduler: Scheduler, draft: Draft, state: Any, vocab_size: int,
+                   width: int | None, generator: torch.Generator | None,
+                   eos_ids: tuple[int, ...]) -> tuple[int, Any]:
+    """The leading run of committed positions over the completed window (uncapped)."""
     if not len(draft):
         raise ValueError("draft_length needs at least one drafted token")
     inp = draft_step_input(_complete(draft, width or len(draft)), vocab_size, generator, eos_ids)
@@ -179,26 +187,40 @@ def draft_length(scheduler: Scheduler, draft: Draft, state: Any, vocab_size: int
     commit = decision.commit & inp.eligible
     if decision.finish is not None:
         commit = commit | decision.finish.unsqueeze(-1)
-    return min(len(draft), max(1, leading_run(commit[0]))), state
+    return leading_run(commit[0]), state
 
 
-def would_cut(scheduler: Scheduler, partial: Draft, width: int, vocab_size: int,
-              eos_ids: tuple[int, ...] = ()) -> bool:
+class EarlyStop:
     """Early stop for drafters that draft token by token (HF's confidence-threshold criterion).
 
-    True when the scheduler, shown the draft so far completed to `width` positions by certain
-    tokens (as `draft_length` shows every draft), would verify fewer tokens than already
-    drafted, so drafting more is wasted. With the running-minimum confidence this never changes
-    a decision for rules where the leading run depends only on the positions it covers
-    (threshold, factor, low_confidence); for others it only shortens drafts, which never changes
-    the output's exactness. Probes use a fresh state and no generator, so they do not move the
-    request's random stream.
+    Called with the draft so far; True when the scheduler, shown it completed to `width`
+    positions by certain tokens (as `draft_length` shows every draft), would verify fewer tokens
+    than already drafted, so drafting more is wasted. The scheduler is asked again only when the
+    newest token lowers the running-minimum confidence: otherwise the window's confidences are
+    those of the last question, and its answer (the committed run) stands. Exact for rules that
+    read the confidences (threshold, factor, low_confidence, local_leap); for rules that read the
+    distributions (margin, entropy, eb) it may stop later or earlier, which only changes draft
+    lengths, never the output's exactness. Questions use a fresh state and no generator, so
+    they do not move the request's random stream.
     """
-    if len(partial) >= width:
-        return False
-    state = scheduler.init_state(1, partial.tokens.device)
-    g, _ = draft_length(scheduler, partial, state, vocab_size, width, None, eos_ids)
-    return g < len(partial)
+
+    def __init__(self, scheduler: Scheduler, width: int, vocab_size: int,
+                 eos_ids: tuple[int, ...] = ()):
+        self.scheduler, self.width, self.vocab_size, self.eos_ids = scheduler, width, vocab_size, eos_ids
+        self.floor = float("inf")
+        self.run = 0
+
+    def __call__(self, partial: Draft) -> bool:
+        drafted = len(partial)
+        if drafted >= self.width:
+            return False
+        newest = float(partial.confidence[-1])           # one host sync per drafted token
+        if newest < self.floor:
+            self.floor = newest
+            state = self.scheduler.init_state(1, partial.tokens.device)
+            self.run, _ = _committed_run(self.scheduler, partial, state, self.vocab_size,
+                                         self.width, None, self.eos_ids)
+        return self.run < drafted
 
 
 def _complete(draft: Draft, width: int) -> Draft:

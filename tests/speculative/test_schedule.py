@@ -9,7 +9,7 @@ import torch
 
 from dllm_decode.speculative import (SPEC_SCHEDULERS, Draft, HeuristicScheduler, check_scheduler,
                                      draft_length)
-from dllm_decode.speculative.schedule import would_cut
+from dllm_decode.speculative.schedule import EarlyStop
 from schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
 
 V = 11
@@ -51,11 +51,26 @@ def test_short_draft_sees_the_full_window():
     assert length(scheduler, [0.9] * 3, width=8) == 3         # capped at what was drafted
 
 
-def test_would_cut():
+def test_early_stop():
+    """Stop once the scheduler would cut before the newest token, asking it only on a new low."""
     tau = ThresholdScheduler(0.5)
-    assert would_cut(tau, draft_of([0.9, 0.4]), 6, V)
-    assert not would_cut(tau, draft_of([0.9, 0.6]), 6, V)
-    assert would_cut(LowConfidenceScheduler(steps_per_block=3), draft_of([0.9] * 3), 6, V)
+    stop = EarlyStop(tau, 6, V)
+    assert not stop(draft_of([0.9])) and not stop(draft_of([0.9, 0.6]))
+    assert stop(draft_of([0.9, 0.6, 0.4]))
+    constant = EarlyStop(LowConfidenceScheduler(steps_per_block=3), 6, V)   # 2 of 6 positions
+    assert not constant(draft_of([0.9])) and not constant(draft_of([0.9, 0.95]))
+    assert constant(draft_of([0.9, 0.95, 0.97]))          # no new low, the last answer stands
+    asked = []
+
+    class Counting(ThresholdScheduler):
+        def select(self, inp, state):
+            asked.append(1)
+            return super().select(inp, state)
+
+    counting = EarlyStop(Counting(0.5), 6, V)
+    for n in range(1, 5):
+        counting(draft_of([0.9, 0.95, 0.8, 0.99][:n]))
+    assert len(asked) == 2                                # at 0.9 and at the new low 0.8
 
 
 def test_heuristic_schedule():
