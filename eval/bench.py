@@ -209,7 +209,9 @@ def stack_combos(best: Combo) -> list[Combo]:
         out += [replace(base, cache=None), replace(base, label=f"{base.label}+prefix", cache=PrefixCache()),
                 replace(base, label=f"{base.label}+dual", cache=DualCache()),
                 replace(base, label=f"{base.label}+eotp", cache=None, filters=eotp),
-                replace(base, label=f"{base.label}+dual+eotp", cache=DualCache(), filters=eotp)]
+                replace(base, label=f"{base.label}+dual+eotp", cache=DualCache(), filters=eotp),
+                replace(base, label=f"{base.label}+dual(refresh 2)+eotp", cache=DualCache(refresh_every=2),
+                        filters=eotp)]
     return out
 
 
