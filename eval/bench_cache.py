@@ -23,15 +23,19 @@ from typing import Any
 import torch
 
 from caches import CACHES
+from dllm_decode.cli import parse_filter_spec
 from dllm_decode.config import DecodeConfig
+from dllm_decode.interfaces import Cache
 from dllm_decode.models.layers import KVCache
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from dllm_decode.models.loading import ModelLoadError, load_model
 from dllm_decode.prompts import encode_prompts, left_pad
+from dllm_decode.registry import build
 from dllm_decode.sampler import generate
 from schedulers import ThresholdScheduler
 
 CACHE_NAMES = ("none", "prefix", "dual")
+"""Compared in every run; `--variant` adds configured ones (e.g. `dual:prefix_look=1024`)."""
 BLOCK, THRESHOLD = 32, 0.9
 FALLBACK_SIZE = dict(d_model=256, n_heads=8, n_layers=4, mlp_hidden_size=704)
 """The embedded model's architecture (eval/training/dllm.py), used with random weights."""
@@ -91,25 +95,26 @@ def decode_config(gen: int, threshold: float = THRESHOLD, stop_at_eos: bool = Tr
                         stop_at_eos=stop_at_eos)
 
 
-def run_once(bench: Bench, prompts: list, config: DecodeConfig, cache_name: str) -> dict:
+def run_once(bench: Bench, prompts: list, config: DecodeConfig, cache: Cache) -> dict:
     started = time.perf_counter()
-    result = generate(bench.model, prompts, config, cache=CACHES[cache_name]())
+    result = generate(bench.model, prompts, config, cache=cache)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "nfe": result.nfe.double().mean().item(),
             "tokens": result.tokens, "text": result.text}
 
 
-def measure(bench: Bench, config: DecodeConfig, batch: int, repeats: int) -> list[dict]:
+def measure(bench: Bench, config: DecodeConfig, batch: int, repeats: int,
+            caches: dict[str, Cache]) -> list[dict]:
     """Median seconds and NFE per cache for one configuration, caches interleaved per repeat."""
     prompts = prompts_for(bench, batch)
-    runs: dict[str, list[dict]] = {name: [] for name in CACHE_NAMES}
+    names = list(caches)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     for repeat in range(repeats):
-        order = CACHE_NAMES[repeat % len(CACHE_NAMES):] + CACHE_NAMES[:repeat % len(CACHE_NAMES)]
-        for name in order:
-            runs[name].append(run_once(bench, prompts, config, name))
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            runs[name].append(run_once(bench, prompts, config, caches[name]))
     base = statistics.median(r["seconds"] for r in runs["none"])
     rows = []
-    for name in CACHE_NAMES:
+    for name in names:
         seconds = statistics.median(r["seconds"] for r in runs[name])
         same = torch.equal(runs[name][0]["tokens"], runs["none"][0]["tokens"])
         rows.append({"gen": config.gen_length, "batch": batch, "cache": name,
@@ -143,17 +148,18 @@ def forward_costs(bench: Bench, gen: int, batch: int, repeats: int = 5) -> dict[
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def accuracy(bench: Bench, n: int, config: DecodeConfig, batch: int) -> dict[str, dict]:
+def accuracy(bench: Bench, n: int, config: DecodeConfig, batch: int,
+             caches: dict[str, Cache]) -> dict[str, dict]:
     """Task accuracy (%) per cache on `n` test examples, and agreement with `none`'s outputs."""
     examples = task_examples(bench.tasks, n)
     texts: dict[str, list[str]] = {}
-    for name in CACHE_NAMES:
+    for name, cache in caches.items():
         texts[name] = []
         for start in range(0, n, batch):
             chunk = examples[start:start + batch]
-            texts[name] += run_once(bench, [e.prompt for e in chunk], config, name)["text"]
+            texts[name] += run_once(bench, [e.prompt for e in chunk], config, cache)["text"]
     out = {}
-    for name in CACHE_NAMES:
+    for name in caches:
         scores = [bench.tasks[e.task].score(e, t) for e, t in zip(examples, texts[name])]
         agree = sum(a == b for a, b in zip(texts[name], texts["none"]))
         out[name] = {"accuracy": 100 * sum(scores) / n, "agreement_with_none": 100 * agree / n}
@@ -174,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="stop a row after the block holding its end-of-text (the loop default)")
     parser.add_argument("--threshold", type=float, default=THRESHOLD,
                         help="of the threshold scheduler (1.0: about one token per step, long decodes)")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                        help="also compare this configured cache; repeatable")
     parser.add_argument("--accuracy-samples", type=int, default=48)
     parser.add_argument("--accuracy-gen", type=int, default=256)
     args = parser.parse_args(argv)
@@ -183,9 +191,13 @@ def main(argv: list[str] | None = None) -> None:
                for gen in {*args.gen, args.accuracy_gen}}
     print(f"model: {bench.label}; block {BLOCK}, threshold {args.threshold}, threads {args.threads}, "
           f"stop_at_eos {args.stop_at_eos}, median of {args.repeats} interleaved repeats")
-    run_once(bench, prompts_for(bench, 1), decode_config(64), "dual")        # warm-up
+    caches = {name: CACHES[name]() for name in CACHE_NAMES}
+    for spec in args.variant:
+        name, options = parse_filter_spec(spec)
+        caches[spec] = build(CACHES, name, options)
+    run_once(bench, prompts_for(bench, 1), decode_config(64), caches["dual"])        # warm-up
     rows = []
-    header = f"{'gen':>4} {'B':>2} {'cache':<7} {'s/sample':>9} {'tok/s':>8} {'NFE':>6} {'speedup':>8} {'=none':>5}"
+    header = f"{'gen':>4} {'B':>2} {'s/sample':>9} {'tok/s':>8} {'NFE':>6} {'speedup':>8} {'=none':>5}  cache"
     print(header)
     for gen in args.gen:
         for batch in args.batch:
@@ -193,19 +205,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{gen:>4} {batch:>2} one forward at the first block: full {costs['full']:.1f} ms, "
                   f"prefix {costs['prefix']:.1f} ms ({costs['full'] / costs['prefix']:.2f}x), "
                   f"dual {costs['dual']:.1f} ms ({costs['full'] / costs['dual']:.2f}x)", flush=True)
-            for row in measure(bench, configs[gen], batch, args.repeats):
+            for row in measure(bench, configs[gen], batch, args.repeats, caches):
                 rows.append({**row, "forward_ms": costs})
-                print(f"{row['gen']:>4} {row['batch']:>2} {row['cache']:<7} "
-                      f"{row['seconds_per_sample']:>9.3f} {row['tokens_per_second']:>8.1f} "
-                      f"{row['nfe']:>6.1f} {row['speedup']:>7.2f}x {str(row['same_tokens_as_none']):>5}",
-                      flush=True)
+                print(f"{row['gen']:>4} {row['batch']:>2} {row['seconds_per_sample']:>9.3f} "
+                      f"{row['tokens_per_second']:>8.1f} {row['nfe']:>6.1f} {row['speedup']:>7.2f}x "
+                      f"{str(row['same_tokens_as_none']):>5}  {row['cache']}", flush=True)
     acc = None
     if bench.tasks is not None and args.accuracy_samples > 0:
-        acc = accuracy(bench, args.accuracy_samples, configs[args.accuracy_gen], max(args.batch))
+        acc = accuracy(bench, args.accuracy_samples, configs[args.accuracy_gen], max(args.batch),
+                       caches)
         print(f"accuracy on {args.accuracy_samples} test examples (gen {args.accuracy_gen}):")
         for name, values in acc.items():
-            print(f"  {name:<7} {values['accuracy']:5.1f}%  same output as none: "
-                  f"{values['agreement_with_none']:5.1f}%")
+            print(f"  {values['accuracy']:5.1f}%  (same output as none: "
+                  f"{values['agreement_with_none']:5.1f}%)  {name}")
     else:
         print("accuracy: not measured (needs the embedded model and eval.tasks)")
     if args.json_path:
