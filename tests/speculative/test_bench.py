@@ -7,7 +7,7 @@ import math
 import pytest
 
 from dllm_decode.speculative import LookupDrafter, ModelDrafter
-from eval.bench_spec import Config, measure, summarize, theory_tokens
+from eval.bench_spec import Config, measure, summarize, theory_speedup, theory_tokens
 from schedulers import LowConfidenceScheduler
 
 
@@ -19,6 +19,12 @@ from schedulers import LowConfidenceScheduler
 ])
 def test_theory_tokens(alpha, drafted, expected):
     assert math.isclose(theory_tokens(alpha, drafted), expected)
+
+
+def test_theory_speedup():
+    assert math.isclose(theory_speedup(0.5, 2, 0.0), 1.75)          # free drafts: tokens per call
+    assert math.isclose(theory_speedup(1.0, 3, 1 / 3), 2.0)         # 4 tokens for 2 target steps
+    assert theory_speedup(0.2, 4, 0.5) < 1.0                        # speedup needs alpha > c
 
 
 def test_summary_rows(target, draft_model):
