@@ -169,17 +169,17 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
         if adaptive and g:
             sched_state = scheduler.feedback(sched_state, g, n)
         new = new[:remaining]
-        stop = False
+        finished = False
         if config.stop_at_eos and eos:
             is_eos = torch.isin(new, eos_tensor)
             first = int(torch.where(is_eos.any(), is_eos.int().argmax(), new.shape[0]))
-            stop = first < new.shape[0]
+            finished = first < new.shape[0]
             new = new[:first + 1]
         context = torch.cat([context, new])
         appended.append(int(new.shape[0]))
         drafted.append(g)
         matched.append(n)
-        if stop:
+        if finished:
             break
     tokens = context[prompt_length:].cpu()
     text = tokenizer.decode(tokens.tolist(), skip_special_tokens=True) if tokenizer is not None else None

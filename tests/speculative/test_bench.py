@@ -22,9 +22,9 @@ def test_theory_tokens(alpha, drafted, expected):
 
 
 def test_theory_speedup():
-    assert math.isclose(theory_speedup(0.5, 2, 0.0), 1.75)          # free drafts: tokens per call
-    assert math.isclose(theory_speedup(1.0, 3, 1 / 3), 2.0)         # 4 tokens for 2 target steps
-    assert theory_speedup(0.2, 4, 0.5) < 1.0                        # speedup needs alpha > c
+    assert math.isclose(theory_speedup(1.75, 2, 0.0), 1.75)         # free drafts: tokens per call
+    assert math.isclose(theory_speedup(4.0, 3, 1 / 3), 2.0)         # 4 tokens for 2 target steps
+    assert theory_speedup(theory_tokens(0.2, [4]), 4, 0.5) < 1.0   # speedup needs alpha > c
 
 
 def test_summary_rows(target, draft_model):
