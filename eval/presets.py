@@ -42,8 +42,9 @@ class Preset:
 
 
 EOTP = (("eotp", ()),)
-_TUNING = ("tuned with `python /tmp/perf9/tune.py`-style sweeps through eval.bench_measure on 4 test "
-           "examples per target task (seed 1), gen 256, block 32, final embedded model (ff4b214)")
+_TUNING = ("chosen from hand sweeps of each field through eval.bench_measure on 4 test examples per "
+           "target task (seed 1), gen 256, block 32, embedded model ff4b214 (the sweep script was "
+           "not kept; `dllm-decode bench --section stack` re-measures the chosen presets)")
 
 PRESETS: dict[str, Preset] = {
     # EB-sampler with a 100x looser entropy budget, plus EoTP. On the embedded model at gen 256,
