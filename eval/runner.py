@@ -10,6 +10,8 @@ samples already written. With several processes each rank writes `samples.rank<r
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ from eval.progress import Progress
 from eval.records import (append_records, read_records, repair, sample_key, stable_hash,
                           unique_by_key)
 from eval.sources import TaskRun
+from schedulers.adaptive_block import with_delimiters
 from eval.tasks import Example
 
 SAMPLES = "samples.jsonl"
@@ -122,7 +125,10 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
 def generate_rows(model: Any, prompts: list[str], setting: Setting, gen_length: int,
                   generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
     """One `generate` call under `setting`: per row the text and speed figures, and the seconds."""
-    result = generate(model, prompts, setting.decode_config(gen_length), cache=setting.build_cache(),
+    config = setting.decode_config(gen_length)
+    # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` as the CLI does.
+    config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
+    result = generate(model, prompts, config, cache=setting.build_cache(),
                       filters=setting.build_filters(), generator=generator, tokenizer=tokenizer)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
