@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-import eval.distributed as distributed
+from eval import distributed
 from eval.grid import expand_grid
 from eval.records import read_records
 from eval.runner import SAMPLES, diffusion_decoder, evaluate
