@@ -19,6 +19,10 @@ SPECIAL_TOKENS = (PAD, UNK, EOS, MASK)
 SEPARATOR = "="
 """Separates prompt from answer in the AR training format (the diffusion canvas needs none)."""
 PUNCTUATION = ("[", "]", ",", '"', ";", SEPARATOR)
+AR_CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }}{% endfor %}"
+                    "{% if add_generation_prompt %} " + SEPARATOR + "{% endif %}")
+"""The AR models' prompt format as a chat template, so every front end (`spec`, `eval
+--model ar:...`) that applies the tokenizer's template asks them the way they were trained."""
 
 
 def vocabulary() -> dict[str, int]:
@@ -38,11 +42,12 @@ def build_tokenizer() -> Tokenizer:
     return tok
 
 
-def save_tokenizer(directory: str | Path) -> Path:
+def save_tokenizer(directory: str | Path, chat_template: str | None = None) -> Path:
     """Write `tokenizer.json`, `tokenizer_config.json` and `special_tokens_map.json`.
 
     `transformers.AutoTokenizer.from_pretrained(directory)` then loads it offline, with
-    `mask_token_id`, `eos_token_id`, `pad_token_id` and `unk_token_id` set.
+    `mask_token_id`, `eos_token_id`, `pad_token_id` and `unk_token_id` set (and
+    `chat_template` when given: the AR models get `AR_CHAT_TEMPLATE`).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -54,6 +59,7 @@ def save_tokenizer(directory: str | Path) -> Path:
         "clean_up_tokenization_spaces": False,   # keep " , " and " : " exactly as the tasks write them
         "model_max_length": 4096,
         "padding_side": "left",
+        **({"chat_template": chat_template} if chat_template else {}),
     }
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")

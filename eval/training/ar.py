@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eval.tokenizer import save_tokenizer
+from eval.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
 from eval.training.data import EOS_ID, PAD_ID, VOCAB, Pool, build_pool, causal_batch, step_rng
 from eval.training.evaluate import accuracy_by_task, causal_generate
 from eval.training.loop import LoopConfig, add_run_arguments, train
@@ -82,7 +82,7 @@ def export(model: LlamaForCausalLM, directory: Path) -> None:
     plus the tokenizer files."""
     model.to(torch.bfloat16).save_pretrained(directory)
     model.to(torch.float32)
-    save_tokenizer(directory)
+    save_tokenizer(directory, chat_template=AR_CHAT_TEMPLATE)
 
 
 if __name__ == "__main__":

@@ -56,3 +56,17 @@ def test_unknown_words_and_punctuation():
     encoding = tok.encode('copy : ["alice", zebra]')
     assert encoding.tokens == ["copy", ":", "[", '"', "alice", '"', ",", UNK, "]"]
     assert load_tokenizer().decode(encoding.ids) == 'copy : [ " alice " , [UNK] ]'
+
+
+@pytest.mark.parametrize("name", ["ar_target", "ar_draft"])
+def test_shipped_ar_tokenizers_ask_in_the_training_format(name):
+    """The AR models were trained on `prompt = answer`: their chat template adds the separator,
+    so `spec` and `eval --model ar:...` prompt them correctly without knowing the format."""
+    from transformers import AutoTokenizer
+
+    from dllm_decode.models.loading import EMBEDDED_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(str(EMBEDDED_DIR / name))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "copy : lucy eric"}],
+                                         add_generation_prompt=True, tokenize=False)
+    assert text == "copy : lucy eric ="
