@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 import sys
 from typing import Any
 
@@ -251,6 +252,9 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--combine", is_flag=True,
+              help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
+                   "same tasks), not only this command's; labels then name their model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ...],
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
@@ -258,7 +262,7 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
                  data_seed: int, sort_by: str, batch_size: int, out_dir: str, chat_template: bool,
                  progress: bool | None, plots: bool, device: str | None, dtype: str | None,
-                 as_json: bool) -> None:
+                 combine: bool, as_json: bool) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md, plots.
 
     Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0).
@@ -320,8 +324,12 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
         raise click.UsageError(str(err)) from None
     if records is None:                                  # ranks > 0: rank 0 reports
         return
+    if combine:
+        records = combined_records(out_dir)
+    models = sorted({r["model"] for r in records})
     summary = write_outputs(records, out_dir, theory=ideal, skipped=skipped,
-                            meta={"model": model_name, "command": " ".join(sys.argv)}, plots=plots)
+                            meta={"model": ", ".join(models) or model_name,
+                                  "command": " ".join(sys.argv)}, plots=plots)
     if as_json:
         click.echo(json.dumps(summary, default=str))
         return
@@ -329,6 +337,18 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
         levels = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
         click.echo(f"{entry['label']}: max tokens/step {levels}")
     click.echo(f"wrote {out_dir}/samples.jsonl, summary.json, report.md")
+
+
+def combined_records(out_dir: str) -> list[dict[str, Any]]:
+    """Every finished sample in `out_dir`, labels prefixed by their model when several share it."""
+    from eval.records import read_records, unique_by_key
+    from eval.runner import SAMPLES
+
+    records = unique_by_key(read_records(Path(out_dir) / SAMPLES))
+    if len({r["model"] for r in records}) < 2:
+        return records
+    return [{**r, "label": f"{r['model']} {r['label']}", "group": f"{r['model']} {r['group']}"}
+            for r in records]
 
 
 # AR speculative decoding (`spec`, `fetch smollm2`): its draft-length schedulers are looked up here,
