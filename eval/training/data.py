@@ -71,13 +71,24 @@ class DiffusionBatch:
     weight: Tensor
 
 
+SEMI_AR_BLOCKS = (8, 16, 32, 64)
+"""Block lengths whose decoding states `semi_ar_share` rows imitate."""
+
+
 def diffusion_batch(pool: Pool, batch_size: int, canvas: int | None, rng: random.Random,
-                    gen: torch.Generator, eps: float = 1e-3) -> DiffusionBatch:
+                    gen: torch.Generator, eps: float = 1e-3, semi_ar_share: float = 0.0) -> DiffusionBatch:
     """Sample a batch and mask it. `canvas` None: the longest answer + EOS + 0..8 extra EOS.
 
     LLaDA SFT: the answer is EOS-padded to the canvas length and the EOS tail is part of the
     masked target; t ~ U(eps, 1) per row; each canvas token is masked with probability t; the
     prompt is never masked.
+
+    Deviation (`semi_ar_share` > 0): that share of rows is masked the way semi-autoregressive
+    decoding sees the canvas instead: a block length s from `SEMI_AR_BLOCKS` and a block j that
+    overlaps the answer or its first EOS; columns before the block are clean, the block is
+    masked at rate t, everything after it is masked. Uniform masking almost never shows a long
+    canvas whose whole tail is masked, yet that is every state of block 1 at gen 256/512.
+    Tail positions are weighted as t = 1.
     """
     idx = [rng.randrange(len(pool)) for _ in range(batch_size)]
     prompts = [pool.prompts[i] for i in idx]
@@ -89,10 +100,18 @@ def diffusion_batch(pool: Pool, batch_size: int, canvas: int | None, rng: random
     targets = torch.tensor(rows)
     attention_mask = (torch.arange(p + g) >= torch.tensor([p - len(x) for x in prompts])[:, None]).long()
     t = eps + (1 - eps) * torch.rand(batch_size, 1, generator=gen)
-    in_canvas = torch.arange(p + g) >= p
-    masked = (torch.rand(batch_size, p + g, generator=gen) < t) & in_canvas
+    col = torch.arange(p + g) - p                       # canvas column (negative in the prompt)
+    start, end = torch.zeros(batch_size, 1, dtype=torch.long), torch.full((batch_size, 1), g)
+    for r, a in enumerate(answers):
+        if rng.random() < semi_ar_share:
+            s = rng.choice(SEMI_AR_BLOCKS)
+            start[r] = s * rng.randrange(len(a) // s + 1)
+            end[r] = start[r] + s
+    in_block = (col >= start) & (col < end)
+    masked = ((torch.rand(batch_size, p + g, generator=gen) < t) & in_block) | (col >= end)
     input_ids = torch.where(masked, MASK_ID, targets)
-    weight = masked.float() / (t * g)
+    rate = torch.where(in_block, t, torch.ones_like(t))
+    weight = masked.float() / (rate * g)
     return DiffusionBatch(input_ids, targets, attention_mask, masked, weight)
 
 

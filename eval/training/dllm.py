@@ -43,14 +43,14 @@ def model_config(size: str) -> LLaDAConfig:
 
 
 def diffusion_loss(model: LLaDAModelLM, pool: Pool, step: int, seed: int, batch_size: int,
-                   long_every: int) -> torch.Tensor:
+                   long_every: int, semi_ar_share: float = 0.0) -> torch.Tensor:
     """The LLaDA SFT loss of step `step`'s batch (a pure function of seed and step)."""
     rng, gen = step_rng(seed, step)
     canvas, rows = None, batch_size
     if long_every and step % long_every == long_every - 1:
         canvas = rng.randint(*LONG_CANVAS)
         rows = max(2, LONG_TOKENS // (canvas + 16))
-    batch = diffusion_batch(pool, rows, canvas, rng, gen)
+    batch = diffusion_batch(pool, rows, canvas, rng, gen, semi_ar_share=semi_ar_share)
     logits = model(batch.input_ids, attention_mask=batch.attention_mask)
     ce = F.cross_entropy(logits[batch.masked], batch.targets[batch.masked], reduction="none")
     return (ce * batch.weight[batch.masked]).sum() / rows
@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(parser, steps=5000, batch_size=64)
     parser.add_argument("--size", choices=sorted(SIZES), default="embedded")
-    parser.add_argument("--long-every", type=int, default=5, help="0 disables long canvases")
+    parser.add_argument("--long-every", type=int, default=3, help="0 disables long canvases")
+    parser.add_argument("--semi-ar-share", type=float, default=0.5,
+                        help="share of rows masked as semi-AR decoding sees them (0: LLaDA SFT only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--export-only", action="store_true",
                         help="export <out>/checkpoint.pt to <out>/model (e.g. mid-run) and exit")
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LoopConfig(steps=args.steps, lr=args.lr, warmup=min(200, args.steps // 10 + 1))
     began = time.monotonic()
     losses = train(model, lambda step: diffusion_loss(model, pool, step, args.seed, args.batch_size,
-                                                      args.long_every),
+                                                      args.long_every, args.semi_ar_share),
                    cfg, args.out, resume=args.resume, max_minutes=args.max_minutes)
     export(model, args.out / "model")
     summary = {"parameters": n_params, "steps": args.steps, "train_minutes": (time.monotonic() - began) / 60,

@@ -46,6 +46,30 @@ def test_diffusion_batch_masks_only_the_answer_canvas(pool):
     assert (batch.targets[:, -1] == EOS_ID).all()                           # EOS tail is a target
 
 
+def test_semi_ar_rows_are_masked_as_block_decoding_sees_them(pool):
+    """Every row: clean columns, then one block at rate t, then masked to the canvas end."""
+    rng, gen = step_rng(0, 7)
+    batch = diffusion_batch(pool, 32, 300, rng, gen, semi_ar_share=1.0)
+    canvas = batch.targets.shape[1] - 300
+    masked = batch.masked[:, canvas:]
+    assert masked[:, -1].all()                                    # the far tail is always masked
+    for row in masked:
+        last_clean = torch.nonzero(~row).max().item() if (~row).any() else -1
+        first_masked = torch.nonzero(row).min().item()
+        start = first_masked - first_masked % 8                   # blocks start on multiples of 8
+        assert not row[:start].any()                              # before the block: clean
+        assert row[start + 64:].all() and last_clean < start + 64  # after it (<= 64 long): masked
+    tail_weight = batch.weight[:, -1]
+    assert torch.allclose(tail_weight, torch.full_like(tail_weight, 1 / 300))   # tail counts as t = 1
+
+
+def test_semi_ar_share_zero_is_plain_llada_masking(pool):
+    rng, gen = step_rng(2, 5)
+    plain = diffusion_batch(pool, 16, 120, rng, gen)
+    masked = plain.masked[:, -120:]
+    assert (~masked[:, -1]).any()           # uniform masking leaves some tail tokens visible
+
+
 def test_diffusion_batch_never_masks_a_prompt_token(pool):
     for step in range(5):
         rng, gen = step_rng(1, step)
