@@ -9,15 +9,12 @@ tasks take the first `limit` lines of their file.
 
 from __future__ import annotations
 
-import json
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eval.tasks import TASKS, WAITING_LINE, Example, load_released, score_released
-from eval.tasks.released import PUZZLE_FILES, parse_list
+from eval.tasks.released import PUZZLE_FILES
 from eval.text_tasks import TEXT_FILES, load_text_task, missing_scorers, text_scorer
 
 DEFAULT_PER_TASK = 100
@@ -106,41 +103,6 @@ def _released(spec: str, limit: int | None, sort_by: str) -> tuple[list[TaskRun]
                 continue
             examples, score = load_text_task(directory, name), text_scorer(name)
         else:
-            examples, score = _load_list_or_puzzle(directory, name, sort_by), score_released
+            examples, score = load_released(directory, name, sort_by=sort_by), score_released
         runs.append(TaskRun(f"released/{name}", tuple(examples[:limit]), score))
     return runs, skipped
-
-
-def _load_list_or_puzzle(directory: Path, name: str, sort_by: str) -> list[Example]:
-    """`load_released`, also on the layout ParallelBench actually ships (at 72de8f7: the reference
-    under `answer`, lists as JSON-style strings, Latin symbols as `"[H, 4, C, A]"`, Sudoku under
-    `input.sudoku`): rows are rewritten into the layout `load_released` documents first."""
-    rel = PUZZLE_FILES.get(name, f"waiting_line/{name}.jsonl")
-    rows = [json.loads(line) for line in (directory / rel).read_text().splitlines() if line.strip()]
-    if all("label" in row for row in rows):
-        return load_released(directory, name, sort_by=sort_by)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / rel
-        path.parent.mkdir(parents=True)
-        path.write_text("".join(json.dumps(_documented_row(name, row)) + "\n" for row in rows))
-        return load_released(tmp, name, sort_by=sort_by)
-
-
-def _documented_row(name: str, row: dict[str, Any]) -> dict[str, Any]:
-    if "label" in row:
-        return row
-    inp, answer = dict(row.get("input") or {}), row.get("answer")
-    if name == "sudoku":
-        return {"input": {"context": inp.get("sudoku", inp.get("context", ""))}, "label": answer}
-    if name == "latin_square":
-        symbols = inp.get("symbols")
-        inp["symbols"] = parse_list(symbols) if isinstance(symbols, str) else symbols
-        return {"input": inp, "label": answer.get("example") if isinstance(answer, dict) else answer}
-    if isinstance(inp.get("context"), str):
-        inp["context"] = parse_list(inp["context"])
-    if isinstance(answer, dict):
-        label = {**answer, "example": parse_list(answer["example"])
-                 if isinstance(answer.get("example"), str) else answer.get("example")}
-    else:
-        label = parse_list(answer) if isinstance(answer, str) else answer
-    return {"input": inp, "label": label}

@@ -1,8 +1,11 @@
 """Load ParallelBench's released JSONL files from a local directory and score them offline.
 
-Nothing is downloaded or vendored (the release has no license). Layout this loader reads, one JSON
-object per line (`<dir>/waiting_line/<task>.jsonl`, `<dir>/puzzle/latin_square_n4.jsonl`,
-`<dir>/puzzle/sudoku_n4_12.jsonl`, where `<dir>` is `dataset/parallel_bench/data/output/test`):
+Nothing is downloaded or vendored (the release has no license). Files, one JSON object per line:
+`<dir>/waiting_line/<task>.jsonl`, `<dir>/puzzle/latin_square_n4.jsonl`,
+`<dir>/puzzle/sudoku_n4_12.jsonl`, where `<dir>` is `dataset/parallel_bench/data/output/test`.
+Two row layouts are read. The shipped one (ParallelBench at 72de8f7) keeps the reference under
+`answer`, lists as JSON-style strings, Latin symbols as `"[H, 4, C, A]"` and the Sudoku grid under
+`input.sudoku`; each such row is first rewritten (`_documented_row`) into the layout below:
 
 * Waiting Line: `{"input": {"context": [items], "word": w?, "index": i?, "icl_examples": [...]},
   "label": [items] | {"input": [items], "word": w, "example": [items]}, "output_format": [...]}`.
@@ -60,9 +63,31 @@ def load_released(directory: str | Path, task: str, sort_by: str = "first") -> l
         raise ValueError(f"unknown released task {task!r}; choose from "
                          f"{sorted(OPS) + sorted(PUZZLE_FILES)}")
     path = Path(directory) / PUZZLE_FILES.get(task, f"waiting_line/{task}.jsonl")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [_documented_row(task, json.loads(line)) for line in path.read_text().splitlines()
+            if line.strip()]
     make = {"latin_square": _latin, "sudoku": _sudoku}.get(task, _list_example)
     return [make(task, row, sort_by) for row in rows]
+
+
+def _documented_row(name: str, row: dict[str, Any]) -> dict[str, Any]:
+    """A row of the shipped layout rewritten into the documented one (rows with `label` pass)."""
+    if "label" in row:
+        return row
+    inp, answer = dict(row.get("input") or {}), row.get("answer")
+    if name == "sudoku":
+        return {"input": {"context": inp.get("sudoku", inp.get("context", ""))}, "label": answer}
+    if name == "latin_square":
+        symbols = inp.get("symbols")
+        inp["symbols"] = parse_list(symbols) if isinstance(symbols, str) else symbols
+        return {"input": inp, "label": answer.get("example") if isinstance(answer, dict) else answer}
+    if isinstance(inp.get("context"), str):
+        inp["context"] = parse_list(inp["context"])
+    if isinstance(answer, dict):
+        label = {**answer, "example": parse_list(answer["example"])
+                 if isinstance(answer.get("example"), str) else answer.get("example")}
+    else:
+        label = parse_list(answer) if isinstance(answer, str) else answer
+    return {"input": inp, "label": label}
 
 
 def _list_example(task: str, row: dict[str, Any], sort_by: str) -> Example:
