@@ -1,11 +1,20 @@
 """lm-evaluation-harness model `dllm_decode`: generation tasks with any scheduler, cache and filter.
 
 lm-eval finds models only through its registry, so run it through this module, which registers
-the model and then hands over to lm-eval's own command line:
+the model and then hands over to lm-eval's own command line (tested with lm_eval 0.4.13). The
+local tasks `dllm_copy` and `dllm_sort` (`eval/lm_eval_tasks/`, documents drawn from
+`eval.tasks`, no download) run offline from the repository root:
 
-    python -m eval.lm_eval_adapter --model dllm_decode \\
-        --model_args model=embedded,scheduler=threshold,scheduler.threshold=0.9,cache=prefix,gen_length=64 \\
-        --tasks TASK
+    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m eval.lm_eval_adapter --model dllm_decode \
+        --model_args model=embedded,scheduler=threshold,scheduler.threshold=0.9,cache=prefix \
+        --tasks dllm_copy,dllm_sort --include_path eval/lm_eval_tasks --limit 10 \
+        --device cpu --batch_size 4
+
+`--batch_size` and `--device` are lm-eval's own flags (it always passes them, so they cannot go
+in `--model_args`); `--model_args` splits on `,`, so a filter takes at most one option there.
+A task's `max_gen_toks` (32 for the local tasks) sets the canvas. Scores are lm-eval's
+`exact_match` against the one reference answer: `dllm-decode eval` scores the same outputs alike,
+except that its scorer compares words and so forgives spacing.
 
 `lm_eval` is optional (`pip install lm_eval`); without it this module still imports, and
 `DllmDecodeLM` works on any object with lm-eval's `Instance.args`. Only `generate_until` is
@@ -14,6 +23,8 @@ supported: a masked diffusion LM has no cheap exact log-likelihood.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +40,22 @@ except ImportError:                      # the adapter stays importable without 
 
     def register_model(*names: str):
         return lambda cls: cls
+else:
+    # lm-eval fills its model registry with its own models only while the registry is empty, so
+    # registering first would hide `hf`, `vllm`... from every `get_model` in this process.
+    import lm_eval.models  # noqa: F401
+
+TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
+"""Local generation tasks `dllm_copy` and `dllm_sort` (pass as `--include_path`)."""
+
+
+def _device(device: str | None) -> str | None:
+    """lm-eval's command line passes `cuda:0` unless told otherwise; without CUDA use the CPU."""
+    if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(f"device {device!r} requested but CUDA is not available; using the CPU",
+                      stacklevel=3)
+        return "cpu"
+    return device
 
 
 def _load(model: Any, device: str | None, dtype: str | None) -> Any:
@@ -41,7 +68,9 @@ def _load(model: Any, device: str | None, dtype: str | None) -> Any:
     from dllm_decode.models.loading import load_model
 
     dtypes = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    return load_model(model, dtype=dtypes[dtype], device=device)
+    if dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(k for k in dtypes if k)}, got {dtype!r}")
+    return load_model(model, dtype=dtypes[dtype], device=_device(device))
 
 
 def _as_bool(value: Any) -> bool:
@@ -59,7 +88,10 @@ class DllmDecodeLM(_LMBase):
         gen_length: canvas length; a request's `max_gen_toks` rounds up to whole blocks.
         block_length: semi-AR block (default: the whole canvas).
         temperature, seed: as `DecodeConfig`.
-        batch_size: requests per `generate` call.
+        batch_size: requests per `generate` call (an integer: no `auto`).
+        max_batch_size: accepted for lm-eval's `--max_batch_size` and ignored (no auto batching).
+        device, dtype: where and in what to load a named model; a CUDA device without CUDA (lm-eval's
+            command line defaults to `cuda:0`) falls back to the CPU with a warning.
         chat_template: wrap each context in the tokenizer's chat template when it has one.
     Raises:
         ValueError: unknown names or options, bad values.
@@ -69,7 +101,7 @@ class DllmDecodeLM(_LMBase):
                  filters: str = "", gen_length: int | str = 128, block_length: int | str | None = None,
                  temperature: float | str = 0.0, seed: int | str = 0, batch_size: int | str = 1,
                  chat_template: bool | str = True, device: str | None = None,
-                 dtype: str | None = None, **options: Any):
+                 dtype: str | None = None, max_batch_size: int | None = None, **options: Any):
         super().__init__()
         bad = [k for k in options if not k.startswith(("scheduler.", "cache."))]
         if bad:
@@ -85,6 +117,8 @@ class DllmDecodeLM(_LMBase):
             temperature=float(temperature), seed=int(seed))
         self.setting.decode_config(self.setting.gen_length)      # validate every part now
         self.setting.to_dict()
+        if not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.model = _load(model, device, dtype)
         self.tokenizer = getattr(self.model, "tokenizer", None)
         self.batch_size = int(batch_size)

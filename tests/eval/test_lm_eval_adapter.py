@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from eval.lm_eval_adapter import DllmDecodeLM
 from tests.eval.answer_key import AnswerKeyModel
@@ -37,3 +38,19 @@ def test_max_gen_toks_rounds_up_to_blocks_and_bad_args_fail():
         DllmDecodeLM(model=AnswerKeyModel({}, 8), **{"scheduler.threshold": "3"})
     with pytest.raises(NotImplementedError):
         lm.loglikelihood([])
+
+
+def test_cuda_without_cuda_falls_back_to_cpu_and_lm_eval_flags_are_accepted(monkeypatch):
+    from eval import lm_eval_adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        assert lm_eval_adapter._device("cuda:0") == "cpu"
+    assert lm_eval_adapter._device("cpu") == "cpu" and lm_eval_adapter._device(None) is None
+    lm = DllmDecodeLM(model=AnswerKeyModel({}, 8), gen_length=8, batch_size="4", max_batch_size=16)
+    assert lm.batch_size == 4
+    for bad in ("auto", "0"):
+        with pytest.raises(ValueError, match="batch_size"):
+            DllmDecodeLM(model=AnswerKeyModel({}, 8), batch_size=bad)
+    with pytest.raises(ValueError, match="dtype"):
+        lm_eval_adapter._load("embedded", None, "float8")

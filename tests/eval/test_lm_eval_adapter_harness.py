@@ -1,0 +1,74 @@
+"""The adapter under the real lm-evaluation-harness, on the local offline tasks (skipped without it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from eval import lm_eval_adapter
+from eval.tasks import TASKS
+
+
+def _load_docs():
+    """`eval/lm_eval_tasks/docs.py` as lm-eval imports it: by path, not as a package module."""
+    spec = importlib.util.spec_from_file_location("docs", lm_eval_adapter.TASKS_DIR / "docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_task_documents_are_the_suites_test_examples():
+    pytest.importorskip("datasets")
+    docs = _load_docs().load(dllm_task="sort", dllm_n=4, dllm_seed=3, model="embedded")["test"]
+    examples = TASKS["sort"].examples("test", 4, 3)
+    assert [(d["prompt"], d["answer"]) for d in docs] == [(e.prompt, e.answer) for e in examples]
+
+
+@pytest.mark.slow
+def test_simple_evaluate_scores_the_embedded_model_high_and_a_random_one_low(monkeypatch):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    manager = TaskManager(include_path=str(lm_eval_adapter.TASKS_DIR), include_defaults=False)
+    scores = {}
+    for model in ("embedded", "tiny"):
+        out = lm_eval.simple_evaluate(model="dllm_decode", model_args=f"model={model},scheduler=threshold",
+                                      tasks=["dllm_copy"], task_manager=manager, limit=5, device="cpu",
+                                      log_samples=True)
+        scores[model] = out["results"]["dllm_copy"]["exact_match,none"]
+        responses = [s["filtered_resps"][0] for s in out["samples"]["dllm_copy"]]
+        assert len(responses) == 5 and not any("<|endoftext|>" in r for r in responses)
+    # The embedded model copies word lists; tiny is random weights over another vocabulary.
+    assert scores["embedded"] >= 0.8 and scores["tiny"] == 0.0
+
+
+@pytest.mark.slow
+def test_command_line_with_a_cache_scores_as_the_suites_own_scorer(monkeypatch, tmp_path):
+    pytest.importorskip("lm_eval")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", [
+        "lm_eval", "--model", "dllm_decode", "--model_args",
+        "model=embedded,scheduler=low_confidence,scheduler.steps_per_block=16,cache=prefix,"
+        "cache.refresh_every=1",
+        "--tasks", "dllm_sort", "--include_path", str(lm_eval_adapter.TASKS_DIR), "--limit", "6",
+        "--batch_size", "3", "--output_path", str(tmp_path), "--log_samples"])
+    if torch.cuda.is_available():       # lm-eval's default device is cuda:0
+        lm_eval_adapter.main()
+    else:
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            lm_eval_adapter.main()
+    result = json.loads(next(tmp_path.rglob("results_*.json")).read_text())
+    exact = result["results"]["dllm_sort"]["exact_match,none"]
+    samples = [json.loads(line) for line in next(tmp_path.rglob("samples_dllm_sort_*.jsonl")).open()]
+    examples = {e.prompt: e for e in TASKS["sort"].examples("test", 50, 0)}
+    ours = [TASKS["sort"].score(examples[s["doc"]["prompt"]], s["filtered_resps"][0]) for s in samples]
+    # Refreshing every step makes the prefix cache exact, so sort is solved as often as without it.
+    assert len(ours) == 6 and 0.0 < exact <= 1.0
+    assert exact == pytest.approx(sum(ours) / len(ours))
