@@ -222,9 +222,10 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
 @main.command("eval")
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
               help="As for decoding: a checkpoint directory, HF cache id, `embedded`, `ideal` or `tiny`.")
-@click.option("--tasks", "selection", default="all", show_default=True,
+@click.option("--tasks", "selection", multiple=True, default=("all",), show_default=True,
               help="Comma list of task names, groups (all, waiting_line, puzzles) or "
-                   "released:DIR[#task+task] (ParallelBench's released output/test directory).")
+                   "released:DIR[#task+task] (ParallelBench's released output/test directory); "
+                   "repeatable, the selections add up.")
 @click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
               metavar="NAME[:KEY=VALUE,...]", help="Repeatable; each one is a curve (or a point).")
 @click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
@@ -256,7 +257,7 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ...],
+def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: tuple[str, ...],
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
                  cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
@@ -286,7 +287,7 @@ def eval_command(model_name: str, selection: str, scheduler_specs: tuple[str, ..
                                cache_options=tuple(sorted(cache_opts.items())), filters=tuple(filters),
                                gen_length=None if gen_length == ANSWER else int(gen_length),
                                block_length=block_length, temperature=temperature, seed=seed)
-        runs, skipped = select_tasks(selection, limit, data_seed, sort_by)
+        runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     rank, _ = distributed.init_from_env(device)

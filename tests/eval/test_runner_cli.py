@@ -40,7 +40,7 @@ def test_ideal_grid_with_theory(tmp_path):
 
 
 def test_tiny_model_end_to_end(tmp_path):
-    result = _run("--model", "tiny", "--tasks", "copy,sudoku", "--scheduler", "threshold",
+    result = _run("--model", "tiny", "--tasks", "copy", "--tasks", "sudoku", "--scheduler", "threshold",
                   "--scheduler", "low_confidence:tokens_per_step=2", "--limit", "2",
                   "--gen-length", "4", "--out", str(tmp_path), "--no-plots")
     assert result.exit_code == 0, result.output
