@@ -192,10 +192,17 @@ def section_schedulers(subject: Subject, samples: list[Sample], o: Options) -> d
     return {"rows": rows, "best": best_of(rows), "combos": {c.label: c for c in combos}}
 
 
+SUFFIX_DUAL = "dual(suffix)"
+"""Label of the dual cache that recomputes the whole prefix each step and caches only the suffix."""
+
+
 def stack_combos(best: Combo) -> list[Combo]:
     """One token per step without cache, then for `threshold` (Fast-dLLM's default) and the best
     configuration: no cache, prefix, dual, + EoTP, dual + EoTP (the full stack). A configuration
-    whose filters already hold an EoTP filter keeps it instead of adding a second one."""
+    whose filters already hold an EoTP filter keeps it instead of adding a second one. The full
+    stack also runs with the suffix-only dual cache (`prefix_look` over the whole prefix, dInfer's
+    vicinity refresh): short prompts make the prefix cheap to recompute, and its stale K/V is what
+    costs this small model accuracy under the plain dual cache."""
     from caches import DualCache, PrefixCache
     from filters import EoTPFilter
     from schedulers import LowConfidenceScheduler, ThresholdScheduler
@@ -211,6 +218,8 @@ def stack_combos(best: Combo) -> list[Combo]:
                 replace(base, label=f"{base.label}+eotp", cache=None, filters=eotp),
                 replace(base, label=f"{base.label}+dual+eotp", cache=DualCache(), filters=eotp),
                 replace(base, label=f"{base.label}+dual(refresh 2)+eotp", cache=DualCache(refresh_every=2),
+                        filters=eotp),
+                replace(base, label=f"{base.label}+{SUFFIX_DUAL}+eotp", cache=DualCache(prefix_look=1 << 20),
                         filters=eotp)]
     return out
 
@@ -234,7 +243,8 @@ def section_stack(subject: Subject, samples: list[Sample], o: Options, best: Com
             "eotp_on_dual": by[f"{name}+dual"]["seconds"] / by[f"{name}+dual+eotp"]["seconds"],
             "full_stack_vs_baseline": by[BASELINE]["seconds"] / by[f"{name}+dual+eotp"]["seconds"],
         }
-    return {"rows": rows, "speedups": speedups, "full_stack": f"{best.label}+dual+eotp"}
+    return {"rows": rows, "speedups": speedups, "full_stack": f"{best.label}+dual+eotp",
+            "full_stacks": [f"{best.label}+dual+eotp", f"{best.label}+{SUFFIX_DUAL}+eotp"]}
 
 
 def section_loop(subject: Subject, samples: list[Sample], o: Options, stack: Combo) -> dict[str, Any]:
@@ -418,11 +428,12 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
                                                                        "met": r["vs_batch_1"] >= 4}
     if "stack" in report:
         by = {r["label"]: r for r in report["stack"]["rows"]}
-        full = by[report["stack"]["full_stack"]]
-        delta = full.get("accuracy_delta_vs_baseline")
-        out["full stack >= 15x"] = {"value": full["speedup_vs_baseline"], "config": full["label"],
-                                    "accuracy_delta": delta,
-                                    "met": full["speedup_vs_baseline"] >= 15 and (delta is None or delta >= -ACCURACY_SLACK)}
+        for label in report["stack"].get("full_stacks", [report["stack"]["full_stack"]]):
+            full = by[label]
+            delta = full.get("accuracy_delta_vs_baseline")
+            out[f"full stack >= 15x ({label})"] = {
+                "value": full["speedup_vs_baseline"], "config": label, "accuracy_delta": delta,
+                "met": full["speedup_vs_baseline"] >= 15 and (delta is None or delta >= -ACCURACY_SLACK)}
     return out
 
 
