@@ -29,6 +29,8 @@ SIZES = {
                    intermediate_size=512),
     "draft": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=3,
                   intermediate_size=256),
+    "draft1": dict(hidden_size=96, num_hidden_layers=1, num_attention_heads=3,
+                   intermediate_size=256),       # a cheaper draft: forwards cost per layer here
     "tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
 }
 
