@@ -284,9 +284,10 @@ def section_gap(subject: Subject, samples: list[Sample], o: Options) -> dict[str
 
 
 def section_ar(subject: Subject, samples: list[Sample], o: Options) -> dict[str, Any]:
-    """Plain greedy AR vs AR + a draft model (speculative, greedy verification), batch 1."""
+    """Plain greedy AR vs AR + a draft model (speculative, greedy verification), batch 1. The
+    target runs in transformers; the draft in the compact runtime (the CLI's default for drafts)."""
     from dllm_decode.models.loading import ModelLoadError
-    from dllm_decode.speculative import ModelDrafter, SpecConfig, speculative_generate
+    from dllm_decode.speculative import ModelDrafter, SpecConfig, speculative_generate, with_runtime
     from dllm_decode.speculative.models import load_causal_lm
     from dllm_decode.speculative.schedule import HeuristicScheduler
 
@@ -295,7 +296,7 @@ def section_ar(subject: Subject, samples: list[Sample], o: Options) -> dict[str,
     except ModelLoadError as err:
         return {"skipped": str(err)}
     config = SpecConfig(scheduler=HeuristicScheduler(), max_new_tokens=o.ar_new_tokens)
-    drafters = {"ar": None, "ar+speculative": ModelDrafter(draft)}
+    drafters = {"ar": None, "ar+speculative": ModelDrafter(with_runtime(draft, "auto"))}
     picked = samples[:o.ar_samples]
     seconds = {k: [] for k in drafters}
     outputs: dict[str, list] = {k: [] for k in drafters}

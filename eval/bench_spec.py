@@ -37,9 +37,10 @@ import torch
 
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.models.loading import ModelLoadError, load_model
-from dllm_decode.speculative import (DiffusionDrafter, Drafter, HeuristicScheduler, LookupDrafter,
-                                     ModelDrafter, SpecConfig, SpecResult, layerskip_drafter,
-                                     speculative_generate)
+from dllm_decode.speculative import (RUNTIMES, CompactCausalLM, DiffusionDrafter, Drafter,
+                                     HeuristicScheduler, LookupDrafter, ModelDrafter, SpecConfig,
+                                     SpecResult, layerskip_drafter, speculative_generate,
+                                     with_runtime)
 from dllm_decode.speculative.models import load_causal_lm
 from eval.bench_measure import forward_timer
 from schedulers import LowConfidenceScheduler, ThresholdScheduler
@@ -187,15 +188,25 @@ def print_table(title: str, entries: list[dict], log: Callable[[str], None]) -> 
 
 
 def embedded_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict | None:
-    from eval.tasks import TASKS
-    from eval.tokenizer import SEPARATOR
-
     try:
-        target = load_causal_lm(args.target)
-        draft = load_causal_lm(args.draft)
+        loaded = load_causal_lm(args.target)
+        draft_hf = load_causal_lm(args.draft)
     except ModelLoadError as err:
         log(f"embedded AR suite skipped: {err}")
         return None
+    return {runtime: embedded_pair(args, loaded, draft_hf, runtime, log)
+            for runtime in args.target_runtime}
+
+
+def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime: str,
+                  log: Callable[[str], None]) -> dict:
+    """The embedded suite with the target run by `runtime` (plain AR in that runtime is the
+    baseline); drafts run compact, plus one transformers-run draft row for comparison."""
+    from eval.tasks import TASKS
+    from eval.tokenizer import SEPARATOR
+
+    target = with_runtime(loaded, runtime)
+    draft = CompactCausalLM(draft_hf)
     tokenizer = target.tokenizer
     examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", args.per_task, 0)]
     prompts = [tokenizer(f"{e.prompt} {SEPARATOR}", add_special_tokens=False)["input_ids"]
@@ -205,12 +216,13 @@ def embedded_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict
     half = max(1, target.config.num_hidden_layers // 2)
     configs = [
         Config("plain AR greedy", None, constant),
+        Config("draft model (hf), heuristic", ModelDrafter(draft_hf), HeuristicScheduler(), 16, draft_hf),
         Config("draft model, heuristic", ModelDrafter(draft), HeuristicScheduler(), 16, draft),
         Config("draft model, constant k=4", ModelDrafter(draft), constant, 4, draft),
         Config("draft model, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 8, draft),
         Config("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
     ]
-    skip = layerskip_drafter(target, str(half))
+    skip = layerskip_drafter(loaded, str(half), "compact")
     configs.append(Config(f"layer skip {half}/{target.config.num_hidden_layers}, thr 0.4", skip,
                           ThresholdScheduler(0.4), 8, skip.model))
     try:
@@ -226,15 +238,17 @@ def embedded_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict
                 dllm, unmask, drop_ids=sep), constant, k, dllm))
     except ModelLoadError as err:
         log(f"dLLM drafter skipped: {err}")
-    log(f"embedded AR pair: {len(prompts)} task prompts, {args.repeats} repeats")
+    log(f"embedded AR pair, target runtime {runtime}: {len(prompts)} task prompts, {args.repeats} repeats")
     rows = measure(target, prompts, configs, args.repeats, args.max_new_tokens, log)
 
     def accuracy(results: list[SpecResult]) -> float:
         return statistics.fmean(TASKS[e.task].score(e, r.text or "") for e, r in zip(examples, results))
 
     entries = summarize(rows, accuracy)
-    print_table(f"embedded AR pair ({args.target} / {args.draft}), {len(prompts)} task prompts", entries, log)
-    return {"target": args.target, "draft": args.draft, "prompts": len(prompts), "rows": entries}
+    print_table(f"embedded AR pair ({args.target} / {args.draft}), target runtime {runtime}, "
+                f"{len(prompts)} task prompts", entries, log)
+    return {"target": args.target, "draft": args.draft, "target_runtime": runtime,
+            "prompts": len(prompts), "rows": entries}
 
 
 def smollm2_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict | None:
@@ -269,6 +283,13 @@ def smollm2_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict 
             "texts": {row.config.label: [r.text for r in row.results] for row in rows[:1]}}
 
 
+def _runtimes(text: str) -> list[str]:
+    runtimes = [part.strip() for part in text.split(",") if part.strip()]
+    if not runtimes or any(r not in RUNTIMES for r in runtimes):
+        raise argparse.ArgumentTypeError(f"expected a comma list of {RUNTIMES}, got {text!r}")
+    return runtimes
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
@@ -281,6 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smollm2-repeats", type=int, default=1)
     parser.add_argument("--smollm2-tokens", type=int, default=48)
     parser.add_argument("--no-smollm2", action="store_true")
+    parser.add_argument("--target-runtime", type=_runtimes, default=list(RUNTIMES),
+                        help="comma list of target runtimes to measure, each a suite (default: hf,compact)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timing).")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -48,9 +48,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Llama's RMSNorm: normalise in float32, cast back to `x`'s dtype, then scale by `weight`."""
+    # Written out: F.rms_norm is a composite on CPU that costs ~4x these six ops (measured).
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def default_positions(attention_mask: Tensor | None, batch: int, length: int, device) -> Tensor:

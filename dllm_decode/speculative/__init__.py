@@ -7,6 +7,7 @@ one forward, greedily (identical to its own greedy output) or by speculative sam
 in distribution). Batch size 1. See `schedule.py` for how each scheduler maps.
 """
 
+from dllm_decode.speculative.compact import RUNTIMES, CompactCausalLM, with_runtime
 from dllm_decode.speculative.drafters import (DiffusionDrafter, Draft, Drafter, LookupDrafter,
                                               ModelDrafter, layer_subset, layerskip_drafter)
 from dllm_decode.speculative.loop import SpecConfig, SpecResult, eos_ids_of, speculative_generate
@@ -15,7 +16,8 @@ from dllm_decode.speculative.schedule import (SPEC_SCHEDULERS, DraftLengthSchedu
                                               HeuristicScheduler, check_scheduler, draft_length)
 from dllm_decode.speculative.verify import greedy_verify, speculative_verify
 
-__all__ = ["SPEC_SCHEDULERS", "DiffusionDrafter", "Draft", "DraftLengthScheduler", "Drafter",
+__all__ = ["RUNTIMES", "SPEC_SCHEDULERS", "CompactCausalLM", "DiffusionDrafter", "Draft", "DraftLengthScheduler", "Drafter",
            "HeuristicScheduler", "LookupDrafter", "ModelDrafter", "Sampling", "SpecConfig",
            "SpecResult", "check_scheduler", "draft_length", "eos_ids_of", "greedy_verify",
-           "layer_subset", "layerskip_drafter", "speculative_generate", "speculative_verify"]
+           "layer_subset", "layerskip_drafter", "speculative_generate", "speculative_verify",
+           "with_runtime"]

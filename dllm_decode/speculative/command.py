@@ -16,6 +16,7 @@ from dllm_decode.interfaces import Scheduler
 from dllm_decode.models.loading import ModelLoadError
 from dllm_decode.speculative.drafters import (DiffusionDrafter, Drafter, LookupDrafter, ModelDrafter,
                                               layerskip_drafter)
+from dllm_decode.speculative.compact import RUNTIMES, with_runtime
 from dllm_decode.speculative.gguf import WHEEL_MODELS, FetchError, cache_dir, fetch
 from dllm_decode.speculative.loop import SpecConfig, speculative_generate
 from dllm_decode.speculative.models import load_causal_lm
@@ -34,9 +35,19 @@ def _load(name: str, hint: str, device: str | None) -> Any:
         raise click.BadParameter(str(err), param_hint=hint) from None
 
 
+def _in_runtime(model: Any, runtime: str, hint: str) -> Any:
+    try:
+        return with_runtime(model, runtime)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint=hint) from None
+
+
 def make_drafter(spec: str, target: Any, unmasking: Scheduler, drop_text: str,
-                 device: str | None) -> tuple[Drafter | None, Any]:
-    """`--draft` text -> (drafter or None, the draft model when there is one)."""
+                 device: str | None, runtime: str = "auto") -> tuple[Drafter | None, Any]:
+    """`--draft` text -> (drafter or None, the draft model when there is one).
+
+    `runtime` runs a causal-LM or layer-skip draft (`hf`, `compact`, `auto`; see `compact.py`);
+    `target` is the transformers model as loaded (layer skipping needs its modules)."""
     kind, _, arg = spec.partition(":")
     if kind == "none":
         return None, None
@@ -47,9 +58,9 @@ def make_drafter(spec: str, target: Any, unmasking: Scheduler, drop_text: str,
             raise click.BadParameter(f"lookup: {err}", param_hint="--draft") from None
     if kind == "layerskip":
         try:
-            drafter = layerskip_drafter(target, arg)
+            drafter = layerskip_drafter(target, arg, runtime)
         except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--draft") from None
+            raise click.BadParameter(str(err), param_hint="--draft or --draft-runtime") from None
         return drafter, drafter.model
     if kind == "dllm":
         from dllm_decode.models.loading import load_model
@@ -61,7 +72,7 @@ def make_drafter(spec: str, target: Any, unmasking: Scheduler, drop_text: str,
         _same_vocab(target, model.vocab_size)
         drop = _token_ids(target, drop_text)
         return DiffusionDrafter(model, unmasking, drop_ids=drop), model
-    model = _load(spec, "--draft", device)
+    model = _in_runtime(_load(spec, "--draft", device), runtime, "--draft-runtime")
     _same_vocab(target, model.config.vocab_size)
     return ModelDrafter(model), model
 
@@ -113,13 +124,19 @@ def spec_command(schedulers: Mapping[str, type[Scheduler]]) -> click.Command:
     @click.option("--prompt", required=True, help="Prompt text.")
     @click.option("--chat-template/--no-chat-template", default=True, show_default=True,
                   help="Apply the target tokenizer's chat template when it has one.")
+    @click.option("--runtime", type=click.Choice(RUNTIMES), default="hf", show_default=True,
+                  help="How the target runs: `hf` (transformers, the reference numerics) or "
+                  "`compact` (a lean plain-torch decoder over the same Llama weights).")
+    @click.option("--draft-runtime", type=click.Choice(RUNTIMES + ("auto",)), default="auto",
+                  show_default=True, help="How a causal-LM or layer-skip draft runs; `auto`: "
+                  "compact when the model is a Llama (a draft's numerics never change the output).")
     @click.option("--device", default=None, help="torch device (default: cpu).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
     def spec(target: str, draft_spec: str, scheduler: str, scheduler_opts: dict[str, str],
              max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
              top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
-             dllm_drop: str, prompt: str, chat_template: bool, device: str | None,
-             as_json: bool) -> None:
+             dllm_drop: str, prompt: str, chat_template: bool, runtime: str, draft_runtime: str,
+             device: str | None, as_json: bool) -> None:
         """Autoregressive speculative decoding: draft, let the scheduler pick the draft length,
         verify with the target (greedy: identical to the target's greedy output). Batch size 1."""
         if not prompt.strip():
@@ -133,8 +150,9 @@ def spec_command(schedulers: Mapping[str, type[Scheduler]]) -> click.Command:
             raise click.UsageError(str(err)) from None
         unmasking = build_or_usage_error(schedulers, dllm_scheduler, dllm_opts, "--dllm-opt")
         _quiet_transformers()
-        target_model = _load(target, "--target", device)
-        drafter, _ = make_drafter(draft_spec, target_model, unmasking, dllm_drop, device)
+        loaded = _load(target, "--target", device)
+        drafter, _ = make_drafter(draft_spec, loaded, unmasking, dllm_drop, device, draft_runtime)
+        target_model = _in_runtime(loaded, runtime, "--runtime")
         tokenizer = target_model.tokenizer
         text = prompt
         if tokenizer is not None and chat_template and getattr(tokenizer, "chat_template", None):
@@ -151,6 +169,7 @@ def spec_command(schedulers: Mapping[str, type[Scheduler]]) -> click.Command:
         names = {cls: key for key, cls in registry.items()}
         click.echo(json.dumps({**result.to_dict(), "target": target, "draft": draft_spec,
                                "scheduler": component_dict(scheduler_obj, names),
+                               "runtime": runtime, "draft_runtime": draft_runtime,
                                "max_draft": max_draft, "max_new_tokens": max_new_tokens,
                                "temperature": temperature, "top_k": top_k, "top_p": top_p,
                                "seed": seed}))

@@ -31,7 +31,10 @@ class KV:
 
 
 def new_kv(model: Any) -> KV:
-    """An empty cache for `model` (dynamic, so it can be rolled back)."""
+    """An empty cache for `model`: its own (`new_cache()`, e.g. `CompactCausalLM`) or a transformers
+    `DynamicCache` (both can be rolled back)."""
+    if hasattr(model, "new_cache"):
+        return KV(cache=model.new_cache(), ids=torch.zeros(0, dtype=torch.long, device=_device_of(model)))
     from transformers import DynamicCache
 
     config = getattr(model, "config", None)
@@ -79,6 +82,8 @@ def feed(model: Any, kv: KV, tokens: Tensor, keep: int) -> tuple[Tensor, KV]:
 
 
 def _device_of(model: Any) -> torch.device:
+    if isinstance(getattr(model, "device", None), torch.device):
+        return model.device
     try:
         return next(model.parameters()).device
     except (StopIteration, AttributeError):

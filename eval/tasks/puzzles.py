@@ -28,6 +28,12 @@ def is_latin(cells: list[str], symbols: list[str]) -> bool:
     return all(sorted(line) == sorted(symbols) for line in lines)
 
 
+def cyclic_latin(symbols: list[str], rows=range(SIZE), cols=range(SIZE)) -> list[str]:
+    """Row-major cells of the cyclic square `symbols[(r + c) % n]` in the given row and column
+    order; the default order gives the canonical square (row r = `symbols` rotated left by r)."""
+    return [symbols[(r + c) % SIZE] for r in rows for c in cols]
+
+
 class LatinSquareTask(Task):
     """ParallelBench `latin_square_n4`: 4 symbols from A-Z/0-9; the reference is a cyclic square
     with shuffled rows and columns, but any valid square scores 1."""
@@ -37,9 +43,8 @@ class LatinSquareTask(Task):
     def _sample(self, rng: random.Random, length: int) -> Example:
         symbols = rng.sample(SYMBOLS, SIZE)
         rows, cols = rng.sample(range(SIZE), SIZE), rng.sample(range(SIZE), SIZE)
-        cells = [symbols[(r + c) % SIZE] for r in rows for c in cols]
-        return Example(self.name, "latin : " + " ".join(symbols), " ".join(cells),
-                       {"symbols": symbols})
+        return Example(self.name, "latin : " + " ".join(symbols),
+                       " ".join(cyclic_latin(symbols, rows, cols)), {"symbols": symbols})
 
     def score(self, example: Example, output_text: str) -> float:
         return float(is_latin(output_words(output_text), example.meta["symbols"]))

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE, Example
+from eval.tasks.puzzles import cyclic_latin
 from eval.tokenizer import EOS, MASK, PAD, SEPARATOR, vocabulary
 
 VOCAB = vocabulary()
@@ -34,16 +35,35 @@ class Pool:
         return len(self.prompts)
 
 
-def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25) -> Pool:
+LATIN_TARGETS = ("shuffled", "canonical")
+
+
+def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25,
+               latin_target: str = "shuffled") -> Pool:
     """`per_task` train examples of every task; a `long_share` of each list task's examples use
-    the long lengths (8-12), the rest ParallelBench's 3-6."""
+    the long lengths (8-12), the rest ParallelBench's 3-6.
+
+    `latin_target`: the Latin-square answer trained on. `shuffled` is ParallelBench's reference
+    (a cyclic square with shuffled rows and columns: 576 equally valid answers per prompt);
+    `canonical` is the one cyclic square in prompt order (row r = the symbols rotated by r),
+    a deterministic answer that is just as valid under the any-valid-square metric.
+    """
+    if latin_target not in LATIN_TARGETS:
+        raise ValueError(f"latin_target must be one of {LATIN_TARGETS}, got {latin_target!r}")
     examples: list[Example] = []
     for name, task in TASKS.items():
         n_long = int(per_task * long_share) if name in WAITING_LINE else 0
         examples += task.examples("train", per_task - n_long, seed, lengths=SHORT_LENGTHS)
         if n_long:
             examples += task.examples("train", n_long, seed, lengths=LONG_LENGTHS)
-    return Pool([encode(e.prompt) for e in examples], [encode(e.answer) for e in examples])
+    return Pool([encode(e.prompt) for e in examples],
+                [encode(_trained_answer(e, latin_target)) for e in examples])
+
+
+def _trained_answer(example: Example, latin_target: str) -> str:
+    if example.task == "latin_square" and latin_target == "canonical":
+        return " ".join(cyclic_latin(example.meta["symbols"]))
+    return example.answer
 
 
 def step_rng(seed: int, step: int) -> tuple[random.Random, torch.Generator]:

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from eval.tokenizer import save_tokenizer
-from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, VOCAB, Pool, build_pool, diffusion_batch,
-                                step_rng)
+from eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
+                                diffusion_batch, step_rng)
 from eval.training.evaluate import accuracy_by_task, diffusion_generate
 from eval.training.loop import CHECKPOINT, LoopConfig, add_run_arguments, train
 
@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--long-every", type=int, default=3, help="0 disables long canvases")
     parser.add_argument("--semi-ar-share", type=float, default=0.5,
                         help="share of rows masked as semi-AR decoding sees them (0: LLaDA SFT only)")
+    parser.add_argument("--latin-target", choices=LATIN_TARGETS, default="shuffled",
+                        help="Latin-square answer trained on (see data.build_pool; scoring accepts any square)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--export-only", action="store_true",
                         help="export <out>/checkpoint.pt to <out>/model (e.g. mid-run) and exit")
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)                  # parameter init only; batches use step_rng
-    pool = build_pool(args.pool_per_task, args.seed)
+    pool = build_pool(args.pool_per_task, args.seed, latin_target=args.latin_target)
     model = LLaDAModelLM(model_config(args.size))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params / 1e6:.2f}M parameters, pool of {len(pool)} train examples", flush=True)
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
                                                       args.long_every, args.semi_ar_share),
                    cfg, args.out, resume=args.resume, max_minutes=args.max_minutes)
     export(model, args.out / "model")
-    summary = {"parameters": n_params, "steps": args.steps, "train_minutes": (time.monotonic() - began) / 60,
+    summary = {"parameters": n_params, "steps": args.steps, "latin_target": args.latin_target,
+               "train_minutes": (time.monotonic() - began) / 60,
                "loss_first_100": sum(losses[:100]) / len(losses[:100]),
                "loss_last_100": sum(losses[-100:]) / len(losses[-100:])}
     if args.eval_n:

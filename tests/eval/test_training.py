@@ -9,7 +9,8 @@ from dllm_decode import load_model
 from eval.ideal import IdealModel
 from eval.tasks import TASKS
 from eval.training import ar, dllm
-from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, build_pool, causal_batch,
+from eval.tasks.puzzles import is_latin
+from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, build_pool, causal_batch,
                                 diffusion_batch, encode, step_rng)
 from eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
 from eval.training.loop import LoopConfig, train
@@ -28,6 +29,24 @@ def one_thread():
 @pytest.fixture(scope="module")
 def pool():
     return build_pool(40, seed=0)
+
+
+def test_canonical_latin_targets_are_valid_rotations_and_leave_other_tasks_alone(pool):
+    canonical = build_pool(40, seed=0, latin_target="canonical")
+    words = {i: w for w, i in VOCAB.items()}
+    latin = 0
+    for prompt, answer, shuffled in zip(canonical.prompts, canonical.answers, pool.answers):
+        text = [words[i] for i in prompt]
+        if text[0] != "latin":
+            assert answer == shuffled
+            continue
+        latin += 1
+        symbols, cells = text[2:], [words[i] for i in answer]
+        assert is_latin(cells, symbols) and is_latin([words[i] for i in shuffled], symbols)
+        assert [cells[r * 4:(r + 1) * 4] for r in range(4)] == [symbols[r:] + symbols[:r] for r in range(4)]
+    assert latin == 40
+    with pytest.raises(ValueError, match="latin_target must be one of"):
+        build_pool(1, latin_target="sorted")
 
 
 def test_diffusion_batch_masks_only_the_answer_canvas(pool):
@@ -115,6 +134,30 @@ def test_ar_loss_goes_down_on_a_tiny_config(pool, tmp_path):
     model = ar.LlamaForCausalLM(ar.model_config("tiny"))
     first, last = _overfit(model, lambda step: ar.causal_loss(model, pool, 0, 0, 16), tmp_path)
     assert last < 0.7 * first
+
+
+def test_distilled_pool_holds_the_teachers_greedy_answers(pool, tmp_path, capsys):
+    from eval.training.evaluate import causal_generate
+
+    torch.manual_seed(0)
+    teacher = ar.LlamaForCausalLM(ar.model_config("tiny")).eval()
+    small = type(pool)(pool.prompts[:40], pool.answers[:40])
+    taught = ar.distilled(small, teacher, chunk=16)
+    assert taught.prompts == small.prompts
+    for prompt, answer in zip(small.prompts[:5], taught.answers):
+        (out,) = causal_generate(teacher, [prompt])
+        assert answer == (out[:out.index(EOS_ID)] if EOS_ID in out else out)
+    assert "differ from the references" in capsys.readouterr().out
+
+
+def test_init_starts_from_saved_weights_of_the_same_shape(tmp_path):
+    torch.manual_seed(0)
+    ar.export(ar.LlamaForCausalLM(ar.model_config("tiny")), tmp_path / "tiny")
+    model = ar.initial_model("tiny", str(tmp_path / "tiny"))
+    saved = ar.LlamaForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+    with pytest.raises(SystemExit, match="differs from --size draft"):
+        ar.initial_model("draft", str(tmp_path / "tiny"))
 
 
 class _Interrupt(Exception):

@@ -40,6 +40,30 @@ def test_spec_json(checkpoint, draft):
     assert {"draft_forwards", "seconds", "mean_accepted_tokens", "scheduler"} <= out.keys()
 
 
+@pytest.mark.parametrize("runtimes", [("compact", "hf"), ("hf", "compact"), ("compact", "auto")])
+def test_runtimes_give_the_same_tokens(checkpoint, runtimes):
+    runtime, draft_runtime = runtimes
+    base = ["--target", checkpoint, "--draft", checkpoint, "--prompt", PROMPT, "--max-new-tokens", "12",
+            "--json"]
+    out = json.loads(run(*base, "--runtime", runtime, "--draft-runtime", draft_runtime).stdout)
+    plain = json.loads(run(*base[:2], "--draft", "none", *base[4:]).stdout)
+    assert out["tokens"] == plain["tokens"]
+    assert (out["runtime"], out["draft_runtime"]) == runtimes
+
+
+def test_compact_runtime_refuses_a_non_llama_draft(tmp_path, checkpoint):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    tiny_tokenizer(VOCAB).save_pretrained(tmp_path)
+    result = run("--target", checkpoint, "--draft", str(tmp_path), "--draft-runtime", "compact",
+                 "--prompt", PROMPT)
+    assert result.exit_code == 2, result.output
+    assert "model_type 'gpt2'" in result.output and "Traceback" not in result.output
+    auto = run("--target", checkpoint, "--draft", str(tmp_path), "--prompt", PROMPT, "--max-new-tokens", "4")
+    assert auto.exit_code == 0, auto.output               # auto falls back to transformers
+
+
 def test_spec_with_a_draft_model_and_scheduler_options(checkpoint):
     result = run("--target", checkpoint, "--draft", checkpoint, "--scheduler", "threshold",
                  "-o", "threshold=0.4", "--prompt", PROMPT, "--max-new-tokens", "8", "--json")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dllm_decode.models.loading import EMBEDDED_DIR, ModelLoadError, load_model
-from dllm_decode.speculative import (DiffusionDrafter, HeuristicScheduler, LookupDrafter,
+from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, HeuristicScheduler, LookupDrafter,
                                      ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)
 from dllm_decode.speculative.models import load_causal_lm
@@ -37,8 +37,10 @@ def test_embedded_greedy_equality(models):
     target, draft, dllm = models
     tokenizer = target.tokenizer
     sep = tuple(tokenizer("=", add_special_tokens=False)["input_ids"])
+    compact_target = CompactCausalLM(target)
     drafters = {"draft model": ModelDrafter(draft), "lookup": LookupDrafter(),
-                "layer skip": layerskip_drafter(target, "2")}
+                "layer skip": layerskip_drafter(target, "2"),
+                "compact draft model": ModelDrafter(CompactCausalLM(draft))}
     if dllm is not None:
         drafters["dLLM"] = DiffusionDrafter(dllm, ThresholdScheduler(0.7), drop_ids=sep)
     for prompt in PROMPTS:
@@ -48,6 +50,7 @@ def test_embedded_greedy_equality(models):
         reference = out[0, len(ids):].tolist()
         for name, drafter in drafters.items():
             for scheduler in (HeuristicScheduler(), LowConfidenceScheduler(steps_per_block=1)):
-                result = speculative_generate(target, ids, SpecConfig(scheduler, max_new_tokens=16),
-                                              drafter)
-                assert result.tokens.tolist() == reference, (prompt, name)
+                for verifier in (target, compact_target):
+                    result = speculative_generate(verifier, ids, SpecConfig(scheduler, max_new_tokens=16),
+                                                  drafter)
+                    assert result.tokens.tolist() == reference, (prompt, name)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_decode.speculative import (DiffusionDrafter, HeuristicScheduler, LookupDrafter,
+from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, HeuristicScheduler, LookupDrafter,
                                      ModelDrafter, Sampling, SpecConfig, layerskip_drafter,
                                      speculative_generate)
 from dllm_decode.testing import tiny_llada
@@ -31,6 +31,8 @@ def drafters(target, draft_model):
         "prompt lookup": LookupDrafter(),
         "layer skip, early exit": layerskip_drafter(target, "1"),
         "layer skip, Draft & Verify subset": layerskip_drafter(target, "0,2"),
+        "layer skip, compact runtime": layerskip_drafter(target, "0,2", "compact"),
+        "perturbed target, compact runtime": ModelDrafter(CompactCausalLM(perturbed(target, 0, 0.3))),
         "dLLM block": DiffusionDrafter(tiny_llada(0, vocab_size=VOCAB + 1), ThresholdScheduler(0.5)),
     }
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from dllm_decode.speculative.compact import CompactCausalLM, resolve_runtime
 from dllm_decode.speculative.drafters.model import ModelDrafter
 
 
@@ -63,7 +64,15 @@ def layer_subset(model: nn.Module, layers: Sequence[int]) -> nn.Module:
     return shallow
 
 
-def layerskip_drafter(model: nn.Module, spec: str) -> ModelDrafter:
-    """`layerskip:SPEC` of the CLI: a `ModelDrafter` over `layer_subset(model, parse_layers(SPEC))`."""
+def layerskip_drafter(model: nn.Module, spec: str, runtime: str = "hf") -> ModelDrafter:
+    """`layerskip:SPEC` of the CLI: a `ModelDrafter` over the layers `parse_layers(SPEC)` picks,
+    run by transformers (`hf`: `layer_subset`) or by `CompactCausalLM` (`compact`; `auto` picks
+    it when the model supports it).
+
+    Raises:
+        ValueError: a bad SPEC, or `compact` for a model it does not support."""
     num_layers = len(getattr(getattr(model, "model", None), "layers", ()))
-    return ModelDrafter(layer_subset(model, parse_layers(spec, num_layers)))
+    layers = parse_layers(spec, num_layers)
+    if resolve_runtime(model, runtime) == "compact":
+        return ModelDrafter(CompactCausalLM(model, layers))
+    return ModelDrafter(layer_subset(model, layers))
