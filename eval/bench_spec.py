@@ -173,6 +173,16 @@ def summarize(rows: list[Row], scores: Callable[[list[SpecResult]], float] | Non
     return out
 
 
+def tokens_per_call_by_task(tasks: Sequence[str], results: Sequence[SpecResult]) -> dict[str, float]:
+    """Per task (one name per result): new tokens / target forwards over its prompts."""
+    tokens: dict[str, int] = {}
+    calls: dict[str, int] = {}
+    for task, result in zip(tasks, results):
+        tokens[task] = tokens.get(task, 0) + len(result.tokens)
+        calls[task] = calls.get(task, 0) + result.target_forwards
+    return {task: tokens[task] / calls[task] for task in sorted(tokens)}
+
+
 def print_table(title: str, entries: list[dict], log: Callable[[str], None]) -> None:
     log(f"\n{title}")
     head = (f"{'configuration':<34} {'acc/call':>8} {'E[tok]':>7} {'alpha':>6} {'g':>5} "
@@ -245,8 +255,15 @@ def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime:
         return statistics.fmean(TASKS[e.task].score(e, r.text or "") for e, r in zip(examples, results))
 
     entries = summarize(rows, accuracy)
+    by_task = {row.config.label: tokens_per_call_by_task([e.task for e in examples], row.results)
+               for row in rows}
+    for entry in entries:
+        entry["tokens_per_call_by_task"] = by_task[entry["label"]]
     print_table(f"embedded AR pair ({args.target} / {args.draft}), target runtime {runtime}, "
                 f"{len(prompts)} task prompts", entries, log)
+    log("\ntokens per target call by task: " + ", ".join(
+        f"{task} {value:.2f}" for task, value in by_task["draft model, heuristic"].items())
+        + " (draft model, heuristic)")
     return {"target": args.target, "draft": args.draft, "target_runtime": runtime,
             "prompts": len(prompts), "rows": entries}
 

@@ -4,7 +4,9 @@ A drafter (small causal LM, prompt lookup, the target with layers skipped, or a 
 LM drafting a block in parallel) proposes tokens; a `Scheduler` (the same objects the diffusion
 loop uses, plus the AR-only `heuristic`) decides how many to verify; the target verifies them in
 one forward, greedily (identical to its own greedy output) or by speculative sampling (identical
-in distribution). Batch size 1. See `schedule.py` for how each scheduler maps.
+in distribution). Batch size 1. See `schedule.py` for how each scheduler maps, and `compact.py`
+for the lean runtime drafts use by default (transformers' per-layer dispatch dominates at small
+sizes).
 """
 
 from dllm_decode.speculative.compact import RUNTIMES, CompactCausalLM, with_runtime

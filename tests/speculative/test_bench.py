@@ -7,7 +7,8 @@ import math
 import pytest
 
 from dllm_decode.speculative import LookupDrafter, ModelDrafter
-from eval.bench_spec import Config, measure, summarize, theory_speedup, theory_tokens
+from eval.bench_spec import (Config, measure, summarize, theory_speedup, theory_tokens,
+                             tokens_per_call_by_task)
 from schedulers import LowConfidenceScheduler
 
 
@@ -39,3 +40,15 @@ def test_summary_rows(target, draft_model):
     assert self_draft["acceptance_rate"] == 1.0 and self_draft["mean_accepted_tokens"] > 4
     assert self_draft["draft_forwards_per_token"] > 0 and lookup["draft_forwards_per_token"] == 0
     assert plain["speedup"] == 1.0
+
+
+def test_tokens_per_call_by_task(target):
+    constant = LowConfidenceScheduler(steps_per_block=1)
+    rows = measure(target, [[3, 17, 5], [8, 2, 8], [4, 4]], [Config("self", ModelDrafter(target), constant, 4, target)],
+                   repeats=1, max_new_tokens=9, log=lambda line: None)
+    results = rows[0].results
+    by_task = tokens_per_call_by_task(["b", "a", "b"], results)
+    assert list(by_task) == ["a", "b"]
+    assert by_task["a"] == len(results[1].tokens) / results[1].target_forwards
+    assert by_task["b"] == (len(results[0].tokens) + len(results[2].tokens)) / (
+        results[0].target_forwards + results[2].target_forwards)
