@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.models.layers import rms_norm
+from dllm_decode.models.layers import rms_normalize
 
 RUNTIMES = ("hf", "compact")
 """`hf`: run the transformers model as loaded; `compact`: `CompactCausalLM(model)`."""
@@ -67,14 +67,13 @@ class CompactCache:
 class _Layer:
     """One decoder layer's weights, projections fused (q|k|v, gate|up) and stored transposed
     ((in, out), contiguous): `x @ w` on such tiny matrices takes about half the time of
-    `F.linear(x, w)` on CPU (measured)."""
+    `F.linear(x, w)` on CPU (measured). Each RMSNorm's scale is folded into the rows of the
+    matrix that follows it ((x * g) @ W = x @ (g[:, None] * W)), one multiply fewer per norm."""
 
-    attn_norm: Tensor
     qkv: Tensor
     qkv_bias: Tensor | None
     out: Tensor
     out_bias: Tensor | None
-    mlp_norm: Tensor
     gate_up: Tensor
     down: Tensor
 
@@ -107,8 +106,7 @@ class CompactCausalLM:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.embed = inner.embed_tokens.weight.detach()
-        self.final_norm = inner.norm.weight.detach()
-        self.head = _transposed(source.lm_head.weight)
+        self.head = _transposed(source.lm_head.weight, inner.norm.weight)
         self.device = self.embed.device
         self.layers = [_fuse(inner.layers[i]) for i in kept]
         rotary = inner.rotary_emb
@@ -123,13 +121,12 @@ class CompactCausalLM:
     def __call__(self, *args: Any, **kwargs: Any) -> CompactOutput:
         return self.forward(*args, **kwargs)   # looked up per call, so benchmarks can time it
 
-    @torch.inference_mode()
     def forward(self, input_ids: Tensor, past_key_values: CompactCache | None = None,
                 use_cache: bool = True, logits_to_keep: int = 0, **_: Any) -> CompactOutput:
         """Next-token logits of `input_ids` (B, n) appended after the cached positions.
 
         `logits_to_keep` = 0 keeps every position (transformers' convention). The cache, when
-        given, then holds the fed tokens too.
+        given, then holds the fed tokens too. No autograd: every weight is detached.
         """
         cache = past_key_values if past_key_values is not None else self.new_cache(input_ids.shape[0])
         start, n = cache.length, input_ids.shape[1]
@@ -144,7 +141,7 @@ class CompactCausalLM:
         h = F.embedding(input_ids.reshape(-1), self.embed)                 # (B n, d)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
-            qkv = _project(rms_norm(h, layer.attn_norm, self.eps), layer.qkv, layer.qkv_bias)
+            qkv = _project(rms_normalize(h, self.eps), layer.qkv, layer.qkv_bias)
             qk = qkv[:, :q_size + kv_size].view(batch, n, self.heads + self.kv_heads, self.head_dim)
             # Rotary embedding of q and k in one go.
             qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)
@@ -156,13 +153,13 @@ class CompactCausalLM:
                                                values[:, :, :total], attn_mask=mask,
                                                enable_gqa=self.heads != self.kv_heads)
             h = h + _project(o.transpose(1, 2).reshape(batch * n, q_size), layer.out, layer.out_bias)
-            gate, up = (rms_norm(h, layer.mlp_norm, self.eps) @ layer.gate_up).chunk(2, -1)
+            gate, up = (rms_normalize(h, self.eps) @ layer.gate_up).chunk(2, -1)
             h = h + (F.silu(gate) * up) @ layer.down
         cache.length = total if use_cache else start
         h = h.view(batch, n, d)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
-        return CompactOutput(rms_norm(h, self.final_norm, self.eps) @ self.head)
+        return CompactOutput(rms_normalize(h, self.eps) @ self.head)
 
     def _rope(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """cos/sin rows for positions [start, end), from tables grown by doubling."""
@@ -189,19 +186,22 @@ def _fuse(layer: Any) -> _Layer:
     projections = (attn.q_proj, attn.k_proj, attn.v_proj)
     biases = [p.bias for p in projections]
     return _Layer(
-        attn_norm=layer.input_layernorm.weight.detach(),
-        qkv=_transposed(torch.cat([p.weight for p in projections])),
+        qkv=_transposed(torch.cat([p.weight for p in projections]), layer.input_layernorm.weight),
         qkv_bias=None if biases[0] is None else torch.cat(biases).detach(),
         out=_transposed(attn.o_proj.weight),
         out_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
-        mlp_norm=layer.post_attention_layernorm.weight.detach(),
-        gate_up=_transposed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+        gate_up=_transposed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                            layer.post_attention_layernorm.weight),
         down=_transposed(mlp.down_proj.weight),
     )
 
 
-def _transposed(weight: Tensor) -> Tensor:
-    return weight.detach().t().contiguous()
+def _transposed(weight: Tensor, norm_scale: Tensor | None = None) -> Tensor:
+    """(out, in) -> contiguous (in, out), rows scaled by the preceding norm's scale if given."""
+    weight_t = weight.detach().t()
+    if norm_scale is not None:
+        weight_t = norm_scale.detach()[:, None] * weight_t
+    return weight_t.contiguous()
 
 
 def check_compactable(model: Any) -> None:

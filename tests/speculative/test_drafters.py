@@ -9,6 +9,7 @@ from dllm_decode.speculative import DiffusionDrafter, LookupDrafter, ModelDrafte
 from dllm_decode.speculative.drafters.layerskip import layer_subset, parse_layers
 from dllm_decode.testing import OracleMaskPredictor
 from schedulers import ThresholdScheduler
+from tests.speculative.conftest import MarkovLM
 
 
 def propose(drafter, context, width, eos=(), sampling=Sampling()):
@@ -62,6 +63,17 @@ def test_lookup_cuts_at_eos_and_validates():
     assert propose(LookupDrafter(), [1, 2, 0, 4, 1], 4, eos=(0,)).tokens.tolist() == [2, 0]
     with pytest.raises(ValueError, match="max_ngram"):
         LookupDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_model_drafter_stops_at_end_of_text():
+    # Bigram LM: 1 -> 2 -> 3 -> 0 (end of text) -> 1 ...; drafting past 0 would waste forwards.
+    table = torch.full((5, 5), -10.0)
+    for token, following in ((0, 1), (1, 2), (2, 3), (3, 0), (4, 1)):
+        table[token, following] = 10.0
+    draft = propose(ModelDrafter(MarkovLM(table)), [4, 1], 8, eos=(0,))
+    assert draft.tokens.tolist() == [2, 3, 0]
+    assert draft.forwards == 3
+    assert propose(ModelDrafter(MarkovLM(table)), [4, 1], 8).tokens.tolist() == [2, 3, 0, 1, 2, 3, 0, 1]
 
 
 def test_model_drafter_sampling_reports_its_warped_law(draft_model):

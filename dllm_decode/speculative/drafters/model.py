@@ -43,6 +43,8 @@ class ModelDrafter(Drafter):
             token, dist = sampling.draw(logits, generator)
             tokens.append(token)
             dists.append(dist)
+            if int(token) in eos_ids:           # nothing after end-of-text is verified
+                break
             if stop is not None and i + 1 < width and stop(self._draft(tokens, dists, sampling)):
                 break
         # The last drafted token is never fed: the next round's `extend` feeds what is missing.
