@@ -84,8 +84,10 @@ class CompactOutput:
 
 
 class CompactCausalLM:
-    """Lean decoder over a transformers Llama's weights (shared, not copied, except the fused
-    projections); call it like the transformers model.
+    """Lean decoder over a transformers Llama's weights; call it like the transformers model.
+
+    Holds its own fused, transposed copies of the matrices (the embedding is shared), so it
+    needs about the model's size again in memory; the source model can be dropped afterwards.
 
     Attributes:
         config: the transformers config (vocab size, EOS ids, ...), shared with the source model.

@@ -34,11 +34,12 @@ def new_kv(model: Any) -> KV:
     """An empty cache for `model`: its own (`new_cache()`, e.g. `CompactCausalLM`) or a transformers
     `DynamicCache` (both can be rolled back)."""
     if hasattr(model, "new_cache"):
-        return KV(cache=model.new_cache(), ids=torch.zeros(0, dtype=torch.long, device=_device_of(model)))
-    from transformers import DynamicCache
+        cache = model.new_cache()
+    else:
+        from transformers import DynamicCache
 
-    config = getattr(model, "config", None)
-    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+        config = getattr(model, "config", None)
+        cache = DynamicCache(config=config) if config is not None else DynamicCache()
     return KV(cache=cache, ids=torch.zeros(0, dtype=torch.long, device=_device_of(model)))
 
 
