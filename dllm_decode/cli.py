@@ -253,6 +253,9 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None)
+@click.option("--ar-runtime", type=click.Choice(["hf", "compact"]), default="hf", show_default=True,
+              help="How an `ar:` model's target runs (its draft runs compact when it can); a compact "
+                   "run is recorded as `ar:...@compact`.")
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
@@ -263,7 +266,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
                  data_seed: int, sort_by: str, batch_size: int, out_dir: str, chat_template: bool,
                  progress: bool | None, plots: bool, device: str | None, dtype: str | None,
-                 combine: bool, as_json: bool) -> None:
+                 ar_runtime: str, combine: bool, as_json: bool) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md, plots.
 
     Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0).
@@ -290,10 +293,12 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    if ar_runtime != "hf" and not model_name.startswith("ar:"):
+        raise click.BadParameter(f"applies to `ar:` models only, not {model_name!r}", param_hint="--ar-runtime")
     rank, _ = distributed.init_from_env(device)
     ideal = model_name == "ideal" or model_name.startswith("ideal:")
     if model_name.startswith("ar:"):     # `ar:TARGET[+DRAFT]`: the AR (speculative) baseline
-        from dllm_decode.speculative.command import make_drafter
+        from dllm_decode.speculative.command import in_runtime, make_drafter
         from dllm_decode.speculative.models import load_causal_lm
 
         target_name, _, draft_spec = model_name[len("ar:"):].partition("+")
@@ -303,6 +308,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
             raise click.BadParameter(str(err), param_hint="--model") from None
         drafter, _ = make_drafter(draft_spec or "none", target, build(SCHEDULERS, "low_confidence"),
                                   "", distributed.local_device(device))
+        if ar_runtime == "compact":
+            target = in_runtime(target, ar_runtime, "--ar-runtime")
+            model_name = f"{model_name}@compact"         # its timings are another model's
         decoder, tokenizer = ar_decoder(target, drafter, chat_template=chat_template), target.tokenizer
     elif ideal:                      # `ideal[:noise=X]`: the analytic model, built per canvas length
         try:

@@ -35,7 +35,8 @@ def _load(name: str, hint: str, device: str | None) -> Any:
         raise click.BadParameter(str(err), param_hint=hint) from None
 
 
-def _in_runtime(model: Any, runtime: str, hint: str) -> Any:
+def in_runtime(model: Any, runtime: str, hint: str) -> Any:
+    """`with_runtime`, its errors as click usage errors naming the option `hint`."""
     try:
         return with_runtime(model, runtime)
     except ValueError as err:
@@ -72,7 +73,7 @@ def make_drafter(spec: str, target: Any, unmasking: Scheduler, drop_text: str,
         _same_vocab(target, model.vocab_size)
         drop = _token_ids(target, drop_text)
         return DiffusionDrafter(model, unmasking, drop_ids=drop), model
-    model = _in_runtime(_load(spec, "--draft", device), runtime, "--draft-runtime")
+    model = in_runtime(_load(spec, "--draft", device), runtime, "--draft-runtime")
     _same_vocab(target, model.config.vocab_size)
     return ModelDrafter(model), model
 
@@ -152,7 +153,7 @@ def spec_command(schedulers: Mapping[str, type[Scheduler]]) -> click.Command:
         _quiet_transformers()
         loaded = _load(target, "--target", device)
         drafter, _ = make_drafter(draft_spec, loaded, unmasking, dllm_drop, device, draft_runtime)
-        target_model = _in_runtime(loaded, runtime, "--runtime")
+        target_model = in_runtime(loaded, runtime, "--runtime")
         tokenizer = target_model.tokenizer
         text = prompt
         if tokenizer is not None and chat_template and getattr(tokenizer, "chat_template", None):

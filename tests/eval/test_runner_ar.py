@@ -44,3 +44,25 @@ def test_ar_target_with_draft(tmp_path):
     assert len(rows) == 4
     for row in rows:       # every target forward appends at least one token, at most a draft + 1
         assert 1.0 <= row["tokens_per_step"] <= 7.0 and row["nfe"] >= 1 and row["draft_forwards"] >= 0
+
+
+@pytest.mark.slow
+def test_compact_target_runtime_gives_the_same_outputs_under_its_own_label(tmp_path):
+    target = _tiny_causal(tmp_path / "target", 0)
+    base = ["eval", "--model", f"ar:{target}", "--tasks", "copy", "--limit", "2", "--scheduler",
+            "low_confidence", "--gen-length", "6", "--out", str(tmp_path / "out"), "--json", "--no-plots"]
+    for runtime in ("hf", "compact"):
+        result = CliRunner().invoke(main, base + ["--ar-runtime", runtime], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    by_model = {}
+    for row in rows:
+        by_model.setdefault(row["model"], []).append(row["output"])
+    assert set(by_model) == {f"ar:{target}", f"ar:{target}@compact"}
+    assert by_model[f"ar:{target}"] == by_model[f"ar:{target}@compact"]
+
+
+def test_ar_runtime_needs_an_ar_model(tmp_path):
+    result = CliRunner().invoke(main, ["eval", "--model", "tiny", "--tasks", "copy", "--limit", "1",
+                                       "--ar-runtime", "compact", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "applies to `ar:` models only" in result.output
