@@ -38,6 +38,21 @@ def test_whole_sequence_logits_match(bias):
     torch.testing.assert_close(got, hf_logits(model, ids), **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_rows_and_dtypes_match(target, dtype):
+    model = tiny_llama(0).to(dtype)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    compact = CompactCausalLM(model)
+    cache = compact.new_cache(batch=2)
+    first = compact(ids[:, :5], past_key_values=cache).logits
+    rest = compact(ids[:, 5:], past_key_values=cache).logits
+    with torch.inference_mode():
+        reference = model(input_ids=ids).logits
+    tol = TOL if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)   # bf16: ~3 digits; logits ~3
+    torch.testing.assert_close(torch.cat([first, rest], 1).float(), reference.float(), **tol)
+    assert first.dtype == dtype
+
+
 def test_incremental_feeds_crops_and_growth_match(target):
     compact = CompactCausalLM(target)
     ids = torch.randint(0, VOCAB, (300,), generator=torch.Generator().manual_seed(0))
