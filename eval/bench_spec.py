@@ -37,7 +37,7 @@ import torch
 
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.models.loading import ModelLoadError, load_model
-from dllm_decode.speculative import (RUNTIMES, CompactCausalLM, DiffusionDrafter, Drafter,
+from dllm_decode.speculative import (RUNTIMES, DiffusionDrafter, Drafter,
                                      HeuristicScheduler, LookupDrafter, ModelDrafter, SpecConfig,
                                      SpecResult, layerskip_drafter, speculative_generate,
                                      with_runtime)
@@ -205,7 +205,7 @@ def embedded_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict
         log(f"embedded AR suite skipped: {err}")
         return None
     return {runtime: embedded_pair(args, loaded, draft_hf, runtime, log)
-            for runtime in args.target_runtime}
+            for runtime in dict.fromkeys(args.target_runtime)}
 
 
 def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime: str,
@@ -216,7 +216,7 @@ def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime:
     from eval.tokenizer import SEPARATOR
 
     target = with_runtime(loaded, runtime)
-    draft = CompactCausalLM(draft_hf)
+    draft = with_runtime(draft_hf, "auto")
     tokenizer = target.tokenizer
     examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", args.per_task, 0)]
     prompts = [tokenizer(f"{e.prompt} {SEPARATOR}", add_special_tokens=False)["input_ids"]
@@ -232,9 +232,10 @@ def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime:
         Config("draft model, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 8, draft),
         Config("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
     ]
-    skip = layerskip_drafter(loaded, str(half), "compact")
-    configs.append(Config(f"layer skip {half}/{target.config.num_hidden_layers}, thr 0.4", skip,
-                          ThresholdScheduler(0.4), 8, skip.model))
+    if target.config.num_hidden_layers > 1:
+        skip = layerskip_drafter(loaded, str(half), "auto")
+        configs.append(Config(f"layer skip {half}/{target.config.num_hidden_layers}, thr 0.4", skip,
+                              ThresholdScheduler(0.4), 8, skip.model))
     try:
         dllm = load_model(args.dllm)
         if dllm.vocab_size != target.config.vocab_size:

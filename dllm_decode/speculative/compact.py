@@ -25,6 +25,9 @@ from torch import Tensor
 
 from dllm_decode.models.layers import rms_normalize
 
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+"""Rotary types whose frequencies do not depend on the sequence length (computed once here)."""
+
 RUNTIMES = ("hf", "compact")
 """`hf`: run the transformers model as loaded; `compact`: `CompactCausalLM(model)`."""
 
@@ -38,6 +41,8 @@ class CompactCache:
 
     def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device, capacity: int = 256):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
         shape = (batch, kv_heads, capacity, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(layers)]
@@ -86,8 +91,9 @@ class CompactOutput:
 class CompactCausalLM:
     """Lean decoder over a transformers Llama's weights; call it like the transformers model.
 
-    Holds its own fused, transposed copies of the matrices (the embedding is shared), so it
-    needs about the model's size again in memory; the source model can be dropped afterwards.
+    Holds its own fused, transposed copies of the matrices (the input embedding is shared; the
+    LM head is a separate scaled copy even when tied), so it needs about the model's size again
+    in memory; the source model can be dropped afterwards.
 
     Attributes:
         config: the transformers config (vocab size, EOS ids, ...), shared with the source model.
@@ -124,12 +130,20 @@ class CompactCausalLM:
         return self.forward(*args, **kwargs)   # looked up per call, so benchmarks can time it
 
     def forward(self, input_ids: Tensor, past_key_values: CompactCache | None = None,
-                use_cache: bool = True, logits_to_keep: int = 0, **_: Any) -> CompactOutput:
+                use_cache: bool = True, logits_to_keep: int = 0,
+                attention_mask: Tensor | None = None, **_: Any) -> CompactOutput:
         """Next-token logits of `input_ids` (B, n) appended after the cached positions.
 
         `logits_to_keep` = 0 keeps every position (transformers' convention). The cache, when
-        given, then holds the fed tokens too. No autograd: every weight is detached.
+        given, then holds the fed tokens too. No autograd: every weight is detached. No padding:
+        an `attention_mask` with zeros is refused (rows must be unpadded and equally long).
         """
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("the compact runtime does not support padding (attention_mask with "
+                             "zeros); use the 'hf' runtime for padded batches")
+        if past_key_values is not None and not isinstance(past_key_values, CompactCache):
+            raise TypeError(f"past_key_values must be a CompactCache (from `new_cache()`), got "
+                            f"{type(past_key_values).__name__}")
         cache = past_key_values if past_key_values is not None else self.new_cache(input_ids.shape[0])
         start, n = cache.length, input_ids.shape[1]
         total = start + n
@@ -219,10 +233,13 @@ def check_compactable(model: Any) -> None:
         problem = "an MLP with biases"
     elif not hasattr(getattr(getattr(model, "model", None), "rotary_emb", None), "inv_freq"):
         problem = "no rotary-embedding module"
+    elif getattr(model.model.rotary_emb, "rope_type", "default") not in STATIC_ROPE:
+        # `dynamic` / `longrope` recompute their frequencies with the sequence length.
+        problem = f"rope_type {model.model.rotary_emb.rope_type!r}"
     if problem is not None:
         raise ValueError(f"the compact runtime supports Llama-architecture causal LMs (model_type "
-                         f"'llama', SiLU MLP without bias); this model has {problem}. "
-                         f"Use the 'hf' runtime for it")
+                         f"'llama', SiLU MLP without bias, rope types {', '.join(STATIC_ROPE)}); "
+                         f"this model has {problem}. Use the 'hf' runtime for it")
 
 
 def resolve_runtime(model: Any, runtime: str) -> str:

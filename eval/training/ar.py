@@ -117,7 +117,8 @@ def initial_model(size: str, init: str | None) -> LlamaForCausalLM:
     model = LlamaForCausalLM.from_pretrained(resolve_causal_dir(init), dtype=torch.float32,
                                              local_files_only=True)
     expected = model_config(size)
-    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "vocab_size", "tie_word_embeddings")
     if any(getattr(model.config, key) != getattr(expected, key) for key in shape):
         raise SystemExit(f"--init {init}: its shape differs from --size {size} ({SIZES[size]})")
     return model

@@ -44,7 +44,7 @@ def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25,
     the long lengths (8-12), the rest ParallelBench's 3-6.
 
     `latin_target`: the Latin-square answer trained on. `shuffled` is ParallelBench's reference
-    (a cyclic square with shuffled rows and columns: 576 equally valid answers per prompt);
+    (a cyclic square with shuffled rows and columns: 144 equally likely squares per prompt);
     `canonical` is the one cyclic square in prompt order (row r = the symbols rotated by r),
     a deterministic answer that is just as valid under the any-valid-square metric.
     """

@@ -9,7 +9,7 @@ import torch
 
 from dllm_decode.speculative import (CompactCausalLM, ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate, with_runtime)
-from dllm_decode.speculative.compact import resolve_runtime
+from dllm_decode.speculative.compact import CompactCache, resolve_runtime
 from dllm_decode.speculative.kv import extend, feed, new_kv, rollback
 from schedulers import ThresholdScheduler
 from tests.speculative.conftest import VOCAB, MarkovLM, tiny_llama
@@ -100,3 +100,24 @@ def test_other_architectures_are_refused_and_auto_falls_back():
     assert resolve_runtime(tiny_llama(0, layers=1), "auto") == "compact"
     with pytest.raises(ValueError, match="runtime must be one of"):
         with_runtime(markov, "fast")
+
+
+def test_length_dependent_rotary_padding_and_foreign_caches_are_refused():
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                         intermediate_size=48, max_position_embeddings=16,
+                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    dynamic = LlamaForCausalLM(config).eval()
+    with pytest.raises(ValueError, match="rope_type 'dynamic'"):
+        CompactCausalLM(dynamic)
+    assert resolve_runtime(dynamic, "auto") == "hf"
+    compact = CompactCausalLM(tiny_llama(0, layers=1))
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="does not support padding"):
+        compact(ids, attention_mask=torch.tensor([[0, 1, 1]]))
+    assert compact(ids, attention_mask=torch.ones(1, 3)).logits.shape == (1, 3, VOCAB)
+    with pytest.raises(TypeError, match="must be a CompactCache"):
+        compact(ids, past_key_values=DynamicCache())
+    with pytest.raises(ValueError, match="capacity must be >= 1"):
+        CompactCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), capacity=0)

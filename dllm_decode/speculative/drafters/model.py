@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
+from dllm_decode.speculative.drafters.base import Draft, Drafter
 from dllm_decode.speculative.kv import KV, extend, feed, new_kv
 from dllm_decode.speculative.sampling import Sampling
 
@@ -48,8 +48,7 @@ class ModelDrafter(Drafter):
             if stop is not None and i + 1 < width and stop(self._draft(tokens, dists, sampling)):
                 break
         # The last drafted token is never fed: the next round's `extend` feeds what is missing.
-        draft = self._draft(tokens, dists, sampling)
-        return draft.head(cut_at_eos(draft.tokens, eos_ids)), state
+        return self._draft(tokens, dists, sampling), state
 
     @staticmethod
     def _draft(tokens: list[Tensor], dists: list[Tensor], sampling: Sampling) -> Draft:
