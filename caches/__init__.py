@@ -1,9 +1,13 @@
 """How the loop obtains logits for the active block: none, prefix, dual."""
 
-from caches.dual import DualCache
-from caches.kv import BlockKVCache
-from caches.none import NoCache
-from caches.prefix import PrefixCache
+from dllm_decode._namespace import require_namespaced
+
+require_namespaced(__name__)
+
+from dllm_decode.caches.dual import DualCache
+from dllm_decode.caches.kv import BlockKVCache
+from dllm_decode.caches.none import NoCache
+from dllm_decode.caches.prefix import PrefixCache
 from dllm_decode.interfaces import Cache
 
 CACHES: dict[str, type[Cache]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from caches.kv import BlockKVCache
+from dllm_decode.caches.kv import BlockKVCache
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class DualCache(BlockKVCache):
             A `prefix_look` at least the canvas length recomputes everything before the block
             end and caches only the suffix: on the small embedded model, whose prompt positions
             track what the answer already holds, that kept task accuracy (22.9% vs 25.0% without a
-            cache, 48 examples) where the default lost it (2.1%); see `eval/bench_cache.py`.
+            cache, 48 examples) where the default lost it (2.1%); see `eval/bench/cache.py`.
     """
 
     prefix_look: int = 0

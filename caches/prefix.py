@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from caches.kv import BlockKVCache
+from dllm_decode.caches.kv import BlockKVCache
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from typing import Any
 import click
 import torch
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode.config import DecodeConfig, component_dict
 from dllm_decode.models.loading import ModelLoadError
 from dllm_decode.registry import build, describe
 from dllm_decode.sampler import generate
-from filters import FILTERS
-from schedulers import SCHEDULERS, with_delimiters
+from dllm_decode.filters import FILTERS
+from dllm_decode.schedulers import SCHEDULERS, with_delimiters
 
 DEFAULT_MODEL = "embedded"
 
@@ -78,8 +78,8 @@ def load_any_model(name: str, device: str | None = None, dtype: str | None = Non
 
         return tiny_llada_with_tokenizer()
     if name == "ideal":
-        from eval.ideal import IdealModel
-        from eval.tokenizer import load_tokenizer
+        from dllm_decode.eval.theory.ideal import IdealModel
+        from dllm_decode.eval.tasks.tokenizer import load_tokenizer
 
         model = IdealModel(gen_length)
         model.tokenizer = load_tokenizer()
@@ -181,7 +181,7 @@ def list_registries() -> None:
 
 
 # `bench` (issue 9) lives in eval (it scores the task suite); cli.py is the edge allowed to import it.
-from eval.bench import bench_command  # noqa: E402
+from dllm_decode.eval.bench.suite import bench_command  # noqa: E402
 
 main.add_command(bench_command)
 
@@ -206,7 +206,7 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
                          width: int, epochs: int, threshold: float, trajectory: str, seed: int,
                          device: str | None) -> None:
     """Train the Learn2PD filter (`--filter learned:weights=OUT`) on the task suite's train split."""
-    from eval.training.filter import task_prompts, train_filter
+    from dllm_decode.eval.training.filter import task_prompts, train_filter
 
     model = load_any_model(model_name, device)
     try:
@@ -271,12 +271,12 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
 
     Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0).
     """
-    from eval import distributed
-    from eval.grid import ANSWER, expand_grid, parse_sweep
-    from eval.report import write_outputs
-    from eval.runner import ar_decoder, diffusion_decoder, evaluate, ideal_decoder
-    from eval.sources import select_tasks
-    from eval.tokenizer import load_tokenizer
+    from dllm_decode.eval.harness import distributed
+    from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep
+    from dllm_decode.eval.harness.report import write_outputs
+    from dllm_decode.eval.harness.runner import ar_decoder, diffusion_decoder, evaluate, ideal_decoder
+    from dllm_decode.eval.tasks.sources import select_tasks
+    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
 
     build_or_usage_error(CACHES, cache_name, cache_opts, "--cache-opt")
     filters = [(name, tuple(sorted(options.items()))) for name, options, _ in parse_filters(filter_specs)]
@@ -350,8 +350,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
 
 def combined_records(out_dir: str) -> list[dict[str, Any]]:
     """Every finished sample in `out_dir`, labels prefixed by their model when several share it."""
-    from eval.records import read_records, unique_by_key
-    from eval.runner import SAMPLES
+    from dllm_decode.eval.harness.records import read_records, unique_by_key
+    from dllm_decode.eval.harness.runner import SAMPLES
 
     records = unique_by_key(read_records(Path(out_dir) / SAMPLES))
     if len({r["model"] for r in records}) < 2:

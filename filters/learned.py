@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from dllm_decode.interfaces import Decision, Filter, StepInput
-from filters.features import block_confidence, slots_to_window
-from filters.mlp import SHIPPED, load_mlp
+from dllm_decode.filters.features import block_confidence, slots_to_window
+from dllm_decode.filters.mlp import SHIPPED, load_mlp
 
 MODES = ("union", "only")
 
@@ -24,7 +24,7 @@ class LearnedFilter(Filter):
     `threshold` is committed with its candidate token. The network was trained to predict "this
     prediction equals the final output" (`eval/training/filter.py`).
 
-    Deviations: committed and padding slots feed the constant `filters.features.SETTLED` instead
+    Deviations: committed and padding slots feed the constant `dllm_decode.filters.features.SETTLED` instead
     of the model's top-1 probability there (see that constant); a block narrower than `width` is
     padded with it, a wider one is cropped (slots past `width` get only the base schedule).
 

@@ -1,18 +1,22 @@
 """Unmasking schedulers: which masked positions to commit at each step."""
 
+from dllm_decode._namespace import require_namespaced
+
+require_namespaced(__name__)
+
 from dllm_decode.interfaces import Scheduler
-from schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
-from schedulers.credit import CreditScheduler
-from schedulers.early_commit import EarlyCommitScheduler
-from schedulers.eb import EntropyBoundScheduler
-from schedulers.factor import FactorScheduler
-from schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
+from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
+from dllm_decode.schedulers.credit import CreditScheduler
+from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
+from dllm_decode.schedulers.eb import EntropyBoundScheduler
+from dllm_decode.schedulers.factor import FactorScheduler
+from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
                                     RandomScheduler)
-from schedulers.klass import KLASSScheduler
-from schedulers.local_leap import LocalLeapScheduler
-from schedulers.oracle import OracleScheduler, oracle_reference
-from schedulers.threshold import ThresholdScheduler
-from schedulers.wrapper import Wrapper
+from dllm_decode.schedulers.klass import KLASSScheduler
+from dllm_decode.schedulers.local_leap import LocalLeapScheduler
+from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
+from dllm_decode.schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.wrapper import Wrapper
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "low_confidence": LowConfidenceScheduler,  # LLaDA: fixed tokens per step, most confident first

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores
-from schedulers.threshold import ThresholdScheduler
-from schedulers.wrapper import Wrapper
+from dllm_decode.schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.wrapper import Wrapper
 
 
 @dataclass(frozen=True)

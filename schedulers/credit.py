@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import Scheduler, StepInput
-from schedulers.columns import carry
-from schedulers.threshold import ThresholdScheduler
-from schedulers.wrapper import Wrapper
+from dllm_decode.schedulers.columns import carry
+from dllm_decode.schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.wrapper import Wrapper
 
 
 @dataclass(frozen=True)

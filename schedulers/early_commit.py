@@ -12,8 +12,8 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import top2
-from schedulers.fixed_steps import LowConfidenceScheduler
-from schedulers.wrapper import Wrapper
+from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
+from dllm_decode.schedulers.wrapper import Wrapper
 
 
 @dataclass(frozen=True)

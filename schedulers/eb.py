@@ -10,7 +10,7 @@ import torch
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import neg_entropy
-from schedulers.prefix import sorted_prefix
+from dllm_decode.schedulers.prefix import sorted_prefix
 
 
 @dataclass(frozen=True)

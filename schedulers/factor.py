@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
-from schedulers.prefix import sorted_prefix
+from dllm_decode.schedulers.prefix import sorted_prefix
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
-from schedulers.columns import carry
-from schedulers.fixed_steps import LowConfidenceScheduler
-from schedulers.wrapper import Wrapper
+from dllm_decode.schedulers.columns import carry
+from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
+from dllm_decode.schedulers.wrapper import Wrapper
 
 _EPS = 1e-12                      # the reference's smoothing inside both logs
 

@@ -17,7 +17,7 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Decision, DiffusionLM, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, topk_mask
 from dllm_decode.sampler import generate
-from schedulers.fixed_steps import LowConfidenceScheduler
+from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
 
 STALL_RULES = ("confident", "leftmost")
 

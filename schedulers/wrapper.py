@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
-from schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.threshold import ThresholdScheduler
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode import sampler
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.testing import tiny_llada
-from filters import EoTPFilter
-from schedulers import SCHEDULERS
+from dllm_decode.filters import EoTPFilter
+from dllm_decode.schedulers import SCHEDULERS
 
 CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -92,7 +92,7 @@ def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
 def test_counter_sees_a_sync(monkeypatch):
     """The counter is live: a scheduler that calls `.item()` each step is over budget."""
     from dllm_decode.interfaces import Decision
-    from schedulers import ThresholdScheduler
+    from dllm_decode.schedulers import ThresholdScheduler
 
     class Chatty(ThresholdScheduler):
         def select(self, inp, state):

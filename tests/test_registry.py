@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from dllm_decode.registry import build, coerce
-from schedulers import SCHEDULERS, ThresholdScheduler
+from dllm_decode.schedulers import SCHEDULERS, ThresholdScheduler
 
 
 def test_build_parses_options_into_field_types():

@@ -8,7 +8,7 @@ import torch
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 VOCAB, MASK, EOS = 37, 36, 35
 

@@ -4,10 +4,10 @@
 `score(example, output_text)`. `load_released` reads ParallelBench's own JSONL files.
 """
 
-from eval.tasks.base import EOS_TEXT, Example, Task, output_words, split_of
-from eval.tasks.puzzles import LatinSquareTask, SudokuTask
-from eval.tasks.released import load_released, score_released
-from eval.tasks.waiting_line import OPS, ListTask
+from dllm_decode.eval.tasks.base import EOS_TEXT, Example, Task, output_words, split_of
+from dllm_decode.eval.tasks.puzzles import LatinSquareTask, SudokuTask
+from dllm_decode.eval.tasks.released import load_released, score_released
+from dllm_decode.eval.tasks.waiting_line import OPS, ListTask
 
 WAITING_LINE = tuple(OPS)
 """The ten Waiting Line ops, in ParallelBench's table order."""

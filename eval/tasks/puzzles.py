@@ -12,8 +12,8 @@ import random
 
 import numpy as np
 
-from eval.tasks.base import Example, Task, output_words
-from eval.tasks.vocab import SYMBOLS
+from dllm_decode.eval.tasks.base import Example, Task, output_words
+from dllm_decode.eval.tasks.vocab import SYMBOLS
 
 SIZE = 4
 CELLS = SIZE * SIZE

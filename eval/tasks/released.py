@@ -25,9 +25,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.tasks.base import Example, EOS_TEXT
-from eval.tasks.puzzles import CELLS, SIZE, is_latin
-from eval.tasks.waiting_line import OPS
+from dllm_decode.eval.tasks.base import Example, EOS_TEXT
+from dllm_decode.eval.tasks.puzzles import CELLS, SIZE, is_latin
+from dllm_decode.eval.tasks.waiting_line import OPS
 
 PUZZLE_FILES = {"latin_square": "puzzle/latin_square_n4.jsonl", "sudoku": "puzzle/sudoku_n4_12.jsonl"}
 SORT_ORDERS = ("first", "last")

@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from eval.tasks.base import Example, Task, output_words
-from eval.tasks.vocab import NAMES
+from dllm_decode.eval.tasks.base import Example, Task, output_words
+from dllm_decode.eval.tasks.vocab import NAMES
 
 Items = list[str]
 

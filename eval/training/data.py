@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE, Example
-from eval.tasks.puzzles import cyclic_latin
-from eval.tokenizer import EOS, MASK, PAD, SEPARATOR, vocabulary
+from dllm_decode.eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE, Example
+from dllm_decode.eval.tasks.puzzles import cyclic_latin
+from dllm_decode.eval.tasks.tokenizer import EOS, MASK, PAD, SEPARATOR, vocabulary
 
 VOCAB = vocabulary()
 PAD_ID, EOS_ID, MASK_ID, SEP_ID = VOCAB[PAD], VOCAB[EOS], VOCAB[MASK], VOCAB[SEPARATOR]

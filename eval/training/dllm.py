@@ -1,6 +1,6 @@
 """Train the embedded masked diffusion LM (LLaDA architecture) on the task mix.
 
-    python -m eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume]
+    python -m dllm_decode.eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume]
 
 Objective: LLaDA SFT. Each row is `[left pad][prompt][answer, EOS-padded to the canvas]`; a time
 t ~ U(eps, 1) per row masks each canvas token with probability t (the prompt never); the loss is
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-from eval.tokenizer import save_tokenizer
-from eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
+from dllm_decode.eval.tasks.tokenizer import save_tokenizer
+from dllm_decode.eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
                                 diffusion_batch, step_rng)
-from eval.training.evaluate import accuracy_by_task, diffusion_generate
-from eval.training.loop import CHECKPOINT, LoopConfig, add_run_arguments, train
+from dllm_decode.eval.training.evaluate import accuracy_by_task, diffusion_generate
+from dllm_decode.eval.training.loop import CHECKPOINT, LoopConfig, add_run_arguments, train
 
 SIZES = {
     "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512),

@@ -5,7 +5,7 @@ llada/generate_training_data.py`, `train.ipynb@22837cc`):
 1. Reference: the model's own one-token-per-step output (`low_confidence`), not the dataset
    answer, so the filter learns when the model's current prediction is already its final one.
 2. Features and labels from the same decode's trace: at every step, the active block's
-   confidence vector (`filters.features.block_confidence`, exactly what the filter sees at
+   confidence vector (`dllm_decode.filters.features.block_confidence`, exactly what the filter sees at
    decode time) and, per masked slot, whether the step's prediction equals the final token.
    The paper logs along the oracle trajectory (commit exactly the slots that already match,
    `schedulers.OracleScheduler`); `trajectory="baseline"` (default) logs the reference decode
@@ -29,10 +29,10 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
-from filters.features import block_confidence, block_slots
-from filters.learned import LearnedFilter
-from filters.mlp import ConfidenceMLP, save_mlp
-from schedulers import LowConfidenceScheduler, OracleScheduler
+from dllm_decode.filters.features import block_confidence, block_slots
+from dllm_decode.filters.learned import LearnedFilter
+from dllm_decode.filters.mlp import ConfidenceMLP, save_mlp
+from dllm_decode.schedulers import LowConfidenceScheduler, OracleScheduler
 
 Progress = Callable[[str], None]
 
@@ -248,7 +248,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
 
 def task_prompts(per_task: int, seed: int = 0, split: str = "train") -> list[str]:
     """`per_task` prompts of every registered task's `split`, in registry order."""
-    from eval.tasks import TASKS
+    from dllm_decode.eval.tasks import TASKS
 
     return [example.prompt for task in TASKS.values() for example in task.examples(split, per_task, seed)]
 
@@ -262,10 +262,10 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
     `learned`, `learned + eotp`, `learned + eotp + dual cache`, `learned + eotp (predicted)`, and
     the oracle (reference: the `low_confidence` output).
     """
-    from caches import DualCache
-    from eval.tasks import TASKS
-    from filters.eotp import EoTPFilter
-    from schedulers import ThresholdScheduler
+    from dllm_decode.caches import DualCache
+    from dllm_decode.eval.tasks import TASKS
+    from dllm_decode.filters.eotp import EoTPFilter
+    from dllm_decode.schedulers import ThresholdScheduler
 
     examples = [e for task in TASKS.values() for e in task.examples("test", per_task, seed)]
     base = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length, block_length=block_length)

@@ -11,13 +11,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from caches import CACHES, BlockKVCache, DualCache, NoCache, PrefixCache
+from dllm_decode.caches import CACHES, BlockKVCache, DualCache, NoCache, PrefixCache
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.cli import main
 from dllm_decode.interfaces import Decision, Filter, Scheduler, StepInput
 from dllm_decode.registry import build
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from schedulers import SCHEDULERS, ThresholdScheduler
+from dllm_decode.schedulers import SCHEDULERS, ThresholdScheduler
 
 VOCAB, MASK, EOS = 37, 36, 35
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]       # left padding: three prompt lengths

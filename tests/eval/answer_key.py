@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from eval.tokenizer import load_tokenizer
+from dllm_decode.eval.tasks.tokenizer import load_tokenizer
 
 
 class AnswerKeyModel(nn.Module):

@@ -14,9 +14,9 @@ from dllm_decode.cli import main
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from eval.bench_measure import forward_timer
-from eval.oracle_gap import token_waits
-from schedulers import SCHEDULERS, LowConfidenceScheduler
+from dllm_decode.eval.bench.measure import forward_timer
+from dllm_decode.eval.bench.oracle_gap import token_waits
+from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler
 
 
 def test_quick_bench_on_tiny(tmp_path):
@@ -75,7 +75,7 @@ def test_ar_section_with_tiny_causal_models(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import dllm_decode.speculative.models as causal
-    from eval import bench
+    from dllm_decode.eval.bench import suite as bench
     from dllm_decode.testing import tiny_tokenizer
 
     def tiny_causal(seed: int) -> LlamaForCausalLM:

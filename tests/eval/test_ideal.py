@@ -15,11 +15,11 @@ import torch
 
 from dllm_decode import generate
 from dllm_decode.config import DecodeConfig
-from eval.ideal import IdealModel
-from eval.tasks import TASKS
-from eval.tasks.waiting_line import _is_replace
-from eval.training.data import encode
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.eval.theory.ideal import IdealModel
+from dllm_decode.eval.tasks import TASKS
+from dllm_decode.eval.tasks.waiting_line import _is_replace
+from dllm_decode.eval.training.data import encode
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 
 def marginals(model: IdealModel, prompt: str, canvas: list[str | None]) -> list[dict[str, float]]:

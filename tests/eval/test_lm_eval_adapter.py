@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from eval.lm_eval_adapter import DllmDecodeLM
+from dllm_decode.eval.harness.lm_eval_adapter import DllmDecodeLM
 from tests.eval.answer_key import AnswerKeyModel
 
 
@@ -41,7 +41,7 @@ def test_max_gen_toks_rounds_up_to_blocks_and_bad_args_fail():
 
 
 def test_cuda_without_cuda_falls_back_to_cpu_and_lm_eval_flags_are_accepted(monkeypatch):
-    from eval import lm_eval_adapter
+    from dllm_decode.eval.harness import lm_eval_adapter
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.warns(UserWarning, match="CUDA is not available"):

@@ -9,12 +9,12 @@ import sys
 import pytest
 import torch
 
-from eval import lm_eval_adapter
-from eval.tasks import TASKS
+from dllm_decode.eval.harness import lm_eval_adapter
+from dllm_decode.eval.tasks import TASKS
 
 
 def _load_docs():
-    """`eval/lm_eval_tasks/docs.py` as lm-eval imports it: by path, not as a package module."""
+    """`eval/harness/lm_eval_tasks/docs.py` as lm-eval imports it: by path, not as a package module."""
     spec = importlib.util.spec_from_file_location("docs", lm_eval_adapter.TASKS_DIR / "docs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

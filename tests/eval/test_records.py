@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from eval.records import append_records, read_records, repair, sample_key, stable_hash, unique_by_key
+from dllm_decode.eval.harness.records import append_records, read_records, repair, sample_key, stable_hash, unique_by_key
 
 
 def test_torn_last_line_is_dropped_and_repaired(tmp_path):

@@ -1,4 +1,4 @@
-"""`eval.runner.evaluate` end to end on small grids: results, resume after a kill, summary numbers
+"""`dllm_decode.eval.harness.runner.evaluate` end to end on small grids: results, resume after a kill, summary numbers
 recomputed from samples.jsonl, ParallelBench's released layout."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from eval.grid import expand_grid
-from eval.records import read_records
-from eval.report import write_outputs
-from eval.runner import SAMPLES, diffusion_decoder, evaluate
-from eval.sources import select_tasks
-from eval.summary import summarize
+from dllm_decode.eval.harness.grid import expand_grid
+from dllm_decode.eval.harness.records import read_records
+from dllm_decode.eval.harness.report import write_outputs
+from dllm_decode.eval.harness.runner import SAMPLES, diffusion_decoder, evaluate
+from dllm_decode.eval.tasks.sources import select_tasks
+from dllm_decode.eval.harness.summary import summarize
 from tests.eval.answer_key import AnswerKeyModel
 
 GEN = 8

@@ -16,7 +16,7 @@ pytest.importorskip("dllm_decode.speculative")
 def _tiny_causal(directory, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from eval.tokenizer import load_tokenizer
+    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     torch.manual_seed(seed)

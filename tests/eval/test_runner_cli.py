@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
-from eval.records import read_records
+from dllm_decode.eval.harness.records import read_records
 
 REQUIRED = {"task", "scheduler", "params", "accuracy", "nfe", "tokens_per_step", "seconds"}
 

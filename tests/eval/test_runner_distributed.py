@@ -8,12 +8,12 @@ import socket
 import pytest
 import torch
 
-from eval import distributed
-from eval.grid import expand_grid
-from eval.records import read_records
-from eval.runner import SAMPLES, diffusion_decoder, evaluate
-from eval.sources import select_tasks
-from eval.summary import summarize
+from dllm_decode.eval.harness import distributed
+from dllm_decode.eval.harness.grid import expand_grid
+from dllm_decode.eval.harness.records import read_records
+from dllm_decode.eval.harness.runner import SAMPLES, diffusion_decoder, evaluate
+from dllm_decode.eval.tasks.sources import select_tasks
+from dllm_decode.eval.harness.summary import summarize
 from tests.eval.answer_key import AnswerKeyModel
 
 GEN = 8

@@ -1,8 +1,8 @@
-"""Leaderboard interpolation, oracle and theory points of `eval.summary`."""
+"""Leaderboard interpolation, oracle and theory points of `dllm_decode.eval.harness.summary`."""
 
 import pytest
 
-from eval.summary import max_tps_at, summarize, theory_point
+from dllm_decode.eval.harness.summary import max_tps_at, summarize, theory_point
 
 LLADA15_THRESHOLD = [(1.33, 86.4), (3.42, 83.8), (4.53, 77.5), (5.62, 68.3), (6.55, 57.9), (8.27, 47.2)]
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from eval.tasks import (LONG_LENGTHS, TASKS, WAITING_LINE, Example, load_released, score_released,
+from dllm_decode.eval.tasks import (LONG_LENGTHS, TASKS, WAITING_LINE, Example, load_released, score_released,
                         split_of)
-from eval.tasks.parse import parse_prompt
-from eval.tasks.puzzles import all_latin_squares, all_sudoku_grids, is_latin, solutions
-from eval.tasks.vocab import NAMES
+from dllm_decode.eval.tasks.parse import parse_prompt
+from dllm_decode.eval.tasks.puzzles import all_latin_squares, all_sudoku_grids, is_latin, solutions
+from dllm_decode.eval.tasks.vocab import NAMES
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from eval.theory import (fixed_step_partition, ideal_accuracy, latin_square_total_correlation,
+from dllm_decode.eval.theory.formulas import (fixed_step_partition, ideal_accuracy, latin_square_total_correlation,
                          list_task_total_correlation, replace_random_accuracy,
                          replace_random_total_correlation, shuffle_accuracy, shuffle_bound,
                          shuffle_total_correlation, task_total_correlation, threshold_partition,

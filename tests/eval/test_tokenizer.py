@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE
-from eval.tokenizer import EOS, MASK, PAD, UNK, build_tokenizer, load_tokenizer, save_tokenizer
+from dllm_decode.eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE
+from dllm_decode.eval.tasks.tokenizer import EOS, MASK, PAD, UNK, build_tokenizer, load_tokenizer, save_tokenizer
 
 
 @pytest.fixture(scope="module")

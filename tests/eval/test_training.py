@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from dllm_decode import load_model
-from eval.ideal import IdealModel
-from eval.tasks import TASKS
-from eval.training import ar, dllm
-from eval.tasks.puzzles import is_latin
-from eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, build_pool, causal_batch,
+from dllm_decode.eval.theory.ideal import IdealModel
+from dllm_decode.eval.tasks import TASKS
+from dllm_decode.eval.training import ar, dllm
+from dllm_decode.eval.tasks.puzzles import is_latin
+from dllm_decode.eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, build_pool, causal_batch,
                                 diffusion_batch, encode, step_rng)
-from eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
-from eval.training.loop import LoopConfig, train
+from dllm_decode.eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
+from dllm_decode.eval.training.loop import LoopConfig, train
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def test_ar_loss_goes_down_on_a_tiny_config(pool, tmp_path):
 
 
 def test_distilled_pool_holds_the_teachers_greedy_answers(pool, tmp_path, capsys):
-    from eval.training.evaluate import causal_generate
+    from dllm_decode.eval.training.evaluate import causal_generate
 
     torch.manual_seed(0)
     teacher = ar.LlamaForCausalLM(ar.model_config("tiny")).eval()

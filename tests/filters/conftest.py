@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from filters.mlp import save_mlp
+from dllm_decode.filters.mlp import save_mlp
 from tests.filters.helpers import step_mlp
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dllm_decode.interfaces import StepInput
-from filters.mlp import ConfidenceMLP
+from dllm_decode.filters.mlp import ConfidenceMLP
 
 ACCEPT_ABOVE = 0.75
 """`step_mlp` accepts (at threshold 0.96) exactly the slots whose confidence exceeds this."""

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
-from filters import LearnedFilter
+from dllm_decode.filters import LearnedFilter
 
 BASE = ["--model", "tiny", "--prompt", "w1 w2 w3", "--gen-length", "16", "--block-length", "8",
         "--scheduler", "low_confidence"]

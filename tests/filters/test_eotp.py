@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.interfaces import Decision
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from filters import EoTPFilter, LearnedFilter
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.filters import EoTPFilter, LearnedFilter
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 from tests.filters.helpers import EOS, make_input
 
 INF = float("inf")

@@ -2,8 +2,8 @@
 
 import torch
 
-from eval.training.filter import steps_from_trace
-from filters.features import SETTLED, block_confidence, slots_to_window
+from dllm_decode.eval.training.filter import steps_from_trace
+from dllm_decode.filters.features import SETTLED, block_confidence, slots_to_window
 
 INF = float("inf")
 

@@ -10,10 +10,10 @@ from dllm_decode import DecodeConfig, generate
 from dllm_decode.interfaces import Decision
 from dllm_decode.registry import build
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from eval.training.filter import StepData, collect, fit, metrics, train_filter
-from filters import FILTERS, LearnedFilter, load_mlp
-from filters.mlp import save_mlp
-from schedulers import LowConfidenceScheduler
+from dllm_decode.eval.training.filter import StepData, collect, fit, metrics, train_filter
+from dllm_decode.filters import FILTERS, LearnedFilter, load_mlp
+from dllm_decode.filters.mlp import save_mlp
+from dllm_decode.schedulers import LowConfidenceScheduler
 from tests.filters.helpers import make_input, step_mlp
 
 INF = float("inf")
@@ -161,7 +161,7 @@ def test_oracle_end_to_end_commits_the_accepted_then_one_per_step(step_weights, 
 @pytest.mark.slow
 def test_compare_table_has_every_configuration(step_weights):
     from dllm_decode.testing import tiny_llada_with_tokenizer
-    from eval.training.filter import compare
+    from dllm_decode.eval.training.filter import compare
 
     table = compare(tiny_llada_with_tokenizer(), per_task=1, gen_length=32, weights=step_weights(32))
     assert set(table) == {"low_confidence", "threshold_0.9", "learned", "learned+eotp",

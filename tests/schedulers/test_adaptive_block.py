@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada, tiny_tokenizer
-from schedulers import (AdaptiveBlockScheduler, EarlyCommitScheduler, LocalLeapScheduler,
+from dllm_decode.schedulers import (AdaptiveBlockScheduler, EarlyCommitScheduler, LocalLeapScheduler,
                         delimiter_ids, with_delimiters)
 from tests.schedulers.inputs import step_input
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from dllm_decode.cli import main
 from dllm_decode.config import component_dict
 from dllm_decode.registry import build
-from schedulers import (SCHEDULERS, AdaptiveBlockScheduler, CreditScheduler, EarlyCommitScheduler,
+from dllm_decode.schedulers import (SCHEDULERS, AdaptiveBlockScheduler, CreditScheduler, EarlyCommitScheduler,
                         KLASSScheduler, LocalLeapScheduler, ThresholdScheduler)
-from schedulers.columns import carry
+from dllm_decode.schedulers.columns import carry
 
 NAMES = {cls: name for name, cls in SCHEDULERS.items()}
 

@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.config import component_dict
 from dllm_decode.registry import build
 from dllm_decode.testing import tiny_llada
-from schedulers import SCHEDULERS
+from dllm_decode.schedulers import SCHEDULERS
 from tests.schedulers.inputs import clone, rows, same, step_input
 
 NAMES = sorted(SCHEDULERS)

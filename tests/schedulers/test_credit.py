@@ -9,7 +9,7 @@ import torch
 
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.testing import OracleMaskPredictor
-from schedulers import CreditScheduler, LocalLeapScheduler, ThresholdScheduler
+from dllm_decode.schedulers import CreditScheduler, LocalLeapScheduler, ThresholdScheduler
 from tests.schedulers.inputs import step_input
 
 ALPHA, BETA, GAMMA = 0.7, 0.8, 0.2

@@ -9,7 +9,7 @@ import torch
 
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.testing import OracleMaskPredictor
-from schedulers import EarlyCommitScheduler, LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import EarlyCommitScheduler, LowConfidenceScheduler, ThresholdScheduler
 from tests.schedulers.inputs import step_input
 
 VOCAB, MASK, EOS = 37, 36, 35

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from schedulers import KLASSScheduler, ThresholdScheduler
+from dllm_decode.schedulers import KLASSScheduler, ThresholdScheduler
 from tests.schedulers.inputs import step_input
 
 SETTLED = [0.95, 0.05, 0.0]

@@ -9,7 +9,7 @@ import torch
 
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
-from schedulers import LowConfidenceScheduler, OracleScheduler, oracle_reference
+from dllm_decode.schedulers import LowConfidenceScheduler, OracleScheduler, oracle_reference
 from tests.schedulers.inputs import step_input
 
 VOCAB, MASK, EOS = 37, 36, 35

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedulers import (EntropyBoundScheduler, FactorScheduler, LocalLeapScheduler,
+from dllm_decode.schedulers import (EntropyBoundScheduler, FactorScheduler, LocalLeapScheduler,
                         ThresholdScheduler)
 from tests.schedulers.inputs import step_input, with_confidence
 

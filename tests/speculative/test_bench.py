@@ -7,9 +7,9 @@ import math
 import pytest
 
 from dllm_decode.speculative import LookupDrafter, ModelDrafter
-from eval.bench_spec import (Config, measure, summarize, theory_speedup, theory_tokens,
+from dllm_decode.eval.bench.spec import (Config, measure, summarize, theory_speedup, theory_tokens,
                              tokens_per_call_by_task)
-from schedulers import LowConfidenceScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler
 
 
 @pytest.mark.parametrize("alpha,drafted,expected", [

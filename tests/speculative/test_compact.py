@@ -11,7 +11,7 @@ from dllm_decode.speculative import (CompactCausalLM, ModelDrafter, SpecConfig, 
                                      speculative_generate, with_runtime)
 from dllm_decode.speculative.compact import CompactCache, resolve_runtime
 from dllm_decode.speculative.kv import extend, feed, new_kv, rollback
-from schedulers import ThresholdScheduler
+from dllm_decode.schedulers import ThresholdScheduler
 from tests.speculative.conftest import VOCAB, MarkovLM, tiny_llama
 
 TOL = dict(atol=1e-4, rtol=1e-4)

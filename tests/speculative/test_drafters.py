@@ -8,7 +8,7 @@ import torch
 from dllm_decode.speculative import DiffusionDrafter, LookupDrafter, ModelDrafter, Sampling
 from dllm_decode.speculative.drafters.layerskip import layer_subset, parse_layers
 from dllm_decode.testing import OracleMaskPredictor
-from schedulers import ThresholdScheduler
+from dllm_decode.schedulers import ThresholdScheduler
 from tests.speculative.conftest import MarkovLM
 
 

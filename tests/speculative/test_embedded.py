@@ -14,7 +14,7 @@ from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, Heuristi
                                      ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)
 from dllm_decode.speculative.models import load_causal_lm
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 pytestmark = pytest.mark.skipif(
     not all((EMBEDDED_DIR / name / "config.json").is_file() for name in ("ar_target", "ar_draft")),

@@ -10,7 +10,7 @@ from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, Heuristi
                                      ModelDrafter, Sampling, SpecConfig, layerskip_drafter,
                                      speculative_generate)
 from dllm_decode.testing import tiny_llada
-from schedulers import FactorScheduler, LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import FactorScheduler, LowConfidenceScheduler, ThresholdScheduler
 from tests.speculative.conftest import VOCAB, perturbed, tiny_llama
 
 PROMPT = [3, 17, 5, 9, 3, 17, 5, 22, 9, 3]

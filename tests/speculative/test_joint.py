@@ -15,7 +15,7 @@ from scipy import stats
 from dllm_decode.speculative import loop as loop_module
 from dllm_decode.speculative import (HeuristicScheduler, LookupDrafter, ModelDrafter, Sampling,
                                      SpecConfig, speculative_generate)
-from schedulers import LowConfidenceScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler
 from tests.speculative.conftest import MarkovLM
 
 V, LENGTH, N = 3, 3, 2000

@@ -10,7 +10,7 @@ import torch
 from dllm_decode.speculative import (SPEC_SCHEDULERS, Draft, HeuristicScheduler, check_scheduler,
                                      draft_length)
 from dllm_decode.speculative.schedule import EarlyStop
-from schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
 
 V = 11
 

@@ -12,7 +12,7 @@ import torch
 from dllm_decode.speculative import (LookupDrafter, ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)
 from dllm_decode.speculative.gguf import gguf_path
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not gguf_path().is_file(), reason="SmolLM2 GGUF not fetched")]

@@ -2,12 +2,12 @@
 
 lm-eval finds models only through its registry, so run it through this module, which registers
 the model and then hands over to lm-eval's own command line (tested with lm_eval 0.4.13). The
-local tasks `dllm_copy` and `dllm_sort` (`eval/lm_eval_tasks/`, documents drawn from
-`eval.tasks`, no download) run offline from the repository root:
+local tasks `dllm_copy` and `dllm_sort` (`eval/harness/lm_eval_tasks/`, documents drawn from
+`dllm_decode.eval.tasks`, no download) run offline from the repository root:
 
-    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m eval.lm_eval_adapter --model dllm_decode \
+    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m dllm_decode.eval.harness.lm_eval_adapter --model dllm_decode \
         --model_args model=embedded,scheduler=threshold,scheduler.threshold=0.9,cache=prefix \
-        --tasks dllm_copy,dllm_sort --include_path eval/lm_eval_tasks --limit 10 \
+        --tasks dllm_copy,dllm_sort --include_path eval/harness/lm_eval_tasks --limit 10 \
         --device cpu --batch_size 4
 
 `--batch_size` and `--device` are lm-eval's own flags (it always passes them, so they cannot go
@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from eval.grid import Setting
-from eval.runner import generate_rows
+from dllm_decode.eval.harness.grid import Setting
+from dllm_decode.eval.harness.runner import generate_rows
 
 try:
     from lm_eval.api.model import LM as _LMBase

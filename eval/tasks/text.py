@@ -17,7 +17,7 @@ import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
-from eval.tasks import Example
+from dllm_decode.eval.tasks import Example
 
 TEXT_FILES = {
     "words_to_sentence/easy": "words_to_sentence/easy.jsonl",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from eval.tasks.vocab import INSTRUCTIONS, NAMES, NUMBERS, SYMBOLS
+from dllm_decode.eval.tasks.vocab import INSTRUCTIONS, NAMES, NUMBERS, SYMBOLS
 
 PAD, UNK, EOS, MASK = "[PAD]", "[UNK]", "<|endoftext|>", "<|mdm_mask|>"
 SPECIAL_TOKENS = (PAD, UNK, EOS, MASK)

@@ -1,6 +1,6 @@
 """Speculative decoding benchmark: every drafter and draft-length scheduler against plain AR greedy.
 
-    python -m eval.bench_spec [--json FILE] [--per-task N] [--repeats R] [--no-smollm2]
+    python -m dllm_decode.eval.bench.spec [--json FILE] [--per-task N] [--repeats R] [--no-smollm2]
 
 Two suites, each measured side by side in one run (the configurations of a suite decode the
 same prompts in a rotated order within every repeat, so load drifts on a shared machine hit all
@@ -42,8 +42,8 @@ from dllm_decode.speculative import (RUNTIMES, DiffusionDrafter, Drafter,
                                      SpecResult, layerskip_drafter, speculative_generate,
                                      with_runtime)
 from dllm_decode.speculative.models import load_causal_lm
-from eval.bench_measure import forward_timer
-from schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.eval.bench.measure import forward_timer
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 SMOLLM2_PROMPTS = (
     "Repeat the following sentence exactly, then translate it to French: The quick brown fox "
@@ -212,8 +212,8 @@ def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime:
                   log: Callable[[str], None]) -> dict:
     """The embedded suite with the target run by `runtime` (plain AR in that runtime is the
     baseline); drafts run compact, plus one transformers-run draft row for comparison."""
-    from eval.tasks import TASKS
-    from eval.tokenizer import SEPARATOR
+    from dllm_decode.eval.tasks import TASKS
+    from dllm_decode.eval.tasks.tokenizer import SEPARATOR
 
     target = with_runtime(loaded, runtime)
     draft = with_runtime(draft_hf, "auto")

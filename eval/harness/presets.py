@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from dllm_decode.interfaces import Filter, Scheduler
 from dllm_decode.registry import build
-from filters import FILTERS
-from schedulers import SCHEDULERS
+from dllm_decode.filters import FILTERS
+from dllm_decode.schedulers import SCHEDULERS
 
 Options = tuple[tuple[str, str], ...]
 
@@ -42,7 +42,7 @@ class Preset:
 
 
 EOTP = (("eotp", ()),)
-_TUNING = ("chosen from hand sweeps of each field through eval.bench_measure on 4 test examples per "
+_TUNING = ("chosen from hand sweeps of each field through dllm_decode.eval.bench.measure on 4 test examples per "
            "target task (seed 1), gen 256, block 32, embedded model ff4b214 (the sweep script was "
            "not kept; `dllm-decode bench --section stack` re-measures the chosen presets)")
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from eval.theory import (THEORY_TASKS, fixed_step_partition, ideal_accuracy, task_total_correlation,
+from dllm_decode.eval.theory.formulas import (THEORY_TASKS, fixed_step_partition, ideal_accuracy, task_total_correlation,
                          threshold_partition)
 
 LEVELS = (80.0, 75.0, 70.0)
@@ -75,7 +75,7 @@ def summarize(records: Sequence[dict[str, Any]], *, theory: bool = False,
     """The summary of a grid's records (see the module docstring).
 
     Args:
-        records: samples, in plan order (`eval.runner.evaluate`).
+        records: samples, in plan order (`dllm_decode.eval.harness.runner.evaluate`).
         theory: add the ideal model's closed-form accuracy where one exists (ideal model runs).
         skipped: messages about tasks left out.
         levels: accuracy levels (percent) of the leaderboard figure.

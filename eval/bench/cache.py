@@ -1,6 +1,6 @@
 """Benchmark the block KV caches side by side: `none` vs `prefix` vs `dual` in one run.
 
-    python -m eval.bench_cache [--json FILE] [--repeats 3] [--gen 256 512] [--batch 1 8]
+    python -m dllm_decode.eval.bench.cache [--json FILE] [--repeats 3] [--gen 256 512] [--batch 1 8]
 
 Setting (Fast-dLLM's published LLaDA runs, spec §4.7): block 32, the `threshold` scheduler at 0.9,
 greedy. Every configuration (generation length x batch size) runs each cache `--repeats` times,
@@ -8,7 +8,7 @@ interleaved (a rotating order inside each repeat, so load drifts on a shared mac
 cache alike); the figures are medians, and the speedups are ratios of those medians. Model: the
 embedded model when it is installed, else a random-weight LLaDA of the same size (labelled as
 such: a random model commits about one token per step, so its NFE is not a trained model's).
-Prompts and accuracy come from the task suite (`eval.tasks`) when the embedded model is used.
+Prompts and accuracy come from the task suite (`dllm_decode.eval.tasks`) when the embedded model is used.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode.cli import parse_filter_spec
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Cache
@@ -32,7 +32,7 @@ from dllm_decode.models.loading import ModelLoadError, load_model
 from dllm_decode.prompts import encode_prompts, left_pad
 from dllm_decode.registry import build
 from dllm_decode.sampler import generate
-from schedulers import ThresholdScheduler
+from dllm_decode.schedulers import ThresholdScheduler
 
 CACHE_NAMES = ("none", "prefix", "dual")
 """Compared in every run; `--variant` adds configured ones (e.g. `dual:prefix_look=1024`)."""
@@ -67,7 +67,7 @@ def load_bench_model(name: str = "embedded") -> Bench:
         return Bench(model.eval(), "RANDOM-WEIGHT LLaDA at the embedded size (embedded model not "
                                    "installed): d_model 256, 4 layers, vocab 128", None)
     try:
-        from eval.tasks import TASKS
+        from dllm_decode.eval.tasks import TASKS
     except ImportError:
         TASKS = None
     return Bench(model, f"{name} ({getattr(model, 'name_or_path', name)})", TASKS)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {values['accuracy']:5.1f}%  (same output as none: "
                   f"{values['agreement_with_none']:5.1f}%)  {name}")
     else:
-        print("accuracy: not measured (needs the embedded model and eval.tasks)")
+        print("accuracy: not measured (needs the embedded model and dllm_decode.eval.tasks)")
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump({"model": bench.label, "block_length": BLOCK, "threshold": args.threshold,

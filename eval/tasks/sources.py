@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.tasks import TASKS, WAITING_LINE, Example, load_released, score_released
-from eval.tasks.released import PUZZLE_FILES
-from eval.text_tasks import TEXT_FILES, load_text_task, missing_scorers, text_scorer
+from dllm_decode.eval.tasks import TASKS, WAITING_LINE, Example, load_released, score_released
+from dllm_decode.eval.tasks.released import PUZZLE_FILES
+from dllm_decode.eval.tasks.text import TEXT_FILES, load_text_task, missing_scorers, text_scorer
 
 DEFAULT_PER_TASK = 100
 PUZZLES = ("latin_square", "sudoku")

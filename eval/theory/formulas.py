@@ -122,7 +122,7 @@ def task_total_correlation(task: str, n: int | None) -> float | None:
 
 def fixed_step_partition(n: int, steps: int) -> tuple[int, ...]:
     """Sizes committed per step when n positions are spread over `steps` steps the LLaDA way
-    (ceil(m / steps left) each step, at least one): `schedulers.fixed_steps` on one block."""
+    (ceil(m / steps left) each step, at least one): `dllm_decode.schedulers.fixed_steps` on one block."""
     sizes, left = [], n
     for steps_left in range(steps, 0, -1):
         if left == 0:

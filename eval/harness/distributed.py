@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from eval.records import append_records, read_records, repair
+from dllm_decode.eval.harness.records import append_records, read_records, repair
 
 
 def init_from_env(device: str | None = None) -> tuple[int, int]:

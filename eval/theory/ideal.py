@@ -24,10 +24,10 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from eval.tasks.parse import parse_prompt
-from eval.tasks.puzzles import all_latin_squares, solutions
-from eval.tasks.waiting_line import OPS
-from eval.tokenizer import EOS, MASK, vocabulary
+from dllm_decode.eval.tasks.parse import parse_prompt
+from dllm_decode.eval.tasks.puzzles import all_latin_squares, solutions
+from dllm_decode.eval.tasks.waiting_line import OPS
+from dllm_decode.eval.tasks.tokenizer import EOS, MASK, vocabulary
 
 LOG_ZERO = -1e4
 """Log-probability of impossible tokens: exp() underflows to exactly 0 in float32."""

@@ -70,7 +70,7 @@ class Combo:
         cache: None for a full forward every step.
         filters: applied after the scheduler, in order.
         oracle: decode with the Learn2PD oracle whose reference is the chunk's output under the
-            `reference` combo (one token per step), as `schedulers.oracle` prescribes.
+            `reference` combo (one token per step), as `dllm_decode.schedulers.oracle` prescribes.
         reference: label of the combo whose outputs the oracle follows.
     """
 
@@ -130,7 +130,7 @@ def run_grid(model: Any, plans: Sequence[tuple[Combo, Sequence[Sequence[Sample]]
     rotated by r. Oracle combos follow the repeat-0 output of their reference combo on the same
     chunk index (decoded untimed first when the reference has not run yet).
     """
-    from schedulers import OracleScheduler
+    from dllm_decode.schedulers import OracleScheduler
 
     measured = {combo.label: Measured(combo) for combo, _ in plans}
     if len(measured) != len(plans):

@@ -16,12 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from caches import CACHES
+from dllm_decode.caches import CACHES
 from dllm_decode.config import DecodeConfig, component_dict
 from dllm_decode.registry import build
-from eval.records import stable_hash
-from filters import FILTERS
-from schedulers import SCHEDULERS
+from dllm_decode.eval.harness.records import stable_hash
+from dllm_decode.filters import FILTERS
+from dllm_decode.schedulers import SCHEDULERS
 
 TOKENS_PER_STEP = "tokens_per_step"
 GLOBAL_KEYS = ("block_length", "gen_length", "temperature")

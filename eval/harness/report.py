@@ -79,8 +79,8 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, the
     """`summary.json`, the plots and `report.md` for a grid's records; returns the summary."""
     import json
 
-    from eval.plots import plot_summary
-    from eval.summary import summarize
+    from dllm_decode.eval.harness.plots import plot_summary
+    from dllm_decode.eval.harness.summary import summarize
 
     out = Path(out_dir)
     summary = summarize(records, theory=theory, skipped=skipped, meta=meta)

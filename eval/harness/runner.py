@@ -3,7 +3,7 @@
 Work is cut into batches once, from the whole grid (setting x task x canvas length, in order),
 so a batch's rows and its random generator (seeded from the batch's identity) do not depend on
 how many processes share the work or on what an earlier run finished: batch b goes to rank
-b mod world. Each finished batch is appended to JSONL at once (`eval.records`); a re-run skips
+b mod world. Each finished batch is appended to JSONL at once (`dllm_decode.eval.harness.records`); a re-run skips
 samples already written. With several processes each rank writes `samples.rank<r>.jsonl` and rank
 0 merges them into `samples.jsonl`, then writes `summary.json`, `report.md` and the plots.
 """
@@ -21,14 +21,14 @@ from typing import Any
 import torch
 
 from dllm_decode.sampler import generate
-from eval import distributed
-from eval.grid import Setting
-from eval.progress import Progress
-from eval.records import (append_records, read_records, repair, sample_key, stable_hash,
+from dllm_decode.eval.harness import distributed
+from dllm_decode.eval.harness.grid import Setting
+from dllm_decode.eval.harness.progress import Progress
+from dllm_decode.eval.harness.records import (append_records, read_records, repair, sample_key, stable_hash,
                           unique_by_key)
-from eval.sources import TaskRun
-from schedulers.adaptive_block import with_delimiters
-from eval.tasks import Example
+from dllm_decode.eval.tasks.sources import TaskRun
+from dllm_decode.schedulers.adaptive_block import with_delimiters
+from dllm_decode.eval.tasks import Example
 
 SAMPLES = "samples.jsonl"
 
@@ -70,15 +70,15 @@ def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
 
 
 def ideal_decoder(noise: float = 1e-3) -> Decoder:
-    """Decode with ParallelBench's ideal model (`eval.ideal.IdealModel`, built per canvas length).
+    """Decode with ParallelBench's ideal model (`dllm_decode.eval.theory.ideal.IdealModel`, built per canvas length).
 
     Args:
         noise: std of the zero-mean logit noise (spec §2.2); a small value breaks the exact ties
             of uniform marginals at random, as the closed forms for greedy decoding assume. Its
             generator is drawn from the batch's, so runs repeat.
     """
-    from eval.ideal import IdealModel
-    from eval.tokenizer import load_tokenizer
+    from dllm_decode.eval.theory.ideal import IdealModel
+    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
 
@@ -182,8 +182,8 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
     Args:
         decoder: how a batch is decoded (`diffusion_decoder(model)`, `ideal_decoder()`).
         model_name: recorded in every sample and part of the configuration key.
-        settings: the grid (`eval.grid.expand_grid`).
-        runs: the tasks (`eval.sources.select_tasks`).
+        settings: the grid (`dllm_decode.eval.harness.grid.expand_grid`).
+        runs: the tasks (`dllm_decode.eval.tasks.sources.select_tasks`).
         out_dir: where `samples.jsonl` (and the rank shards) live.
         tokenizer: counts answer tokens for `gen_length=answer` canvases (None: words).
         batch_size: rows per decoder call.

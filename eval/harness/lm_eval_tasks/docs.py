@@ -11,7 +11,7 @@ from typing import Any
 
 
 def load(dllm_task: str, dllm_n: int = 50, dllm_seed: int = 0, **_: Any) -> Any:
-    """A `DatasetDict` with one `test` split of `dllm_n` examples of `eval.tasks.TASKS[dllm_task]`.
+    """A `DatasetDict` with one `test` split of `dllm_n` examples of `dllm_decode.eval.tasks.TASKS[dllm_task]`.
 
     Args:
         dllm_task: a task of the suite whose reference answer is the only right one (`copy`,
@@ -22,7 +22,7 @@ def load(dllm_task: str, dllm_n: int = 50, dllm_seed: int = 0, **_: Any) -> Any:
     """
     import datasets
 
-    from eval.tasks import TASKS
+    from dllm_decode.eval.tasks import TASKS
 
     rows = [{"prompt": ex.prompt, "answer": ex.answer}
             for ex in TASKS[dllm_task].examples("test", int(dllm_n), int(dllm_seed))]

@@ -10,7 +10,7 @@ overhead (share of wall-clock outside model forwards, timed by wrapping `forward
    without cache (`low_confidence`, LLaDA) and for the full stack (best scheduler + dual cache +
    EoTP).
 2. schedulers: every registered scheduler at its paper defaults, plus the tuned presets
-   (`eval.presets`), without cache, relative to one token per step and to the oracle.
+   (`dllm_decode.eval.harness.presets`), without cache, relative to one token per step and to the oracle.
 3. stack: cache and filter speedups, and the full stack against one token per step.
 4. oracle gap: how long tokens stay correct before one token per step commits them (traces).
 5. AR: plain greedy AR against AR + speculative decoding (`dllm_decode.speculative`).
@@ -35,7 +35,7 @@ import torch
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Scheduler
-from eval.bench_measure import Combo, Measured, Sample, chunked, decode_once, run_grid
+from dllm_decode.eval.bench.measure import Combo, Measured, Sample, chunked, decode_once, run_grid
 
 TARGET_TASKS = ("copy", "reverse", "sort", "insert_index", "remove_index", "replace_index", "sudoku")
 """The tasks the accuracy targets name (issue 9): copy, reverse, sort, the index variants, Sudoku."""
@@ -95,7 +95,7 @@ def load_subject(name: str) -> Subject:
     if name != "tiny":
         try:
             model = load_model(name)
-            from eval.tasks import TASKS
+            from dllm_decode.eval.tasks import TASKS
 
             return Subject(model, f"{name} ({getattr(model, 'name_or_path', name)})",
                            getattr(model, "tokenizer", None), TASKS)
@@ -162,8 +162,8 @@ def relative(rows: list[dict[str, Any]], base: str, suffix: str) -> None:
 def scheduler_combos(tokenizer: Any) -> list[Combo]:
     """Every registered scheduler at its defaults (the oracle following one token per step), and
     the tuned presets."""
-    from eval.presets import PRESETS
-    from schedulers import SCHEDULERS, with_delimiters
+    from dllm_decode.eval.harness.presets import PRESETS
+    from dllm_decode.schedulers import SCHEDULERS, with_delimiters
 
     combos = [Combo(BASELINE, SCHEDULERS[BASELINE]())]
     combos += [Combo(name, with_delimiters(cls(), tokenizer)) for name, cls in sorted(SCHEDULERS.items())
@@ -203,9 +203,9 @@ def stack_combos(best: Combo) -> list[Combo]:
     stack also runs with the suffix-only dual cache (`prefix_look` over the whole prefix, dInfer's
     vicinity refresh): short prompts make the prefix cheap to recompute, and its stale K/V is what
     costs this small model accuracy under the plain dual cache."""
-    from caches import DualCache, PrefixCache
-    from filters import EoTPFilter
-    from schedulers import LowConfidenceScheduler, ThresholdScheduler
+    from dllm_decode.caches import DualCache, PrefixCache
+    from dllm_decode.filters import EoTPFilter
+    from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
     out = [Combo(BASELINE, LowConfidenceScheduler())]
     for base in (Combo("threshold", ThresholdScheduler()), best):
@@ -249,7 +249,7 @@ def section_stack(subject: Subject, samples: list[Sample], o: Options, best: Com
 
 def section_loop(subject: Subject, samples: list[Sample], o: Options, stack: Combo) -> dict[str, Any]:
     """Overhead and tokens/s at each batch size: the same prompts, cut into batches of b."""
-    from schedulers import LowConfidenceScheduler
+    from dllm_decode.schedulers import LowConfidenceScheduler
 
     prompts = samples[:max(o.batch_sizes)]
     combos = [Combo(BASELINE, LowConfidenceScheduler()), stack]
@@ -270,9 +270,9 @@ def section_loop(subject: Subject, samples: list[Sample], o: Options, stack: Com
 
 
 def section_gap(subject: Subject, samples: list[Sample], o: Options) -> dict[str, Any]:
-    """Trace one token per step on the slice; summarize how long tokens wait (`eval.oracle_gap`)."""
-    from eval.oracle_gap import add_chunk, summarize
-    from schedulers import LowConfidenceScheduler
+    """Trace one token per step on the slice; summarize how long tokens wait (`dllm_decode.eval.bench.oracle_gap`)."""
+    from dllm_decode.eval.bench.oracle_gap import add_chunk, summarize
+    from dllm_decode.schedulers import LowConfidenceScheduler
 
     groups: dict[str, dict[str, list]] = {}
     combo = Combo(BASELINE, LowConfidenceScheduler())
@@ -407,7 +407,7 @@ def run(model_name: str = "embedded", options: Options = Options(), threads: int
 
 
 def _warmup() -> Scheduler:
-    from schedulers import ThresholdScheduler
+    from dllm_decode.schedulers import ThresholdScheduler
 
     return ThresholdScheduler()
 

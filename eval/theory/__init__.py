@@ -1,0 +1,1 @@
+"""Theory: ParallelBench's ideal analytic model and the accuracy curves it predicts."""
