@@ -1,23 +1,32 @@
-"""`DecodeConfig` (what to decode and how) and `DecodeResult` (what came out)."""
+"""`DecodeConfig` (how to decode: the one record) and `DecodeResult` (what came out)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from dllm_decode.interfaces import Scheduler
+from dllm_decode.interfaces import Cache, Filter, NoCache, Scheduler
+from dllm_decode.registry import component, component_dict
+
+PLAIN_FIELDS = ("gen_length", "block_length", "temperature", "stop_at_eos", "seed")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One decoding configuration. Change it with `dataclasses.replace`, never by mutation.
+    """How to decode, all of it: the record the CLI, eval, bench, presets, the lm-eval adapter
+    and the server build from, and the JSON every result carries. Change it with
+    `dataclasses.replace`, never by mutation.
 
     Attributes:
         scheduler: the unmasking policy (required: core never picks one; the CLI defaults to
             `threshold`).
+        cache: how the loop gets logits (default `NoCache()`: a full forward every step).
+        filters: applied after the scheduler, in order.
         gen_length: G, canvas length generated after the prompt.
         block_length: semi-autoregressive block length. Must divide `gen_length` unless the
             scheduler chooses its own block bounds (`Scheduler.chooses_block_bounds`).
@@ -25,11 +34,16 @@ class DecodeConfig:
             confidence still read from the clean softmax.
         stop_at_eos: once a finished block of a row contains an end-of-text token, fill the rest
             of that row with it and stop spending work on the row.
-        seed: seed the CLI and eval use to build the `torch.Generator` (library code never seeds
-            the global RNG).
+        seed: seeds the `torch.Generator` of a `generate` call that is given none (library code
+            never seeds the global RNG).
+    Raises:
+        ValueError: a value out of range, naming the field (`TypeError` for a part of the wrong
+            kind).
     """
 
     scheduler: Scheduler
+    cache: Cache = field(default_factory=NoCache)
+    filters: tuple[Filter, ...] = ()
     gen_length: int = 128
     block_length: int = 32
     temperature: float = 0.0
@@ -37,35 +51,63 @@ class DecodeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.scheduler, Scheduler):
-            raise ValueError(f"scheduler must be a Scheduler instance, got {type(self.scheduler).__name__}")
+        if not isinstance(self.filters, tuple):
+            object.__setattr__(self, "filters", tuple(self.filters))
+        for name, value, kind in (("scheduler", self.scheduler, Scheduler), ("cache", self.cache, Cache),
+                                  *(("filters", f, Filter) for f in self.filters)):
+            if not isinstance(value, kind):
+                raise TypeError(f"{name} must be a {kind.__name__} instance, got {type(value).__name__}")
+        for name in ("gen_length", "block_length", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
         if self.gen_length < 1:
             raise ValueError(f"gen_length must be >= 1, got {self.gen_length}")
         if self.block_length < 1:
             raise ValueError(f"block_length must be >= 1, got {self.block_length}")
         if self.block_length > self.gen_length:
             raise ValueError(f"block_length ({self.block_length}) must be <= gen_length ({self.gen_length})")
-        adaptive = getattr(self.scheduler, "chooses_block_bounds", False)
-        if not adaptive and self.gen_length % self.block_length:
+        if not self.scheduler.chooses_block_bounds and self.gen_length % self.block_length:
             raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
                              f"({self.block_length}) for fixed blocks")
-        if not 0.0 <= self.temperature <= 100.0:
+        if not 0 <= self.seed < 2 ** 63:
+            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
+            raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 100.0):
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
 
-    def to_dict(self, names: dict[type, str] | None = None) -> dict[str, Any]:
-        """JSON-ready: plain fields, and the scheduler as `{"name": ..., **its fields}`."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "scheduler"}
-        out["scheduler"] = component_dict(self.scheduler, names)
-        return out
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: each part as `{"name": registry name, field: value, ...}`, plain fields
+        as they are. `DecodeConfig.from_dict` reads it back."""
+        return {"scheduler": component_dict(self.scheduler), "cache": component_dict(self.cache),
+                "filters": [component_dict(f) for f in self.filters],
+                **{name: getattr(self, name) for name in PLAIN_FIELDS}}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DecodeConfig:
+        """Build from `to_dict` output or a hand-written equivalent: a part may be a registry
+        name, a `{"name": ..., field: value}` mapping (values may be text, dotted keys configure
+        nested parts) or an object; absent keys take the defaults (the scheduler is required).
 
-def component_dict(obj: Any, names: dict[type, str] | None = None) -> dict[str, Any]:
-    """A frozen-dataclass component as `{"name": registry name, field: value, ...}` (nested ok)."""
-    out: dict[str, Any] = {"name": (names or {}).get(type(obj), type(obj).__name__)}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        out[f.name] = component_dict(value, names) if dataclasses.is_dataclass(value) else value
-    return out
+        Raises:
+            ValueError: unknown keys, names or options, or a value out of range, naming it.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a decode config must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"scheduler", "cache", "filters", *PLAIN_FIELDS}
+        if unknown:
+            raise ValueError(f"unknown decode-config key(s) {sorted(unknown)}; valid: "
+                             f"{['scheduler', 'cache', 'filters', *PLAIN_FIELDS]}")
+        if "scheduler" not in data:
+            raise ValueError("a decode config needs a scheduler")
+        filters = data.get("filters", ())
+        if isinstance(filters, (str, Mapping)) or not isinstance(filters, (list, tuple)):
+            raise ValueError(f"filters must be a list, got {filters!r}")
+        parts = {"scheduler": component("scheduler", data["scheduler"]),
+                 "cache": component("cache", data.get("cache", "none")),
+                 "filters": tuple(component("filter", f) for f in filters)}
+        return cls(**parts, **{name: data[name] for name in PLAIN_FIELDS if name in data})
 
 
 @dataclass
@@ -74,13 +116,14 @@ class DecodeResult:
 
     Attributes:
         tokens: (B, G) generated canvas (end-of-text filled after the answer).
-        text: decoded answers up to the first end-of-text token (None without a tokenizer).
         nfe: forward passes each sample needed (cache refresh passes included).
-        tokens_per_step: G / nfe, ParallelBench's parallelism figure.
-        answer_tokens_per_step: tokens up to the first end-of-text / nfe.
+        answer_lengths: tokens before the first end-of-text, per sample.
         seconds: wall-clock of the whole call.
-        trace: per step, on request: `{"step", "block", "rows", "positions", "tokens",
-            "confidence"}` with canvas positions relative to the generation start.
+        text: decoded answers up to the first end-of-text token (None without a tokenizer).
+        trace: per step, on request: `{"rows", "offset", "commit", "tokens", "confidence",
+            "block_step"}`: the batch rows that took part, the window's first column relative to
+            the generation start, and (rows, window) tensors of the step's commits, the tokens
+            written, and the confidence of each eligible column (-inf elsewhere).
     """
 
     tokens: Tensor
@@ -92,8 +135,15 @@ class DecodeResult:
 
     @property
     def tokens_per_step(self) -> Tensor:
+        """G / NFE: ParallelBench's parallelism figure (the canvas, EOS padding included)."""
         return self.tokens.shape[1] / self.nfe.clamp_min(1).double()
 
     @property
     def answer_tokens_per_step(self) -> Tensor:
+        """Tokens up to the first end-of-text / NFE: the speed a reader of the answer sees."""
         return self.answer_lengths.double() / self.nfe.clamp_min(1).double()
+
+
+def replace(config: DecodeConfig, **changes: Any) -> DecodeConfig:
+    """`dataclasses.replace`, re-validated (the convenience the loop and eval use)."""
+    return dataclasses.replace(config, **changes)

@@ -1,7 +1,7 @@
 """Contracts between the loop and its parts: the model, schedulers, caches and filters.
 
-Nothing here is an implementation; `schedulers/`, `caches/`, `filters/` and `dllm_decode/models/`
-hold those. Shapes use the letters of `dllm_decode/__init__.py`; `W` is the width of the step's
+The only implementation here is `NoCache`, the exact default every decode starts from;
+`dllm_decode.schedulers`, `.caches`, `.filters` and `dllm_decode.models` hold the others. Shapes use the letters of `dllm_decode/__init__.py`; `W` is the width of the step's
 window (the canvas columns the step has logits for, see `StepInput`).
 """
 
@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from dllm_decode.ops import argmax_mask
 
 
 @runtime_checkable
@@ -68,6 +70,7 @@ class StepInput:
         generator: the request's random generator (for random scores), or None.
         eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
             instead of hard-coding them).
+        mask_id: the model's [MASK] id (never written).
     """
 
     step: int
@@ -84,17 +87,13 @@ class StepInput:
     live: Tensor
     generator: torch.Generator | None = None
     eos_ids: tuple[int, ...] = ()
+    mask_id: int = -1
 
     @property
     def columns(self) -> Tensor:
         """(W,) canvas column of each window column."""
         return torch.arange(self.offset, self.offset + self.is_masked.shape[1],
                             device=self.is_masked.device)
-
-    def in_block(self) -> Tensor:
-        """(B, W) bool, window columns inside each row's active block."""
-        cols = self.columns
-        return (cols >= self.block[:, :1]) & (cols < self.block[:, 1:])
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,21 @@ class Decision:
     tokens: Tensor | None = None
     finish: Tensor | None = None
     truncate_at: Tensor | None = None
+
+    def resolve(self, inp: StepInput) -> tuple[Tensor, Tensor]:
+        """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
+        written down; EoTP reads its final commits from here too): only eligible columns (an
+        all-in `finish` adds every masked column in view), never [MASK], and a row that has
+        eligible columns but commits none of them commits its most confident one (forced
+        progress)."""
+        tokens = inp.candidates if self.tokens is None else self.tokens
+        commit = self.commit & inp.eligible
+        if self.finish is not None:
+            commit = commit | (self.finish.unsqueeze(-1) & inp.is_masked)
+        commit = commit & (tokens != inp.mask_id)
+        stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1)
+        forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)
+        return commit | forced, torch.where(forced, inp.candidates, tokens)
 
 
 class Scheduler(abc.ABC):
@@ -199,6 +213,16 @@ class Cache(abc.ABC):
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return _index_rows(state, rows)
+
+
+@dataclass(frozen=True)
+class NoCache(Cache):
+    """No cache: a full forward over the whole canvas every step (the exact reference), logits
+    from the block start to the canvas end. Registered as the `none` cache."""
+
+    def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
+               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        return model(canvas, attention_mask, rows=(block[0], canvas.shape[1])), block[0], state
 
 
 def _index_rows(state: Any, rows: Tensor) -> Any:

@@ -48,3 +48,14 @@ def left_pad(ids: list[list[int]], gen_length: int, mask_id: int, pad_id: int,
         mask[b, :width - len(row)] = 0
     padded = any(len(row) < width for row in ids)
     return canvas.to(device), (mask.to(device) if padded else None)
+
+
+def chat_prompt(tokenizer: Any, prompt: str, enabled: bool = True) -> str:
+    """`prompt` as one user turn in the tokenizer's chat template, ready for the answer (the
+    form instruction-tuned checkpoints were trained on); unchanged when `enabled` is off or the
+    tokenizer has no template. Every command, eval, spec and the lm-eval adapter wrap prompts
+    here."""
+    if not enabled or tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                         add_generation_prompt=True, tokenize=False)

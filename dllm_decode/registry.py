@@ -4,19 +4,82 @@ A registry is a dict literal `name -> frozen dataclass` in each plugin package. 
 its own schema: options are its field names, parsed into the field's declared type. A field
 typed as a component (e.g. a wrapper's `base: Scheduler`) takes a registry name, and dotted
 options configure it: `-o base=local_leap -o base.kappa=0.8`.
+
+Serialised components (`component_dict`, `component`) name their registry entry. The registries
+live in the plugin packages; core finds them by the package names in `HOMES`, at first use, the
+way a plugin system discovers plugins, so that no core module depends on a plugin module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+HOMES: dict[str, tuple[str, str]] = {
+    "scheduler": ("dllm_decode.schedulers", "SCHEDULERS"),
+    "cache": ("dllm_decode.caches", "CACHES"),
+    "filter": ("dllm_decode.filters", "FILTERS"),
+    "draft_length": ("dllm_decode.speculative.schedule", "SPEC_SCHEDULERS"),
+}
+"""Kind of component -> (package, registry attribute). `draft_length` holds the AR-only rules."""
 
-def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any] | None = None) -> T:
+
+def registry(kind: str) -> Mapping[str, type]:
+    """The registry of one kind of component (`scheduler`, `cache`, `filter`, `draft_length`)."""
+    if kind not in HOMES:
+        raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
+    module, attribute = HOMES[kind]
+    return getattr(importlib.import_module(module), attribute)
+
+
+def name_of(obj: Any) -> str:
+    """The registry name of a component's class; its class name when it is not registered."""
+    for kind in HOMES:
+        for key, cls in registry(kind).items():
+            if type(obj) is cls:
+                return key
+    return type(obj).__name__
+
+
+def component_dict(obj: Any) -> dict[str, Any]:
+    """A frozen-dataclass component as `{"name": registry name, field: value, ...}`, nested
+    components (a wrapper's `base`) as nested dicts: the form `component` reads back."""
+    out: dict[str, Any] = {"name": name_of(obj)}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        out[f.name] = component_dict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def component(kind: str, spec: Any) -> Any:
+    """A component from a registry name, a `{"name": ..., field: value}` mapping (values typed or
+    as text, dotted keys for nested components), or an already built object (returned as is).
+
+    Raises:
+        ValueError: unknown name or option, a value that does not parse or is out of range; the
+            message names the kind.
+    """
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if not isinstance(spec, Mapping):
+        return spec
+    options = dict(spec)
+    name = options.pop("name", None)
+    entries = registry(kind)
+    if name not in entries:
+        raise ValueError(f"unknown {kind} {name!r}; choose from {sorted(entries)}")
+    try:
+        return build(entries, name, options)
+    except ValueError as err:
+        raise ValueError(f"{kind} {err}") from None
+
+
+def build(entries: Mapping[str, type[T]], name: str, options: Mapping[str, Any] | None = None) -> T:
     """Instantiate `registry[name]` with string (or already typed) option values.
 
     Raises:
@@ -24,9 +87,9 @@ def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any]
             that does not parse, or one the class's own validation rejects.
     """
     options = dict(options or {})
-    if name not in registry:
-        raise ValueError(f"unknown name {name!r}; choose from {sorted(registry)}")
-    cls = registry[name]
+    if name not in entries:
+        raise ValueError(f"unknown name {name!r}; choose from {sorted(entries)}")
+    cls = entries[name]
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     nested: dict[str, dict[str, Any]] = {}
@@ -43,7 +106,7 @@ def build(registry: Mapping[str, type[T]], name: str, options: Mapping[str, Any]
     for key in plain.keys() | nested.keys():
         annotation = hints[key]
         if _is_component(annotation):
-            kwargs[key] = _component(registry, cls, key, plain.get(key), nested.get(key, {}))
+            kwargs[key] = _component(entries, cls, key, plain.get(key), nested.get(key, {}))
         elif key in nested:
             raise ValueError(f"{name}: option {key!r} is not a component; drop the dotted part")
         else:
@@ -77,7 +140,11 @@ def _component(registry: Mapping[str, type[T]], cls: type, key: str, value: Any,
 
 
 def coerce(annotation: Any, value: Any) -> Any:
-    """Parse CLI text into a field's declared type (bool/int/float/str/tuple, optionally `| None`)."""
+    """Parse CLI text into a field's declared type (bool/int/float/str/tuple, optionally `| None`);
+    a JSON list becomes the tuple a tuple field declares."""
+    if typing.get_origin(annotation) is tuple and isinstance(value, list):
+        inner = typing.get_args(annotation)[0]
+        return tuple(coerce(inner, item) for item in value)
     if not isinstance(value, str):
         return value
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -112,11 +179,6 @@ def _name_of(registry: Mapping[str, type], obj: Any) -> str:
         if type(obj) is cls:
             return key
     raise ValueError(f"cannot name component {obj!r}")
-
-
-def name_of(registry: Mapping[str, type], obj: Any) -> str:
-    """The registry name of an object's class (for JSON output)."""
-    return _name_of(registry, obj)
 
 
 def describe(registry: Mapping[str, type]) -> list[tuple[str, str, list[tuple[str, str, Any]]]]:

@@ -1,7 +1,9 @@
 """`generate`: the one masked-denoising loop. Schedulers, caches and filters plug into it.
 
-Per step: get logits for the active window (cache), build the step's view (`StepInput`), let the
-scheduler and then each filter decide, enforce the invariants, write the commits. The invariants
+`Decoding` holds one batch of requests and advances it one denoising step at a time; `generate`
+steps it to the end. Per step: the cache gives logits for the active window, the step's view
+(`StepInput`) is built, the scheduler and then each filter decide, `Decision.resolve` applies the
+loop's rules, the commits are written, and one host sync updates the bookkeeping. The invariants
 hold for every scheduler, once, here: commits lie in the masked part of the row's active block
 (an "all-in" finish may fill every masked column it sees), every row with work commits at least
 one token per step, [MASK] is never written, committed tokens never change, every block ends with
@@ -13,31 +15,30 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.interfaces import Cache, Decision, DiffusionLM, Filter, StepInput
-from dllm_decode.ops import argmax_mask, gumbel_argmax, masked_scores
+from dllm_decode.interfaces import Decision, DiffusionLM, StepInput
+from dllm_decode.ops import gumbel_argmax, masked_scores
 from dllm_decode.prompts import encode_prompts, left_pad
 
 
 @torch.inference_mode()
 def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]],
-             config: DecodeConfig, *, cache: Cache | None = None, filters: Sequence[Filter] = (),
-             generator: torch.Generator | None = None, tokenizer: Any = None,
-             trace: bool = False) -> DecodeResult:
+             config: DecodeConfig, *, generator: torch.Generator | None = None,
+             tokenizer: Any = None, trace: bool = False) -> DecodeResult:
     """Decode a batch of prompts with masked denoising in semi-autoregressive blocks.
 
     Args:
         model: a DiffusionLM (see `dllm_decode.interfaces`).
         prompts: B strings (encoded with `tokenizer`, default `model.tokenizer`) or B token-id lists.
-        config: scheduler, lengths, temperature, EOS policy.
-        cache: how logits are obtained (default: a full forward every step).
-        filters: applied after the scheduler, in order.
-        generator: the only source of randomness (temperature > 0, random scores).
+        config: scheduler, cache, filters, lengths, temperature, EOS policy, seed.
+        generator: the only source of randomness (temperature > 0, random scores); default a
+            generator seeded with `config.seed`.
         tokenizer: for string prompts and decoded text.
         trace: record which positions were committed at which step with which confidence.
     Returns:
@@ -45,124 +46,160 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     Raises:
         ValueError: empty prompt, prompt plus generation longer than the model's context.
     """
-    started = time.perf_counter()
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    ids = encode_prompts(prompts, tokenizer)
-    limit = getattr(model, "max_length", None)
-    longest = max(len(row) for row in ids)
-    if limit is not None and longest + config.gen_length > limit:
-        raise ValueError(f"prompt ({longest} tokens) + gen_length ({config.gen_length}) exceeds the "
-                         f"model's context of {limit} tokens")
-    device = _device_of(model)
-    eos_ids = tuple(model.eos_token_ids)
-    canvas, attention_mask = left_pad(ids, config.gen_length, model.mask_token_id, eos_ids[0], device)
-    run = _Run(model, config, cache, tuple(filters), generator, canvas, attention_mask, trace)
-    run.decode()
-    tokens = run.out[:, canvas.shape[1] - config.gen_length:].cpu()
-    is_eos = torch.isin(tokens, torch.tensor(eos_ids))
-    answer_lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), tokens.shape[1])
-    text = None
-    if tokenizer is not None:
-        text = [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
-                for row, n in zip(tokens, answer_lengths.tolist())]
-    return DecodeResult(tokens=tokens, nfe=run.nfe.cpu(), answer_lengths=answer_lengths,
-                        seconds=time.perf_counter() - started, text=text,
-                        trace=run.trace if trace else None)
+    decoding = Decoding(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
+    while not decoding.finished:
+        decoding.step()
+    return decoding.result()
 
 
-def _device_of(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device(getattr(model, "device", "cpu"))
+@dataclass
+class _Rows:
+    """Tensors of the rows still decoding; a finished row leaves (its canvas is kept in `out`)."""
+
+    x: Tensor                        # (b, L) canvas
+    attention_mask: Tensor | None    # (b, L), None while no row is padded or truncated
+    index: Tensor                    # (b,) the row's place in the request batch
+
+    def keep(self, kept: Tensor) -> _Rows:
+        mask = None if self.attention_mask is None else self.attention_mask[kept]
+        return _Rows(self.x[kept], mask, self.index[kept])
 
 
-class _Run:
-    """State of one `generate` call. Working tensors hold only the rows still decoding."""
+@dataclass
+class _Blocks:
+    """Host-side bounds of the rows still decoding: the active block `[start, end)` and the end
+    of the generation region (it shrinks when a row is truncated)."""
 
-    def __init__(self, model, config: DecodeConfig, cache: Cache | None, filters: tuple[Filter, ...],
-                 generator, canvas: Tensor, attention_mask: Tensor | None, trace: bool):
-        self.model, self.config, self.cache, self.filters = model, config, cache, filters
-        self.generator = generator
-        self.mask_id = model.mask_token_id
-        self.eos_ids = torch.tensor(tuple(model.eos_token_ids), device=canvas.device)
+    start: list[int]
+    end: list[int]
+    gen_end: list[int]
+
+    def advance(self, block_length: int) -> None:
+        """Every row moves on to its next block."""
+        self.start = list(self.end)
+        self.end = [min(s + block_length, g) for s, g in zip(self.start, self.gen_end)]
+
+    def keep(self, kept: list[int]) -> _Blocks:
+        return _Blocks(*([values[i] for i in kept] for values in (self.start, self.end, self.gen_end)))
+
+    @property
+    def budget(self) -> int:
+        """The phase's step budget, fixed when the bounds are set: a truncation inside a block
+        shrinks the block but not the budget, so fixed-step schedules keep their per-step counts
+        (and the step cap cannot fire on steps already taken)."""
+        return max(e - s for s, e in zip(self.start, self.end))
+
+
+class Decoding:
+    """One batch of requests under one `DecodeConfig`, advanced by `step()` until `finished`.
+
+    All rows decode their current block in lockstep (a phase); a row whose block is done waits,
+    with no eligible column, for the others. Rows leave the batch when their generation region
+    has no mask left or when they stop at an end-of-text token.
+    """
+
+    def __init__(self, model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]],
+                 config: DecodeConfig, *, generator: torch.Generator | None = None,
+                 tokenizer: Any = None, trace: bool = False):
+        self.started = time.perf_counter()
+        self.model, self.config = model, config
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        ids = encode_prompts(prompts, self.tokenizer)
+        limit = getattr(model, "max_length", None)
+        longest = max(len(row) for row in ids)
+        if limit is not None and longest + config.gen_length > limit:
+            raise ValueError(f"prompt ({longest} tokens) + gen_length ({config.gen_length}) exceeds "
+                             f"the model's context of {limit} tokens")
+        device = _device_of(model)
+        self.eos_ids = tuple(model.eos_token_ids)
+        self.eos = torch.tensor(self.eos_ids, device=device)
+        canvas, attention_mask = left_pad(ids, config.gen_length, model.mask_token_id, self.eos_ids[0],
+                                          device)
         batch, width = canvas.shape
         self.gen_start = width - config.gen_length
-        self.out = canvas.clone()                       # finished rows are written back here
-        self.x, self.attention_mask = canvas, attention_mask
-        self.rows = torch.arange(batch, device=canvas.device)    # original index of each working row
-        self.nfe = torch.zeros(batch, dtype=torch.long, device=canvas.device)   # counted on device
-        self.gen_end = [width] * batch                  # shrinks under truncation (EoTP)
-        self.start = [self.gen_start] * batch
-        self.end = [self.gen_start] * batch
-        self.wide = config.scheduler.view == "rest" or any(f.view == "rest" for f in filters)
-        self.trace: list[dict[str, Any]] = []
-        self.record = trace
-        self.sched_state = config.scheduler.init_state(batch, canvas.device)
-        self.cache_state = cache.init_state(model) if cache is not None else None
-        self.columns = torch.arange(width, device=canvas.device)
-        self.gen_region = self.columns >= self.gen_start
-        self.mask_column = torch.tensor([self.mask_id], device=canvas.device)
-        self._bounds_memo: dict[str, tuple[Any, Tensor]] = {}
+        self.generator = generator if generator is not None else \
+            torch.Generator(device=device).manual_seed(config.seed)
+        self.out = canvas.clone()                            # every row's final canvas
+        self.nfe = torch.zeros(batch, dtype=torch.long, device=device)     # counted on device
+        self.rows = _Rows(canvas, attention_mask, torch.arange(batch, device=device))
+        self.blocks = _Blocks([self.gen_start] * batch, [self.gen_start] * batch, [width] * batch)
+        self.block_step = 0
+        self.budget = 0
+        self.wide = config.scheduler.view == "rest" or any(f.view == "rest" for f in config.filters)
+        self.scheduler_state = config.scheduler.init_state(batch, device)
+        self.cache_state = config.cache.init_state(model)
+        self.columns = torch.arange(width, device=device)
+        self.mask_column = torch.tensor([model.mask_token_id], device=device)
+        self.trace: list[dict[str, Any]] | None = [] if trace else None
+        self._memo: dict[str, tuple[Any, Tensor]] = {}
 
-    # -- phases: every working row decodes its next block; the phase ends when all are done --
-    def decode(self) -> None:
-        while self.x.shape[0]:
-            self.start = list(self.end)
-            self.end = [min(s + self.config.block_length, g) for s, g in zip(self.start, self.gen_end)]
-            self.budget = self._block_budget()
-            self._decode_block()
+    @property
+    def finished(self) -> bool:
+        return self.rows.x.shape[0] == 0
 
-    def _decode_block(self) -> None:
-        block_step = 0
-        while True:
-            inp, decision = self._decide(self._step_input(block_step), block_step)
-            has_work, gen_end = self._apply(inp, decision)
-            if self._bookkeep(has_work, gen_end):
-                return
-            block_step += 1
-            if block_step > self.budget + 1:
-                raise RuntimeError("a block still has masks after one step per position: a "
-                                   "scheduler or filter broke the progress rule")
+    def step(self) -> None:
+        """One denoising step of every row still decoding (one forward pass)."""
+        if self.block_step == 0:
+            self.blocks.advance(self.config.block_length)
+            self.budget = self.blocks.budget
+        inp = self._step_input()
+        inp, decision = self._decide(inp)
+        worked, gen_end = self._write(inp, decision)
+        self._bookkeep(worked, gen_end)
 
-    def _logits(self, block_step: int) -> tuple[Tensor, int]:
-        lo, hi = min(self.start), max(self.end)
-        if self.cache is None:
-            stop = self.x.shape[1] if self.wide else hi
-            return self.model(self.x, self.attention_mask, rows=(lo, stop)), lo
-        logits, offset, self.cache_state = self.cache.logits(
-            self.model, self.x, self.attention_mask, (lo, hi), block_step, self.cache_state)
+    def result(self) -> DecodeResult:
+        tokens = self.out[:, self.gen_start:].cpu()
+        is_eos = torch.isin(tokens, torch.tensor(self.eos_ids))
+        answer_lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), tokens.shape[1])
+        text = None
+        if self.tokenizer is not None:
+            text = [self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
+                    for row, n in zip(tokens, answer_lengths.tolist())]
+        return DecodeResult(tokens=tokens, nfe=self.nfe.cpu(), answer_lengths=answer_lengths,
+                            seconds=time.perf_counter() - self.started, text=text, trace=self.trace)
+
+    # -- tensor work ---------------------------------------------------------------------------
+
+    def _logits(self) -> tuple[Tensor, int]:
+        """Logits for the active window: the phase's blocks, or everything after the earliest
+        block start for `view = "rest"` rules (where the cache computed it)."""
+        lo, hi = min(self.blocks.start), max(self.blocks.end)
+        logits, offset, self.cache_state = self.config.cache.logits(
+            self.model, self.rows.x, self.rows.attention_mask, (lo, hi), self.block_step,
+            self.cache_state)
         if not self.wide and offset + logits.shape[1] > hi:
             logits = logits[:, :hi - offset]
         return logits, offset
 
-    def _bounds(self, name: str, key: tuple, rows: Any) -> Tensor:
-        """A (B, 2) device tensor of host-side bounds, rebuilt only when `key` changes (bounds
+    def _bounds(self, name: str, key: tuple, value: Any) -> Tensor:
+        """A (b, 2) device tensor of host-side bounds, rebuilt only when `key` changes (bounds
         change at block starts and row drops, not every step)."""
-        cached = self._bounds_memo.get(name)
+        cached = self._memo.get(name)
         if cached is None or cached[0] != key:
-            cached = (key, torch.tensor(rows, dtype=torch.long, device=self.x.device))
-            self._bounds_memo[name] = cached
+            cached = (key, torch.tensor(value, dtype=torch.long, device=self.rows.x.device))
+            self._memo[name] = cached
         return cached[1]
 
     def _block(self) -> Tensor:
-        """(B, 2) each working row's active block `[start, end)`."""
-        return self._bounds("block", (tuple(self.start), tuple(self.end)), list(zip(self.start, self.end)))
+        """(b, 2) each row's active block `[start, end)`."""
+        b = self.blocks
+        return self._bounds("block", (tuple(b.start), tuple(b.end)), list(zip(b.start, b.end)))
 
-    def _step_input(self, block_step: int) -> StepInput:
-        logits, offset = self._logits(block_step)
+    def _step_input(self) -> StepInput:
+        logits, offset = self._logits()
         block = self._block()
-        gen_span = self._bounds("gen_span", tuple(self.gen_end), [[self.gen_start, g] for g in self.gen_end])
-        window = self.x[:, offset:offset + logits.shape[1]]
-        is_masked = window == self.mask_id
-        cols = self.columns[offset:offset + logits.shape[1]]
-        eligible = is_masked & (cols >= block[:, :1]) & (cols < block[:, 1:])
+        gen_end = self.blocks.gen_end
+        gen_span = self._bounds("gen_span", tuple(gen_end), [[self.gen_start, g] for g in gen_end])
+        window = self.rows.x[:, offset:offset + logits.shape[1]]
+        is_masked = window == self.model.mask_token_id
+        columns = self.columns[offset:offset + logits.shape[1]]
+        eligible = is_masked & (columns >= block[:, :1]) & (columns < block[:, 1:])
         inp = self._view(logits, StepInput(
-            step=block_step, num_steps=self.budget,
-            offset=offset, block=block, gen_span=gen_span, is_masked=is_masked, eligible=eligible,
-            candidates=window, confidence=eligible.float(), probs=logits, logits=logits,
-            live=eligible.any(-1), generator=self.generator, eos_ids=tuple(self.model.eos_token_ids)))
-        processed, self.sched_state = self.config.scheduler.process_logits(inp, self.sched_state)
+            step=self.block_step, num_steps=self.budget, offset=offset, block=block,
+            gen_span=gen_span, is_masked=is_masked, eligible=eligible, candidates=window,
+            confidence=eligible.float(), probs=logits, logits=logits, live=eligible.any(-1),
+            generator=self.generator, eos_ids=self.eos_ids, mask_id=self.model.mask_token_id))
+        processed, self.scheduler_state = self.config.scheduler.process_logits(inp, self.scheduler_state)
         return inp if processed is None else self._view(processed, inp)
 
     def _view(self, logits: Tensor, inp: StepInput) -> StepInput:
@@ -174,98 +211,98 @@ class _Run:
         return dataclasses.replace(inp, logits=logits, probs=probs, candidates=candidates,
                                    confidence=masked_scores(confidence, inp.eligible))
 
-    def _decide(self, inp: StepInput, block_step: int) -> tuple[StepInput, Decision]:
+    def _decide(self, inp: StepInput) -> tuple[StepInput, Decision]:
         scheduler = self.config.scheduler
-        if block_step == 0:
-            ends, self.sched_state = scheduler.block_end(inp, self.sched_state)
+        if self.block_step == 0:
+            ends, self.scheduler_state = scheduler.block_end(inp, self.scheduler_state)
             if ends is not None:
-                self.end = [max(s + 1, min(int(e), g)) for s, e, g in
-                            zip(self.start, ends.tolist(), self.gen_end)]
+                b = self.blocks
+                b.end = [max(s + 1, min(int(e), g)) for s, e, g in zip(b.start, ends.tolist(), b.gen_end)]
+                self.budget = b.budget
                 inp = self._rebound(inp)
-        decision, self.sched_state = scheduler.select(inp, self.sched_state)
-        for f in self.filters:
+        decision, self.scheduler_state = scheduler.select(inp, self.scheduler_state)
+        for f in self.config.filters:
             decision = f(inp, decision)
         return inp, decision
 
     def _rebound(self, inp: StepInput) -> StepInput:
+        """The step's view with the block ends a scheduler just chose."""
         block = self._block()
-        eligible = inp.is_masked & ((inp.columns >= block[:, :1]) & (inp.columns < block[:, 1:]))
+        eligible = inp.is_masked & (inp.columns >= block[:, :1]) & (inp.columns < block[:, 1:])
         confidence = masked_scores(inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1), eligible)
-        self.budget = self._block_budget()
         return dataclasses.replace(inp, block=block, eligible=eligible, confidence=confidence,
                                    live=eligible.any(-1), num_steps=self.budget)
 
-    def _block_budget(self) -> int:
-        """The block's step budget, fixed when its bounds are set: a truncation (EoTP) inside the
-        block shrinks the block but not the budget, so fixed-step schedules keep their per-step
-        counts (and the step cap cannot fire on steps already taken)."""
-        return max(e - s for s, e in zip(self.start, self.end))
-
-    def _apply(self, inp: StepInput, decision: Decision) -> tuple[Tensor, Tensor]:
-        """Enforce the invariants and write the commits. Returns (B,) rows that worked and gen ends."""
-        tokens = inp.candidates if decision.tokens is None else decision.tokens
-        commit = decision.commit & inp.eligible
-        if decision.finish is not None:                 # all-in: every masked column in view
-            commit = commit | (decision.finish.unsqueeze(-1) & inp.is_masked)
-        commit = commit & (tokens != self.mask_id)
-        stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1)
-        forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)
-        tokens = torch.where(forced, inp.candidates, tokens)
-        commit = commit | forced
-        window = self.x[:, inp.offset:inp.offset + commit.shape[1]]
-        self.x[:, inp.offset:inp.offset + commit.shape[1]] = torch.where(commit, tokens, window)
+    def _write(self, inp: StepInput, decision: Decision) -> tuple[Tensor, Tensor]:
+        """Write the resolved commits. Returns (b,) rows that worked and their generation ends."""
+        commit, tokens = decision.resolve(inp)
+        x = self.rows.x
+        columns = slice(inp.offset, inp.offset + commit.shape[1])
+        x[:, columns] = torch.where(commit, tokens, x[:, columns])
         gen_end = inp.gen_span[:, 1]
         if decision.truncate_at is not None:
             gen_end = self._truncate(torch.minimum(gen_end, decision.truncate_at))
-        if self.record:
-            self.trace.append({"rows": self.rows.cpu(), "offset": inp.offset - self.gen_start,
+        if self.trace is not None:
+            self.trace.append({"rows": self.rows.index.cpu(), "offset": inp.offset - self.gen_start,
                                "commit": commit.cpu(), "tokens": tokens.cpu(),
                                "confidence": inp.confidence.cpu(), "block_step": inp.step})
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         return inp.live | finish, gen_end
 
     def _truncate(self, truncate_at: Tensor) -> Tensor:
-        """Positions at or after `truncate_at` become end-of-text and are never attended again."""
+        """Columns at or after `truncate_at` become end-of-text and are never attended again."""
         truncate_at = truncate_at.clamp_min(self.gen_start)
         cut = self.columns >= truncate_at.unsqueeze(-1)
-        self.x = torch.where(cut, self.eos_ids[0], self.x)
-        if self.attention_mask is None:
-            self.attention_mask = torch.ones_like(self.x)
-        self.attention_mask = self.attention_mask.masked_fill(cut, 0)
+        rows = self.rows
+        rows.x = torch.where(cut, self.eos_ids[0], rows.x)
+        mask = torch.ones_like(rows.x) if rows.attention_mask is None else rows.attention_mask
+        rows.attention_mask = mask.masked_fill(cut, 0)
         return truncate_at
 
-    def _bookkeep(self, has_work: Tensor, gen_end: Tensor) -> bool:
-        """The step's single host sync; drops finished rows. Returns True when the phase is over."""
+    # -- host bookkeeping ----------------------------------------------------------------------
+
+    def _bookkeep(self, worked: Tensor, gen_end: Tensor) -> None:
+        """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
+        rows, and end the phase when no row has a mask left in its block."""
+        rows, blocks = self.rows, self.blocks
         block = self._block()
         in_block = (self.columns >= block[:, :1]) & (self.columns < block[:, 1:])
-        still = self.x == self.mask_id
-        self.nfe.index_add_(0, self.rows, has_work.long())
-        block_left, gen_left, block_eos, gen_end = torch.stack([
-            (still & in_block).any(-1).long(), (still & self.gen_region).any(-1).long(),
-            (torch.isin(self.x, self.eos_ids) & in_block).any(-1).long(), gen_end,
+        still = rows.x == self.model.mask_token_id
+        self.nfe.index_add_(0, rows.index, worked.long())
+        block_left, gen_left, block_eos, gen_end_list = torch.stack([
+            (still & in_block).any(-1).long(), (still & (self.columns >= self.gen_start)).any(-1).long(),
+            (torch.isin(rows.x, self.eos) & in_block).any(-1).long(), gen_end,
         ]).tolist()                                      # the one host sync of the step
-        self.gen_end = gen_end
-        self.end = [min(e, g) for e, g in zip(self.end, gen_end)]
-        eos_stop = [bool(self.config.stop_at_eos and not left and eos) for left, eos in zip(block_left, block_eos)]
-        done = [not g or stop for g, stop in zip(gen_left, eos_stop)]
-        if any(eos_stop):
-            after = self.columns >= torch.tensor(self.end, device=self.x.device).unsqueeze(-1)
-            stop_rows = torch.tensor(eos_stop, device=self.x.device).unsqueeze(-1)
-            self.x = torch.where(after & stop_rows, self.eos_ids[0], self.x)
+        blocks.gen_end = gen_end_list
+        blocks.end = [min(e, g) for e, g in zip(blocks.end, gen_end_list)]
+        stops = [bool(self.config.stop_at_eos and not left and eos) for left, eos in zip(block_left, block_eos)]
+        if any(stops):                     # the rest of a stopped row is end-of-text
+            after = self.columns >= torch.tensor(blocks.end, device=rows.x.device).unsqueeze(-1)
+            stopped = torch.tensor(stops, device=rows.x.device).unsqueeze(-1)
+            rows.x = torch.where(after & stopped, self.eos_ids[0], rows.x)
+        done = [not left or stop for left, stop in zip(gen_left, stops)]
+        phase_over = not any(left for left, d in zip(block_left, done) if not d)
         if any(done):
-            self._drop([i for i, d in enumerate(done) if d])
-        return not any(left for left, d in zip(block_left, done) if not d)
+            self._drop(done)
+        self.block_step = 0 if phase_over else self.block_step + 1
+        if self.block_step > self.budget + 1:
+            raise RuntimeError("a block still has masks after one step per position: a scheduler "
+                               "or filter broke the progress rule")
 
-    def _drop(self, finished: list[int]) -> None:
-        gone = torch.tensor(finished, device=self.x.device)
-        self.out[self.rows[gone]] = self.x[gone]
-        keep_list = [i for i in range(self.x.shape[0]) if i not in set(finished)]
-        keep = torch.tensor(keep_list, dtype=torch.long, device=self.x.device)
-        self.x, self.rows = self.x[keep], self.rows[keep]
-        if self.attention_mask is not None:
-            self.attention_mask = self.attention_mask[keep]
-        for name in ("start", "end", "gen_end"):
-            setattr(self, name, [getattr(self, name)[i] for i in keep_list])
-        self.sched_state = self.config.scheduler.select_rows(self.sched_state, keep)
-        if self.cache is not None:
-            self.cache_state = self.cache.select_rows(self.cache_state, keep)
+    def _drop(self, done: list[bool]) -> None:
+        """Finished rows leave the batch; their canvases go to `out` in their request slots."""
+        gone = torch.tensor([i for i, d in enumerate(done) if d], device=self.rows.x.device)
+        self.out[self.rows.index[gone]] = self.rows.x[gone]
+        kept_list = [i for i, d in enumerate(done) if not d]
+        kept = torch.tensor(kept_list, dtype=torch.long, device=self.rows.x.device)
+        self.rows = self.rows.keep(kept)
+        self.blocks = self.blocks.keep(kept_list)
+        self.scheduler_state = self.config.scheduler.select_rows(self.scheduler_state, kept)
+        self.cache_state = self.config.cache.select_rows(self.cache_state, kept)
+
+
+def _device_of(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device(getattr(model, "device", "cpu"))

@@ -30,9 +30,9 @@ class EoTPFilter(Filter):
     probability >= `eos_threshold` truncates the row right after the most confident such
     column; that column itself stays masked and is decoded as usual.
 
-    Put it last in the filter list: it reads the step's final commits. It also makes the loop's
-    forced progress explicit (a row that commits nothing commits its most confident eligible
-    column, exactly as the loop would), so a forced EOS truncates in the same step.
+    Put it last in the filter list: it reads the step's final commits (`Decision.resolve`, the
+    loop's own rules, forced progress included), so a forced EOS truncates in the same step, and
+    returns them resolved.
 
     Attributes:
         mode: `committed` or `predicted`.
@@ -56,16 +56,8 @@ class EoTPFilter(Filter):
         return "rest" if self.mode == "predicted" else "block"
 
     def __call__(self, inp: StepInput, decision: Decision) -> Decision:
-        tokens = inp.candidates if decision.tokens is None else decision.tokens
-        commit = decision.commit & inp.eligible
-        if decision.finish is not None:
-            commit = commit | (decision.finish.unsqueeze(-1) & inp.is_masked)
-        stalled = inp.eligible.any(-1) & ~commit.any(-1)
-        forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)
-        commit = commit | forced
-        tokens = torch.where(forced, inp.candidates, tokens)
-        eos = self._is_eos(inp, tokens)
-        cut = _after_first(commit & eos, inp.offset)
+        commit, tokens = decision.resolve(inp)
+        cut = _after_first(commit & self._is_eos(inp, tokens), inp.offset)
         if self.mode == "predicted":
             predicted = inp.is_masked & ~commit & self._is_eos(inp, inp.candidates)
             p_eos = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1)
@@ -75,9 +67,7 @@ class EoTPFilter(Filter):
         truncate_at = torch.minimum(cut, inp.gen_span[:, 1])
         if decision.truncate_at is not None:
             truncate_at = torch.minimum(truncate_at, decision.truncate_at)
-        return dataclasses.replace(decision, commit=decision.commit | forced,
-                                   tokens=None if decision.tokens is None else tokens,
-                                   truncate_at=truncate_at)
+        return dataclasses.replace(decision, commit=commit, tokens=tokens, truncate_at=truncate_at)
 
     @staticmethod
     def _is_eos(inp: StepInput, tokens: Tensor) -> Tensor:

@@ -6,6 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
+from dllm_decode.config import DecodeConfig
 
 TINY = ["--model", "tiny", "--gen-length", "16", "--block-length", "8"]
 
@@ -18,8 +19,9 @@ def test_json_output_has_the_documented_fields():
     result = run(*TINY, "--prompt", "w1 w2 w3", "--json", "-o", "threshold=0.8")
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    assert {"text", "nfe", "tokens_per_step", "seconds", "scheduler", "model", "cache"} <= out.keys()
-    assert out["scheduler"] == {"name": "threshold", "threshold": 0.8}
+    assert {"text", "nfe", "tokens_per_step", "answer_tokens_per_step", "seconds", "model", "config"} <= out.keys()
+    assert DecodeConfig.from_dict(out["config"]).to_dict() == out["config"]
+    assert out["config"]["scheduler"] == {"name": "threshold", "threshold": 0.8}
     assert out["model"] == "tiny" and out["nfe"] >= 2
     assert out["tokens_per_step"] == pytest.approx(16 / out["nfe"])
 
@@ -38,7 +40,7 @@ def test_list_shows_every_registry_with_defaults():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--scheduler", "nope"], "'nope' is not one of"),
+    (["--scheduler", "nope"], "unknown scheduler 'nope'; choose from"),
     (["-o", "threshold=2"], "threshold must be in (0, 1], got 2.0"),
     (["-o", "bogus=1"], "unknown option 'bogus'"),
     (["-o", "threshold=abc"], "expected float"),

@@ -1,13 +1,14 @@
 """The loop syncs with the host at most once per step (design §4), plus once per block start.
 
 Every tensor-to-host conversion (`item`, `tolist`, `cpu`, `numpy`, `bool()`, `int()`, `float()`,
-`index`) made while `_Run.decode` runs is counted, for every registered scheduler under each
+`index`) made inside `Decoding.step` is counted, for every registered scheduler under each
 cache, with the EoTP filter. On CPU these calls are cheap, but on an accelerator each one stalls
 the queue, so the count is the portable measure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 
@@ -30,21 +31,17 @@ class SyncCounter:
         self.syncs = self.forwards = self.blocks = 0
         for name in CONVERSIONS:
             monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
-        decode, block = sampler._Run.decode, sampler._Run._decode_block
+        step = sampler.Decoding.step
 
-        def counted_decode(run):
+        def counted_step(decoding):
+            self.blocks += decoding.block_step == 0
             self.active = True
             try:
-                decode(run)
+                step(decoding)
             finally:
                 self.active = False
 
-        def counted_block(run):
-            self.blocks += 1
-            block(run)
-
-        monkeypatch.setattr(sampler._Run, "decode", counted_decode)
-        monkeypatch.setattr(sampler._Run, "_decode_block", counted_block)
+        monkeypatch.setattr(sampler.Decoding, "step", counted_step)
 
     def _counted(self, method):
         def wrapper(tensor, *args, **kwargs):
@@ -82,8 +79,8 @@ def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
     counter = SyncCounter(monkeypatch)
     model = counter.model(tiny_llada(layers=1))
     config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=16, block_length=8)
-    result = generate(model, [[1, 2, 3], [4, 5, 6, 7, 8], [9]], config, cache=CACHES[cache](),
-                      filters=[EoTPFilter()])
+    config = dataclasses.replace(config, cache=CACHES[cache](), filters=(EoTPFilter(),))
+    result = generate(model, [[1, 2, 3], [4, 5, 6, 7, 8], [9]], config)
     assert counter.forwards >= int(result.nfe.max()) > 0 and counter.blocks > 0
     assert counter.syncs <= counter.forwards + counter.blocks, (
         f"{counter.syncs} host syncs for {counter.forwards} steps and {counter.blocks} block starts")

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from dllm_decode.models.layers import default_positions
-from dllm_decode.models.loading import ModelLoadError
+from dllm_decode.models.checkpoint import ModelLoadError
 
 
 def _position_offset(model: nn.Module) -> int:

@@ -198,6 +198,6 @@ class BlockStackLM(nn.Module):
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
         """Write `config.json` and `model.safetensors` in the released on-disk layout."""
-        from dllm_decode.models.loading import save_checkpoint
+        from dllm_decode.models.checkpoint import save_checkpoint
 
         save_checkpoint(directory, self.config.to_dict(), self, dtype)

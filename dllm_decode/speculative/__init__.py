@@ -10,16 +10,19 @@ sizes).
 """
 
 from dllm_decode.speculative.compact import RUNTIMES, CompactCausalLM, with_runtime
-from dllm_decode.speculative.drafters import (DiffusionDrafter, Draft, Drafter, LookupDrafter,
-                                              ModelDrafter, layer_subset, layerskip_drafter)
+from dllm_decode.speculative.drafters import (DRAFTERS, DiffusionDrafter, Draft, DraftContext,
+                                              Drafter, LookupDrafter, ModelDrafter, layer_subset,
+                                              layerskip_drafter, make_drafter)
 from dllm_decode.speculative.loop import SpecConfig, SpecResult, eos_ids_of, speculative_generate
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.schedule import (SPEC_SCHEDULERS, DraftLengthScheduler,
-                                              HeuristicScheduler, check_scheduler, draft_length)
+                                              HeuristicScheduler, check_scheduler, draft_length,
+                                              draft_length_rule)
 from dllm_decode.speculative.verify import greedy_verify, speculative_verify
 
-__all__ = ["RUNTIMES", "SPEC_SCHEDULERS", "CompactCausalLM", "DiffusionDrafter", "Draft", "DraftLengthScheduler", "Drafter",
-           "HeuristicScheduler", "LookupDrafter", "ModelDrafter", "Sampling", "SpecConfig",
-           "SpecResult", "check_scheduler", "draft_length", "eos_ids_of", "greedy_verify",
-           "layer_subset", "layerskip_drafter", "speculative_generate", "speculative_verify",
+__all__ = ["DRAFTERS", "RUNTIMES", "SPEC_SCHEDULERS", "CompactCausalLM", "DiffusionDrafter", "Draft",
+           "DraftContext", "DraftLengthScheduler", "Drafter", "HeuristicScheduler", "LookupDrafter",
+           "ModelDrafter", "Sampling", "SpecConfig", "SpecResult", "check_scheduler",
+           "draft_length", "draft_length_rule", "eos_ids_of", "greedy_verify", "layer_subset",
+           "layerskip_drafter", "make_drafter", "speculative_generate", "speculative_verify",
            "with_runtime"]

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from dllm_decode.models.loading import (EMBEDDED_DIR, ModelLoadError, load_tokenizer, read_config,
-                                        resolve_model_dir)
+from dllm_decode.models.checkpoint import (EMBEDDED_DIR, ModelLoadError, load_tokenizer, read_config,
+                                           resolve_model_dir)
 from dllm_decode.speculative.gguf import WHEEL_MODELS, FetchError, gguf_path, load_gguf
 
 EMBEDDED_AR = ("ar_target", "ar_draft")

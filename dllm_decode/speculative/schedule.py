@@ -125,6 +125,25 @@ SPEC_SCHEDULERS: dict[str, type[Scheduler]] = {
 }
 
 
+def draft_length_rule(spec: Any) -> Scheduler:
+    """A draft-length rule from its name or `{"name": ..., field: value}`: an AR-only rule
+    (`SPEC_SCHEDULERS`) or any diffusion scheduler, checked with `check_scheduler`.
+
+    Raises:
+        ValueError: unknown name (the message lists both registries) or option, or a scheduler
+            the AR mode cannot drive.
+    """
+    from dllm_decode.registry import component, registry
+
+    name = spec if isinstance(spec, str) else dict(spec).get("name")
+    if name not in SPEC_SCHEDULERS and name not in registry("scheduler"):
+        raise ValueError(f"unknown scheduler {name!r}; choose from "
+                         f"{sorted({*SPEC_SCHEDULERS, *registry('scheduler')})}")
+    rule = component("draft_length" if name in SPEC_SCHEDULERS else "scheduler", spec)
+    check_scheduler(rule)
+    return rule
+
+
 def check_scheduler(scheduler: Scheduler) -> None:
     """Raise a one-line ValueError for a scheduler the AR mode cannot drive."""
     if not isinstance(scheduler, Scheduler):

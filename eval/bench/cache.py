@@ -13,6 +13,7 @@ Prompts and accuracy come from the task suite (`dllm_decode.eval.tasks`) when th
 
 from __future__ import annotations
 
+import dataclasses
 import argparse
 import json
 import statistics
@@ -23,14 +24,14 @@ from typing import Any
 import torch
 
 from dllm_decode.caches import CACHES
-from dllm_decode.cli import parse_filter_spec
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Cache
 from dllm_decode.models.layers import KVCache
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-from dllm_decode.models.loading import ModelLoadError, load_model
+from dllm_decode.models import ModelLoadError, load_model
 from dllm_decode.prompts import encode_prompts, left_pad
-from dllm_decode.registry import build
+from dllm_decode.modelspec import parse_options
+from dllm_decode.registry import component
 from dllm_decode.sampler import generate
 from dllm_decode.schedulers import ThresholdScheduler
 
@@ -97,7 +98,7 @@ def decode_config(gen: int, threshold: float = THRESHOLD, stop_at_eos: bool = Tr
 
 def run_once(bench: Bench, prompts: list, config: DecodeConfig, cache: Cache) -> dict:
     started = time.perf_counter()
-    result = generate(bench.model, prompts, config, cache=cache)
+    result = generate(bench.model, prompts, dataclasses.replace(config, cache=cache))
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "nfe": result.nfe.double().mean().item(),
             "tokens": result.tokens, "text": result.text}
@@ -193,8 +194,8 @@ def main(argv: list[str] | None = None) -> None:
           f"stop_at_eos {args.stop_at_eos}, median of {args.repeats} interleaved repeats")
     caches = {name: CACHES[name]() for name in CACHE_NAMES}
     for spec in args.variant:
-        name, options = parse_filter_spec(spec)
-        caches[spec] = build(CACHES, name, options)
+        name, _, options = spec.partition(":")
+        caches[spec] = component("cache", {"name": name, **dict(parse_options(options))})
     run_once(bench, prompts_for(bench, 1), decode_config(64), caches["dual"])        # warm-up
     rows = []
     header = f"{'gen':>4} {'B':>2} {'s/sample':>9} {'tok/s':>8} {'NFE':>6} {'speedup':>8} {'=none':>5}  cache"

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.interfaces import Cache, Filter, Scheduler
+from dllm_decode.interfaces import Cache, Filter, NoCache, Scheduler
 from dllm_decode.sampler import generate
 
 
@@ -76,7 +76,7 @@ class Combo:
 
     label: str
     scheduler: Scheduler | None
-    cache: Cache | None = None
+    cache: Cache = field(default_factory=NoCache)
     filters: tuple[Filter, ...] = ()
     oracle: bool = False
     reference: str = "low_confidence"
@@ -112,12 +112,12 @@ class Measured:
 def decode_once(model: Any, prompts: list, combo: Combo, scheduler: Scheduler, gen: int, block: int,
                 tokenizer: Any, trace: bool = False) -> tuple[float, float, int, DecodeResult]:
     """One timed `generate` call: (seconds, seconds inside forward, forwards, result)."""
-    config = DecodeConfig(scheduler=scheduler, gen_length=gen, block_length=block)
+    config = DecodeConfig(scheduler=scheduler, cache=combo.cache, filters=combo.filters,
+                          gen_length=gen, block_length=block)
     generator = torch.Generator().manual_seed(0)
     with forward_timer(model) as spent:
         started = time.perf_counter()
-        result = generate(model, prompts, config, cache=combo.cache, filters=combo.filters,
-                          generator=generator, tokenizer=tokenizer, trace=trace)
+        result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
         seconds = time.perf_counter() - started
     return seconds, spent[0], int(spent[1]), result
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from dllm_decode.interfaces import Scheduler
-from dllm_decode.models.loading import ModelLoadError, load_model
+from dllm_decode.models import ModelLoadError, load_model
 from dllm_decode.speculative import (RUNTIMES, DiffusionDrafter, Drafter,
                                      HeuristicScheduler, LookupDrafter, ModelDrafter, SpecConfig,
                                      SpecResult, layerskip_drafter, speculative_generate,

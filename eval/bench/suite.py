@@ -30,11 +30,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-import click
 import torch
 
 from dllm_decode.config import DecodeConfig
-from dllm_decode.interfaces import Scheduler
+from dllm_decode.interfaces import NoCache, Scheduler
 from dllm_decode.eval.bench.measure import Combo, Measured, Sample, chunked, decode_once, run_grid
 
 TARGET_TASKS = ("copy", "reverse", "sort", "insert_index", "remove_index", "replace_index", "sudoku")
@@ -89,7 +88,7 @@ def machine(threads: int) -> dict[str, Any]:
 def load_subject(name: str) -> Subject:
     """`embedded` (or a directory) with the task suite; `tiny`, or `embedded` when it is not
     installed: `tiny_llada` with random weights (its outputs are noise: no accuracy)."""
-    from dllm_decode.models.loading import ModelLoadError, load_model
+    from dllm_decode.models import ModelLoadError, load_model
     from dllm_decode.testing import tiny_llada_with_tokenizer
 
     if name != "tiny":
@@ -213,9 +212,9 @@ def stack_combos(best: Combo) -> list[Combo]:
             continue
         eotp = base.filters if any(isinstance(f, EoTPFilter) for f in base.filters) else \
             base.filters + (EoTPFilter(),)
-        out += [replace(base, cache=None), replace(base, label=f"{base.label}+prefix", cache=PrefixCache()),
+        out += [replace(base, cache=NoCache()), replace(base, label=f"{base.label}+prefix", cache=PrefixCache()),
                 replace(base, label=f"{base.label}+dual", cache=DualCache()),
-                replace(base, label=f"{base.label}+eotp", cache=None, filters=eotp),
+                replace(base, label=f"{base.label}+eotp", cache=NoCache(), filters=eotp),
                 replace(base, label=f"{base.label}+dual+eotp", cache=DualCache(), filters=eotp),
                 replace(base, label=f"{base.label}+dual(refresh 2)+eotp", cache=DualCache(refresh_every=2),
                         filters=eotp),
@@ -286,7 +285,7 @@ def section_gap(subject: Subject, samples: list[Sample], o: Options) -> dict[str
 def section_ar(subject: Subject, samples: list[Sample], o: Options) -> dict[str, Any]:
     """Plain greedy AR vs AR + a draft model (speculative, greedy verification), batch 1. The
     target runs in transformers; the draft in the compact runtime (the CLI's default for drafts)."""
-    from dllm_decode.models.loading import ModelLoadError
+    from dllm_decode.models import ModelLoadError
     from dllm_decode.speculative import ModelDrafter, SpecConfig, speculative_generate, with_runtime
     from dllm_decode.speculative.models import load_causal_lm
     from dllm_decode.speculative.schedule import HeuristicScheduler
@@ -521,40 +520,3 @@ def format_report(report: dict[str, Any]) -> str:
 
 def _f(x: float | None) -> str:
     return "      n/a" if x is None else f"{x:>9.3f}"
-
-
-@click.command("bench")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the full report here.")
-@click.option("--quick", is_flag=True, help="A seconds-long configuration (gen 16, block 8, one repeat).")
-@click.option("--model", "model_name", default="embedded", show_default=True,
-              help="`embedded` (tiny_llada when not installed), `tiny`, or a model directory.")
-@click.option("--repeats", type=click.IntRange(1), default=None, help="Interleaved repeats [3; quick 1].")
-@click.option("--per-task", type=click.IntRange(1), default=None, help="Test examples per task [8; quick 1].")
-@click.option("--gen-length", type=click.IntRange(1), default=None, help="Canvas length [256; quick 16].")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="torch intra-op threads (1: stable on a shared machine).")
-@click.option("--section", "sections", multiple=True,
-              type=click.Choice(["loop", "stack", "gap", "ar", "compile"]),
-              help="Run only these sections (the scheduler table always runs); repeatable "
-                   "[all but compile].")
-def bench_command(json_path: str | None, quick: bool, model_name: str, repeats: int | None,
-                  per_task: int | None, gen_length: int | None, threads: int,
-                  sections: tuple[str, ...]) -> None:
-    """Benchmark speed and quality side by side (ratios, one run): loop overhead, tokens/s by
-    batch size, every scheduler vs one token per step and the oracle, cache/filter speedups,
-    AR + speculative vs AR."""
-    options = QUICK if quick else Options()
-    changes = {k: v for k, v in (("repeats", repeats), ("per_task", per_task), ("gen", gen_length))
-               if v is not None}
-    try:
-        options = replace(options, **changes)
-        DecodeConfig(scheduler=_warmup(), gen_length=options.gen, block_length=options.block)
-    except ValueError as err:
-        raise click.UsageError(str(err)) from None
-    report = run(model_name, options, threads, sections or ("loop", "stack", "gap", "ar"),
-                 progress=lambda line: click.echo(line, err=True))
-    click.echo(format_report(report))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=1, default=str)

@@ -16,18 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_decode.caches import CACHES
-from dllm_decode.config import DecodeConfig, component_dict
-from dllm_decode.registry import build
+from dllm_decode.config import DecodeConfig
 from dllm_decode.eval.harness.records import stable_hash
-from dllm_decode.filters import FILTERS
-from dllm_decode.schedulers import SCHEDULERS
+from dllm_decode.registry import component, component_dict, registry
 
 TOKENS_PER_STEP = "tokens_per_step"
 GLOBAL_KEYS = ("block_length", "gen_length", "temperature")
 ANSWER = "answer"
 """`gen_length=answer`: each example's canvas is exactly its reference answer (infilling)."""
-NAMES = {cls: key for registry in (SCHEDULERS, CACHES, FILTERS) for key, cls in registry.items()}
 
 Options = tuple[tuple[str, str], ...]
 
@@ -37,9 +33,10 @@ class Setting:
     """One decoding configuration (one point of a sweep).
 
     Attributes:
-        scheduler: SCHEDULERS name; `options` its fields as text, plus `tokens_per_step`.
-        cache, cache_options: CACHES name and fields.
-        filters: (FILTERS name, options) in order.
+        scheduler: registered scheduler name; `options` its fields as text, plus
+            `tokens_per_step`.
+        cache, cache_options: registered cache name and fields.
+        filters: (registered filter name, options) in order.
         gen_length: canvas length G, or None for each example's answer length.
         block_length: semi-AR block; None = one block over the canvas (ParallelBench's default).
         temperature, seed: as `DecodeConfig`.
@@ -58,33 +55,37 @@ class Setting:
     swept: tuple[str, ...] = ()
 
     def block_for(self, gen_length: int) -> int:
-        """The block length used on a canvas of `gen_length` (the whole canvas when unset or
-        when an answer-length canvas is not a multiple of it)."""
-        block = min(self.block_length or gen_length, gen_length)
-        return block if gen_length % block == 0 else gen_length
+        """The block length used on a canvas of `gen_length`: the whole canvas when unset. On
+        answer-length canvases (`gen_length` None) a block that does not divide an example's
+        canvas also becomes the whole canvas; a fixed canvas keeps the value as given, so a bad
+        one fails validation instead of being replaced."""
+        if self.block_length is None:
+            return gen_length
+        if self.gen_length is None and (self.block_length > gen_length or gen_length % self.block_length):
+            return gen_length
+        return self.block_length
 
-    def build_scheduler(self, gen_length: int):
+    def _scheduler_spec(self, gen_length: int | None = None) -> dict[str, Any]:
+        """The scheduler as `component` takes it; `tokens_per_step` becomes `steps_per_block`
+        on a known canvas and is left out otherwise."""
         options = dict(self.options)
         k = options.pop(TOKENS_PER_STEP, None)
-        if k is not None:
+        if k is not None and gen_length is not None:
             options["steps_per_block"] = str(math.ceil(self.block_for(gen_length) / int(k)))
-        return build(SCHEDULERS, self.scheduler, options)
+        return {"name": self.scheduler, **options}
 
     def decode_config(self, gen_length: int) -> DecodeConfig:
-        return DecodeConfig(scheduler=self.build_scheduler(gen_length), gen_length=gen_length,
-                            block_length=self.block_for(gen_length),
-                            temperature=self.temperature, seed=self.seed)
-
-    def build_cache(self):
-        return build(CACHES, self.cache, dict(self.cache_options))
-
-    def build_filters(self) -> list:
-        return [build(FILTERS, name, dict(options)) for name, options in self.filters]
+        """The one decode record of this setting on a canvas of `gen_length`."""
+        return DecodeConfig.from_dict({
+            "scheduler": self._scheduler_spec(gen_length),
+            "cache": {"name": self.cache, **dict(self.cache_options)},
+            "filters": [{"name": name, **dict(options)} for name, options in self.filters],
+            "gen_length": gen_length, "block_length": self.block_for(gen_length),
+            "temperature": self.temperature, "seed": self.seed})
 
     def params(self) -> dict[str, Any]:
         """Options set on the command line or by a sweep, typed (for tables and legends)."""
-        built = build(SCHEDULERS, self.scheduler,
-                      {k: v for k, v in self.options if k != TOKENS_PER_STEP})
+        built = component("scheduler", self._scheduler_spec())
         out: dict[str, Any] = {}
         for key, value in self.options:
             out[key] = int(value) if key == TOKENS_PER_STEP else getattr(built, key)
@@ -96,14 +97,18 @@ class Setting:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything that determines the outputs, with every default filled in."""
-        scheduler = component_dict(build(SCHEDULERS, self.scheduler, {
-            k: v for k, v in self.options if k != TOKENS_PER_STEP}), NAMES)
+        """Everything that determines the outputs, with every default filled in: the
+        `DecodeConfig.to_dict` form, with the grid's canvas fields (`gen_length` may be
+        `answer`, `block_length` None means the whole canvas, `tokens_per_step` stands in for
+        `steps_per_block`)."""
+        scheduler = component_dict(component("scheduler", self._scheduler_spec()))
         if TOKENS_PER_STEP in dict(self.options):
             scheduler[TOKENS_PER_STEP] = int(dict(self.options)[TOKENS_PER_STEP])
             scheduler.pop("steps_per_block", None)
-        return {"scheduler": scheduler, "cache": component_dict(self.build_cache(), NAMES),
-                "filters": [component_dict(f, NAMES) for f in self.build_filters()],
+        return {"scheduler": scheduler,
+                "cache": component_dict(component("cache", {"name": self.cache, **dict(self.cache_options)})),
+                "filters": [component_dict(component("filter", {"name": name, **dict(options)}))
+                            for name, options in self.filters],
                 "gen_length": self.gen_length if self.gen_length is not None else ANSWER,
                 "block_length": self.block_length, "temperature": self.temperature,
                 "seed": self.seed}
@@ -142,7 +147,7 @@ def parse_sweep(text: str) -> tuple[str, list[str]]:
 
 
 def _applies(key: str, scheduler: str) -> bool:
-    fields = {f.name for f in dataclasses.fields(SCHEDULERS[scheduler])}
+    fields = {f.name for f in dataclasses.fields(registry("scheduler")[scheduler])}
     if key == TOKENS_PER_STEP:
         return "steps_per_block" in fields
     return key.split(".", 1)[0] in fields or key in GLOBAL_KEYS or key.startswith("cache.")
@@ -162,8 +167,8 @@ def expand_grid(schedulers: Sequence[tuple[str, Mapping[str, str]]], options: Ma
             the component rejects.
     """
     for name, _ in schedulers:
-        if name not in SCHEDULERS:
-            raise ValueError(f"unknown scheduler {name!r}; choose from {sorted(SCHEDULERS)}")
+        if name not in registry("scheduler"):
+            raise ValueError(f"unknown scheduler {name!r}; choose from {sorted(registry('scheduler'))}")
     for key in [*options, *(k for k, _ in sweeps)]:
         if not any(_applies(key, name) for name, _ in schedulers):
             raise ValueError(f"option {key!r} applies to none of the schedulers "
@@ -176,12 +181,12 @@ def expand_grid(schedulers: Sequence[tuple[str, Mapping[str, str]]], options: Ma
             chosen = fixed | dict(zip((k for k, _ in mine), values))
             settings.append(_setting(name, chosen, tuple(k for k, _ in mine), common))
     for setting in settings:
-        setting.to_dict()                       # builds every component: errors surface now
-        if setting.gen_length is not None:
-            setting.decode_config(setting.gen_length)
         if (k := dict(setting.options).get(TOKENS_PER_STEP)) is not None and (
                 not k.isdigit() or int(k) < 1):
             raise ValueError(f"{TOKENS_PER_STEP} must be an integer >= 1, got {k!r}")
+        setting.to_dict()                       # builds every component: errors surface now
+        if setting.gen_length is not None:
+            setting.decode_config(setting.gen_length)
     return list(dict.fromkeys(settings))
 
 
@@ -198,7 +203,7 @@ def _setting(name: str, chosen: Mapping[str, str], swept: tuple[str, ...],
         elif key == "block_length":
             fields[key] = None if value.lower() == "none" else _int(key, value)
         elif key == "temperature":
-            fields[key] = float(value)
+            fields[key] = _number(key, value)
         else:
             scheduler_options[key] = value
     return Setting(scheduler=name, options=tuple(sorted(scheduler_options.items())),
@@ -207,6 +212,16 @@ def _setting(name: str, chosen: Mapping[str, str], swept: tuple[str, ...],
 
 def _int(key: str, value: str) -> int:
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+        number = 0
+    if number < 1:
+        raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    return number
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{key} must be a number, got {value!r}") from None

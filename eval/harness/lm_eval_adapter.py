@@ -23,14 +23,17 @@ supported: a masked diffusion LM has no cheap exact log-likelihood.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dllm_decode.eval.harness.grid import Setting
+from dllm_decode.config import DecodeConfig
 from dllm_decode.eval.harness.runner import generate_rows
+from dllm_decode.modelspec import ModelSpec, load_diffusion, parse_options
+from dllm_decode.prompts import chat_prompt
 
 try:
     from lm_eval.api.model import LM as _LMBase
@@ -61,16 +64,12 @@ def _device(device: str | None) -> str | None:
 def _load(model: Any, device: str | None, dtype: str | None) -> Any:
     if not isinstance(model, str):
         return model
-    if model == "tiny":
-        from dllm_decode.testing import tiny_llada_with_tokenizer
-
-        return tiny_llada_with_tokenizer()
-    from dllm_decode.models.loading import load_model
+    import torch
 
     dtypes = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
         raise ValueError(f"dtype must be one of {sorted(k for k in dtypes if k)}, got {dtype!r}")
-    return load_model(model, dtype=dtypes[dtype], device=_device(device))
+    return load_diffusion(ModelSpec.parse(model), device=_device(device), dtype=dtypes[dtype])
 
 
 def _as_bool(value: Any) -> bool:
@@ -106,51 +105,48 @@ class DllmDecodeLM(_LMBase):
         bad = [k for k in options if not k.startswith(("scheduler.", "cache."))]
         if bad:
             raise ValueError(f"unknown model_args {sorted(bad)}; use scheduler.<field> or cache.<field>")
-        pick = lambda prefix: tuple(sorted((k[len(prefix):], str(v)) for k, v in options.items()  # noqa: E731
-                                           if k.startswith(prefix)))
-        specs = [part.partition(":") for part in str(filters).split(";") if part.strip()]
-        self.setting = Setting(
-            scheduler=scheduler, options=pick("scheduler."), cache=cache, cache_options=pick("cache."),
-            filters=tuple((name.strip(), tuple(sorted(
-                tuple(kv.split("=", 1)) for kv in rest.split(",") if "=" in kv))) for name, _, rest in specs),
-            gen_length=int(gen_length), block_length=None if block_length in (None, "None", "") else int(block_length),
-            temperature=float(temperature), seed=int(seed))
-        self.setting.decode_config(self.setting.gen_length)      # validate every part now
-        self.setting.to_dict()
+        pick = lambda prefix: {k[len(prefix):]: str(v) for k, v in options.items()  # noqa: E731
+                               if k.startswith(prefix)}
+        self.block_length = None if block_length in (None, "None", "") else int(block_length)
+        gen_length = int(gen_length)
+        self.config = DecodeConfig.from_dict({
+            "scheduler": {"name": scheduler, **pick("scheduler.")},
+            "cache": {"name": cache, **pick("cache.")},
+            "filters": [{"name": name.strip(), **dict(parse_options(rest))}
+                        for name, _, rest in (part.partition(":") for part in str(filters).split(";")
+                                              if part.strip())],
+            "gen_length": gen_length, "block_length": self.block_length or gen_length,
+            "temperature": float(temperature), "seed": int(seed)})
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         self.model = _load(model, device, dtype)
         self.tokenizer = getattr(self.model, "tokenizer", None)
         self.batch_size = int(batch_size)
-        self.chat_template = _as_bool(chat_template) and bool(getattr(self.tokenizer, "chat_template", None))
+        self.chat_template = _as_bool(chat_template)
         self.generator = torch.Generator().manual_seed(int(seed))
 
-    def _canvas(self, max_tokens: Any) -> int:
-        """A request's canvas: `max_gen_toks` rounded up to whole blocks, else `gen_length`."""
+    def _canvas(self, max_tokens: Any) -> DecodeConfig:
+        """A request's decode record: its `max_gen_toks` rounded up to whole blocks (the
+        configured `gen_length` without one)."""
         if max_tokens is None:
-            return self.setting.gen_length
-        block = self.setting.block_length
-        return -(-int(max_tokens) // block) * block if block else int(max_tokens)
-
-    def _prompt(self, context: str) -> str:
-        if not self.chat_template:
-            return context
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": context}],
-                                                  add_generation_prompt=True, tokenize=False)
+            return self.config
+        block = self.block_length
+        length = -(-int(max_tokens) // block) * block if block else int(max_tokens)
+        return dataclasses.replace(self.config, gen_length=length, block_length=block or length)
 
     def generate_until(self, requests: list[Any]) -> list[str]:
         """Each request's `args` is `(context, gen_kwargs)`; output is cut at the first `until`."""
         outputs: list[str | None] = [None] * len(requests)
-        groups: dict[int, list[int]] = {}
+        groups: dict[DecodeConfig, list[int]] = {}
         for i, request in enumerate(requests):
             _, kwargs = request.args
             groups.setdefault(self._canvas((kwargs or {}).get("max_gen_toks")), []).append(i)
-        for length, indices in groups.items():
+        for config, indices in groups.items():
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start:start + self.batch_size]
-                prompts = [self._prompt(requests[i].args[0]) for i in chunk]
-                rows, _ = generate_rows(self.model, prompts, self.setting, length, self.generator,
-                                        self.tokenizer)
+                prompts = [chat_prompt(self.tokenizer, requests[i].args[0], self.chat_template)
+                           for i in chunk]
+                rows, _ = generate_rows(self.model, prompts, config, self.generator, self.tokenizer)
                 for i, row in zip(chunk, rows):
                     outputs[i] = _cut(row["output"], (requests[i].args[1] or {}).get("until"))
         return [text or "" for text in outputs]

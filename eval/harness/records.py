@@ -91,3 +91,17 @@ def unique_by_key(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.add(record["key"])
             out.append(record)
     return out
+
+
+SAMPLES = "samples.jsonl"
+"""The records file of an evaluation directory (rank shards are merged into it)."""
+
+
+def combined_records(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Every finished sample in `out_dir`, labels prefixed by their model when several share it
+    (a dLLM run and an `ar:` run of the same tasks, summarized together)."""
+    records = unique_by_key(read_records(Path(out_dir) / SAMPLES))
+    if len({r["model"] for r in records}) < 2:
+        return records
+    return [{**r, "label": f"{r['model']} {r['label']}", "group": f"{r['model']} {r['group']}"}
+            for r in records]

@@ -11,7 +11,6 @@ samples already written. With several processes each rank writes `samples.rank<r
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,17 +19,21 @@ from typing import Any
 
 import torch
 
+from dllm_decode.config import DecodeConfig
+from dllm_decode.modelspec import ModelSpec, load_diffusion
+from dllm_decode.prompts import chat_prompt
 from dllm_decode.sampler import generate
 from dllm_decode.eval.harness import distributed
 from dllm_decode.eval.harness.grid import Setting
 from dllm_decode.eval.harness.progress import Progress
-from dllm_decode.eval.harness.records import (append_records, read_records, repair, sample_key, stable_hash,
-                          unique_by_key)
+from dllm_decode.eval.harness.records import (SAMPLES, append_records, read_records, repair,
+                                              sample_key, stable_hash, unique_by_key)
+from dllm_decode.eval.tasks import Example
 from dllm_decode.eval.tasks.sources import TaskRun
 from dllm_decode.schedulers.adaptive_block import with_delimiters
-from dllm_decode.eval.tasks import Example
 
-SAMPLES = "samples.jsonl"
+__all__ = ["SAMPLES", "Batch", "Decoder", "ar_decoder", "decoder_for", "diffusion_decoder",
+           "evaluate", "generate_rows", "ideal_decoder", "plan"]
 
 
 @dataclass(frozen=True)
@@ -53,40 +56,60 @@ Decoder = Callable[[list[str], Setting, int, torch.Generator], tuple[list[dict[s
 answer_tokens_per_step; seconds for the batch)."""
 
 
+def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
+                chat_template: bool = True) -> tuple[Decoder, Any]:
+    """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
+    LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
+
+    Raises:
+        ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
+    """
+    if spec.kind == "ideal":
+        from dllm_decode.eval.tasks.tokenizer import load_tokenizer
+        from dllm_decode.eval.theory.ideal import ideal_options
+
+        return ideal_decoder(**ideal_options(dict(spec.options))), load_tokenizer()
+    if spec.kind == "ar":
+        from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
+        from dllm_decode.speculative.models import load_causal_lm
+
+        target = load_causal_lm(spec.name, device=device)
+        drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
+        return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
+            target.tokenizer
+    model = load_diffusion(spec, device=device, dtype=dtype)
+    return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
+
+
 def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
     """Decode with the one denoising loop; prompts go through the tokenizer's chat template
     when it has one (instruction-tuned checkpoints) and `chat_template` is set."""
     tokenizer = getattr(model, "tokenizer", None)
-    templated = chat_template and getattr(tokenizer, "chat_template", None)
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
-        if templated:
-            prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}],
-                                                     add_generation_prompt=True, tokenize=False)
-                       for p in prompts]
-        return generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+        prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
+        return generate_rows(model, prompts, setting.decode_config(gen_length), generator, tokenizer)
     return decode
 
 
 def ideal_decoder(noise: float = 1e-3) -> Decoder:
-    """Decode with ParallelBench's ideal model (`dllm_decode.eval.theory.ideal.IdealModel`, built per canvas length).
+    """Decode with ParallelBench's ideal model (`dllm_decode.eval.theory.ideal.IdealModel`, built
+    per canvas length).
 
     Args:
         noise: std of the zero-mean logit noise (spec §2.2); a small value breaks the exact ties
             of uniform marginals at random, as the closed forms for greedy decoding assume. Its
             generator is drawn from the batch's, so runs repeat.
     """
-    from dllm_decode.eval.theory.ideal import IdealModel
-    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer()
+    from dllm_decode.eval.theory.ideal import ideal_model
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         seed = int(torch.randint(2 ** 62, (1,), generator=generator))
-        model = IdealModel(gen_length, noise, torch.Generator().manual_seed(seed))
-        return generate_rows(model, prompts, setting, gen_length, generator, tokenizer)
+        model = ideal_model(gen_length, {"noise": str(noise)}, torch.Generator().manual_seed(seed))
+        return generate_rows(model, prompts, setting.decode_config(gen_length), generator,
+                             model.tokenizer)
     return decode
 
 
@@ -99,18 +122,16 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
     from dllm_decode.speculative import Sampling, SpecConfig, speculative_generate
 
     tokenizer = getattr(target, "tokenizer", None)
-    templated = chat_template and getattr(tokenizer, "chat_template", None)
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
-        config = SpecConfig(scheduler=setting.build_scheduler(gen_length), max_new_tokens=gen_length,
-                            max_draft=max_draft, sampling=Sampling(temperature=setting.temperature))
+        config = SpecConfig(scheduler=setting.decode_config(gen_length).scheduler,
+                            max_new_tokens=gen_length, max_draft=max_draft,
+                            sampling=Sampling(temperature=setting.temperature))
         rows, seconds = [], 0.0
         for prompt in prompts:
-            if templated:
-                prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                       add_generation_prompt=True, tokenize=False)
-            result = speculative_generate(target, prompt, config, drafter, generator=generator)
+            result = speculative_generate(target, chat_prompt(tokenizer, prompt, chat_template), config,
+                                          drafter, generator=generator)
             per_forward = len(result.tokens) / max(1, result.target_forwards)
             rows.append({"output": result.text if result.text is not None else
                          " ".join(map(str, result.tokens.tolist())),
@@ -122,14 +143,12 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
     return decode
 
 
-def generate_rows(model: Any, prompts: list[str], setting: Setting, gen_length: int,
-                  generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
-    """One `generate` call under `setting`: per row the text and speed figures, and the seconds."""
-    config = setting.decode_config(gen_length)
+def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generator: torch.Generator,
+                  tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
+    """One `generate` call: per row the text and speed figures, and the seconds."""
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` as the CLI does.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
-    result = generate(model, prompts, config, cache=setting.build_cache(),
-                      filters=setting.build_filters(), generator=generator, tokenizer=tokenizer)
+    result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
              "answer_tokens_per_step": float(atps)}

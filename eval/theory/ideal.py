@@ -147,3 +147,30 @@ class IdealModel(nn.Module):
         return self._candidates_cached(name, key, g)
 
 
+
+
+IDEAL_OPTIONS = {"noise": float}
+"""`ideal:KEY=VALUE` options of the model name (`dllm_decode.modelspec`)."""
+
+
+def ideal_options(options: dict[str, str]) -> dict[str, float]:
+    """Typed `ideal:` options. Raises ValueError on an unknown option or a value that does not parse."""
+    out = {}
+    for key, value in options.items():
+        if key not in IDEAL_OPTIONS:
+            raise ValueError(f"ideal: unknown option {key!r}; valid: {sorted(IDEAL_OPTIONS)}")
+        try:
+            out[key] = IDEAL_OPTIONS[key](value)
+        except ValueError:
+            raise ValueError(f"ideal: option {key}={value!r} must be a number") from None
+    return out
+
+
+def ideal_model(gen_length: int, options: dict[str, str] | None = None,
+                generator: torch.Generator | None = None) -> IdealModel:
+    """The ideal model for a canvas of `gen_length`, with the task suite's tokenizer attached."""
+    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
+
+    model = IdealModel(gen_length, generator=generator, **ideal_options(options or {}))
+    model.tokenizer = load_tokenizer()
+    return model

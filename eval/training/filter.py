@@ -140,7 +140,7 @@ def decode_report(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], 
         chunk, ref = list(prompts[first:first + batch_size]), reference[first:first + batch_size]
         oracle = dataclasses.replace(config, scheduler=OracleScheduler.from_reference(ref))
         oracle_nfe.append(generate(model, chunk, oracle).nfe)
-        result = generate(model, chunk, config, filters=[learned])
+        result = generate(model, chunk, dataclasses.replace(config, filters=[learned]))
         learned_nfe.append(result.nfe)
         same.append((result.tokens == ref).all(-1))
     return {"oracle_nfe_mean": float(torch.cat(oracle_nfe).double().mean()),
@@ -283,7 +283,7 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
         score = TASKS[example.task].score
         reference = None
         for name, (config, cache, filters) in runs.items():
-            result = generate(model, [example.prompt], config, cache=cache, filters=filters)
+            result = generate(model, [example.prompt], dataclasses.replace(config, cache=cache, filters=filters))
             rows[name].append((score(example, result.text[0]), int(result.nfe[0]),
                                float(result.tokens_per_step[0]), result.seconds))
             reference = result.tokens if reference is None else reference

@@ -29,8 +29,9 @@ def config(scheduler=None, gen=16, block=8, **kw) -> DecodeConfig:
                         block_length=block, **kw)
 
 
-def decode(model, cache, prompts=PROMPTS, cfg=None, **kw):
-    return generate(model, prompts, cfg or config(), cache=cache, trace=True, **kw)
+def decode(model, cache, prompts=PROMPTS, cfg=None, filters=(), **kw):
+    cfg = dataclasses.replace(cfg or config(), cache=cache, filters=tuple(filters))
+    return generate(model, prompts, cfg, trace=True, **kw)
 
 
 def assert_same_decode(result, reference, atol=1e-5) -> None:
@@ -78,9 +79,9 @@ def test_multi_layer_refresh_steps_are_exact_and_cached_steps_are_not(name):
 def test_batched_equals_one_by_one(name, make_native):
     model = make_native(seed=3)
     cache = CACHES[name]()
-    batched = generate(model, PROMPTS, config(), cache=cache)
+    batched = generate(model, PROMPTS, dataclasses.replace(config(), cache=cache))
     for row, prompt in enumerate(PROMPTS):
-        alone = generate(model, [prompt], config(), cache=cache)
+        alone = generate(model, [prompt], dataclasses.replace(config(), cache=cache))
         assert torch.equal(batched.tokens[row], alone.tokens[0])
         assert batched.nfe[row] == alone.nfe[0]
 
@@ -91,8 +92,7 @@ def test_every_scheduler_with_every_cache_leaves_no_mask(scheduler_name, cache_n
     scheduler = SCHEDULERS[scheduler_name]()
     block = 5 if scheduler.chooses_block_bounds else 8      # adaptive bounds need not divide
     cfg = config(scheduler, gen=16, block=block, stop_at_eos=False)
-    result = generate(tiny_llada(seed=5), PROMPTS, cfg, cache=CACHES[cache_name](),
-                      generator=torch.Generator().manual_seed(0))
+    result = generate(tiny_llada(seed=5), PROMPTS, dataclasses.replace(cfg, cache=CACHES[cache_name]()), generator=torch.Generator().manual_seed(0))
     assert not (result.tokens == MASK).any()
     assert (result.nfe >= 1).all() and (result.nfe <= 16).all()    # >= 1 commit per step with work
 
@@ -141,11 +141,11 @@ def test_rows_dropped_mid_block_keep_the_cache_consistent(name):
     """Row 0 ends its first block at step 0 (all EOS) and is dropped while the others still decode
     through the cache; they must decode exactly as they do alone."""
     model, cache, cfg = EosForPrompt(), CACHES[name](), config(gen=24, block=8)
-    batched = generate(model, PROMPTS, cfg, cache=cache)
+    batched = generate(model, PROMPTS, dataclasses.replace(cfg, cache=cache))
     assert batched.nfe[0] == 1 and (batched.nfe[1:] > 3).all()
     assert (batched.tokens[0] == EOS).all()
     for row in (1, 2):
-        alone = generate(model, [PROMPTS[row]], cfg, cache=cache)
+        alone = generate(model, [PROMPTS[row]], dataclasses.replace(cfg, cache=cache))
         assert torch.equal(batched.tokens[row], alone.tokens[0])
         assert batched.nfe[row] == alone.nfe[0]
 
@@ -176,7 +176,7 @@ def test_attention_mask_changing_mid_block_keeps_one_layer_exactness(name):
 def test_model_without_kv_support_is_a_one_line_error(name):
     oracle = OracleMaskPredictor(torch.arange(4), torch.full((4,), 0.5), VOCAB, MASK, EOS)
     with pytest.raises(ValueError, match=r"OracleMaskPredictor .*accepted cache: 'none'"):
-        generate(oracle, [[1]], config(gen=4, block=4), cache=CACHES[name]())
+        generate(oracle, [[1]], dataclasses.replace(config(gen=4, block=4), cache=CACHES[name]()))
 
 
 def test_refresh_policy_is_validated():
@@ -210,7 +210,7 @@ def test_refresh_policy_decides_which_forwards_are_full(every):
     """Refresh at every block start and every `refresh_every` steps; in-block steps feed the block."""
     model = Spy()
     cfg = config(SCHEDULERS["low_confidence"](), gen=16, block=8, stop_at_eos=False)   # 8 steps a block
-    result = generate(model, [[1, 2, 3]], cfg, cache=DualCache(refresh_every=every))
+    result = generate(model, [[1, 2, 3]], dataclasses.replace(cfg, cache=DualCache(refresh_every=every)))
     full = [step % 8 == 0 or (every is not None and step % 8 % every == 0) for step in range(16)]
     assert [refresh for refresh, _ in model.calls] == full
     assert [rows for _, rows in model.calls] == [
@@ -235,7 +235,7 @@ def test_cli_decodes_with_the_cache_and_names_it(name):
                                     "--json"])
     assert out.exit_code == 0, out.output
     record = json.loads(out.output)
-    assert record["cache"]["name"] == name and record["cache"]["refresh_every"] == 2
+    assert record["config"]["cache"]["name"] == name and record["config"]["cache"]["refresh_every"] == 2
     assert record["nfe"] >= 2
 
 

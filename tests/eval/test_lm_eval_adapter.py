@@ -26,12 +26,13 @@ def test_generate_until_decodes_and_cuts_at_stop_strings():
                 Request(("reverse : dan emma", {"until": "\n"})),
                 Request(("copy : alice bob", {}))]
     assert lm.generate_until(requests) == ["alice bob ", "emma dan", "alice bob carol"]
-    assert lm.setting.build_scheduler(6).steps_per_block == 3
+    assert lm.config.scheduler.steps_per_block == 3
 
 
 def test_max_gen_toks_rounds_up_to_blocks_and_bad_args_fail():
     lm = DllmDecodeLM(model=AnswerKeyModel({}, 8), gen_length=8, block_length=4)
-    assert lm._canvas(5) == 8 and lm._canvas(None) == 8
+    assert lm._canvas(5).gen_length == 8 and lm._canvas(None).gen_length == 8
+    assert lm._canvas(9).gen_length == 12 and lm._canvas(9).block_length == 4
     with pytest.raises(ValueError, match="unknown model_args"):
         DllmDecodeLM(model=AnswerKeyModel({}, 8), top_p="0.9")
     with pytest.raises(ValueError, match="threshold"):

@@ -49,10 +49,10 @@ def test_ar_target_with_draft(tmp_path):
 @pytest.mark.slow
 def test_compact_target_runtime_gives_the_same_outputs_under_its_own_label(tmp_path):
     target = _tiny_causal(tmp_path / "target", 0)
-    base = ["eval", "--model", f"ar:{target}", "--tasks", "copy", "--limit", "2", "--scheduler",
-            "low_confidence", "--gen-length", "6", "--out", str(tmp_path / "out"), "--json", "--no-plots"]
-    for runtime in ("hf", "compact"):
-        result = CliRunner().invoke(main, base + ["--ar-runtime", runtime], catch_exceptions=False)
+    base = ["eval", "--tasks", "copy", "--limit", "2", "--scheduler", "low_confidence",
+            "--gen-length", "6", "--out", str(tmp_path / "out"), "--json", "--no-plots"]
+    for name in (f"ar:{target}", f"ar:{target}@compact"):
+        result = CliRunner().invoke(main, base + ["--model", name], catch_exceptions=False)
         assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     by_model = {}
@@ -62,7 +62,9 @@ def test_compact_target_runtime_gives_the_same_outputs_under_its_own_label(tmp_p
     assert by_model[f"ar:{target}"] == by_model[f"ar:{target}@compact"]
 
 
-def test_ar_runtime_needs_an_ar_model(tmp_path):
-    result = CliRunner().invoke(main, ["eval", "--model", "tiny", "--tasks", "copy", "--limit", "1",
-                                       "--ar-runtime", "compact", "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and "applies to `ar:` models only" in result.output
+def test_the_ar_baseline_refuses_a_cache_or_filter_it_would_ignore(tmp_path):
+    for extra in (["--cache", "dual"], ["--filter", "eotp"]):
+        result = CliRunner().invoke(main, ["eval", "--model", "ar:ar_target", "--tasks", "copy",
+                                           "--limit", "1", "--out", str(tmp_path / "out"), *extra])
+        assert result.exit_code == 2 and "apply to diffusion models" in result.output
+        assert not (tmp_path / "out" / "samples.jsonl").exists()

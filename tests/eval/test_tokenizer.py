@@ -64,7 +64,7 @@ def test_shipped_ar_tokenizers_ask_in_the_training_format(name):
     so `spec` and `eval --model ar:...` prompt them correctly without knowing the format."""
     from transformers import AutoTokenizer
 
-    from dllm_decode.models.loading import EMBEDDED_DIR
+    from dllm_decode.models.checkpoint import EMBEDDED_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(str(EMBEDDED_DIR / name))
     text = tokenizer.apply_chat_template([{"role": "user", "content": "copy : lucy eric"}],

@@ -17,7 +17,7 @@ def test_filters_build_from_cli_and_are_named_in_json(step_weights):
     result = CliRunner().invoke(main, [*BASE, "--json", "--filter", f"learned:weights={path},width=8,mode=only",
                                        "--filter", "eotp:mode=predicted,eos_threshold=0.5"])
     assert result.exit_code == 0, result.output
-    filters = json.loads(result.output)["filters"]
+    filters = json.loads(result.output)["config"]["filters"]
     assert filters == [{"name": "learned", "weights": path, "width": 8, "threshold": 0.96, "mode": "only"},
                        {"name": "eotp", "mode": "predicted", "eos_threshold": 0.5}]
 

@@ -1,5 +1,6 @@
 """EoTP: truncation after the committed (or predicted) end of text, alone and with the loop."""
 
+import dataclasses
 import pytest
 import torch
 
@@ -87,7 +88,7 @@ def test_same_output_as_without_eotp_when_tail_is_all_eos(scheduler):
     model = oracle_with_eos_tail([1, 2, 3], gen=16, eos_confidence=0.99, tail_confidence=0.3)
     config = DecodeConfig(scheduler, gen_length=16, block_length=8)
     plain = generate(model, [[4, 5]], config)
-    eotp = generate(model, [[4, 5]], config, filters=[EoTPFilter()])
+    eotp = generate(model, [[4, 5]], dataclasses.replace(config, filters=[EoTPFilter()]))
     assert torch.equal(plain.tokens, eotp.tokens)
     assert (eotp.nfe <= plain.nfe).all()
 
@@ -97,7 +98,7 @@ def test_eotp_saves_the_steps_after_the_eos():
     model = oracle_with_eos_tail([1, 2, 3], gen=8, eos_confidence=0.99, tail_confidence=0.3)
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=8, block_length=8)
     assert generate(model, [[4, 5]], config).nfe.tolist() == [8]
-    assert generate(model, [[4, 5]], config, filters=[EoTPFilter()]).nfe.tolist() == [4]
+    assert generate(model, [[4, 5]], dataclasses.replace(config, filters=[EoTPFilter()])).nfe.tolist() == [4]
 
 
 def tiny_prompts(n: int) -> list[list[int]]:
@@ -110,9 +111,9 @@ def test_batched_equals_one_by_one_with_truncation():
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=16, block_length=8)
     eotp = [EoTPFilter(mode="predicted", eos_threshold=0.05)]
     prompts = tiny_prompts(3)
-    batched = generate(model, prompts, config, filters=eotp)
+    batched = generate(model, prompts, dataclasses.replace(config, filters=eotp))
     for i, prompt in enumerate(prompts):
-        alone = generate(model, [prompt], config, filters=eotp)
+        alone = generate(model, [prompt], dataclasses.replace(config, filters=eotp))
         assert torch.equal(batched.tokens[i], alone.tokens[0]) and batched.nfe[i] == alone.nfe[0]
 
 
@@ -124,10 +125,9 @@ def test_composes_with_block_caches(cache_name, step_weights):
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=16, block_length=8)
     filters = [LearnedFilter(weights=step_weights(8), width=8, threshold=0.5),
                EoTPFilter(mode="predicted", eos_threshold=0.05)]
-    approximate = generate(model, tiny_prompts(3), config, cache=CACHES[cache_name](), filters=filters)
+    approximate = generate(model, tiny_prompts(3), dataclasses.replace(config, cache=CACHES[cache_name](), filters=filters))
     assert not (approximate.tokens == model.mask_token_id).any()
     # refreshed every step the cache is exact: truncation must reach it consistently
-    exact = generate(model, tiny_prompts(3), config, cache=CACHES[cache_name](refresh_every=1),
-                     filters=filters)
-    plain = generate(model, tiny_prompts(3), config, filters=filters)
+    exact = generate(model, tiny_prompts(3), dataclasses.replace(config, cache=CACHES[cache_name](refresh_every=1), filters=filters))
+    plain = generate(model, tiny_prompts(3), dataclasses.replace(config, filters=filters))
     assert torch.equal(exact.tokens, plain.tokens) and torch.equal(exact.nfe, plain.nfe)

@@ -129,7 +129,7 @@ def test_train_filter_end_to_end_on_tiny_model(tmp_path):
     assert 1 <= report["heldout_decode"]["oracle_nfe_mean"] <= 16
     learned = LearnedFilter(weights=str(out), width=8, threshold=0.5)
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=16, block_length=8)
-    result = generate(model, prompts[:2], config, filters=[learned])
+    result = generate(model, prompts[:2], dataclasses.replace(config, filters=[learned]))
     assert not (result.tokens == model.mask_token_id).any()
 
 
@@ -151,8 +151,7 @@ def test_oracle_end_to_end_commits_the_accepted_then_one_per_step(step_weights, 
     confidence = torch.tensor([0.9, 0.5, 0.8, 0.6, 0.95, 0.3, 0.99, 0.2])
     model = OracleMaskPredictor(target, confidence, vocab_size=12, mask_token_id=11, eos_token_id=10)
     config = DecodeConfig(LowConfidenceScheduler(), gen_length=8, block_length=8)
-    result = generate(model, [[4, 5]], config, trace=True,
-                      filters=[LearnedFilter(weights=step_weights(8), width=8, mode=mode)])
+    result = generate(model, [[4, 5]], dataclasses.replace(config, filters=[LearnedFilter(weights=step_weights(8), width=8, mode=mode)]), trace=True)
     assert torch.equal(result.tokens[0], target) and result.nfe.tolist() == [5]
     assert result.trace[0]["commit"][0].nonzero().flatten().tolist() == [0, 2, 4, 6]
     assert generate(model, [[4, 5]], config).nfe.tolist() == [8]

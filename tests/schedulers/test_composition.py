@@ -9,14 +9,11 @@ import torch
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
-from dllm_decode.config import component_dict
-from dllm_decode.registry import build
+from dllm_decode.config import DecodeConfig
+from dllm_decode.registry import build, component, component_dict
 from dllm_decode.schedulers import (SCHEDULERS, AdaptiveBlockScheduler, CreditScheduler, EarlyCommitScheduler,
                         KLASSScheduler, LocalLeapScheduler, ThresholdScheduler)
 from dllm_decode.schedulers.columns import carry
-
-NAMES = {cls: name for name, cls in SCHEDULERS.items()}
-
 
 def test_dotted_options_configure_the_base():
     built = build(SCHEDULERS, "early_commit", {"base": "local_leap", "base.kappa": "0.8"})
@@ -32,10 +29,10 @@ def test_dotted_options_on_a_default_base_keep_its_other_settings():
 
 def test_nested_components_round_trip_through_json():
     nested = AdaptiveBlockScheduler(base=CreditScheduler(base=KLASSScheduler(history=3)), delimiter_ids=(4, 5))
-    described = json.loads(json.dumps(component_dict(nested, NAMES)))
-    options = {k: v for k, v in described.items() if k != "name"}
-    options["delimiter_ids"] = tuple(options["delimiter_ids"])   # JSON turns tuples into lists
-    assert build(SCHEDULERS, described["name"], options) == nested
+    described = json.loads(json.dumps(component_dict(nested)))
+    assert component("scheduler", described) == nested
+    config = DecodeConfig(scheduler=nested, gen_length=16, block_length=5)
+    assert DecodeConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_wrappers_take_block_bounds_and_view_from_their_base():
@@ -60,14 +57,14 @@ def cli(*args):
 def test_cli_composes_wrappers_with_dotted_options():
     result = cli("--scheduler", "early_commit", "-o", "base=local_leap", "-o", "base.kappa=0.8")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["scheduler"]["base"] == {"name": "local_leap", "kappa": 0.8,
+    assert json.loads(result.output)["config"]["scheduler"]["base"] == {"name": "local_leap", "kappa": 0.8,
                                                               "tau": 0.75, "radius": 4}
 
 
 def test_cli_keeps_explicit_delimiters_and_decodes_uneven_blocks():
     result = cli("--scheduler", "adaptive_block", "-o", "delimiter_ids=3,6", "--gen-length", "10")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["scheduler"]["delimiter_ids"] == [3, 6]
+    assert json.loads(result.output)["config"]["scheduler"]["delimiter_ids"] == [3, 6]
 
 
 def test_carry_realigns_by_canvas_column():

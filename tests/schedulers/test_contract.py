@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import pytest
@@ -12,14 +13,12 @@ from hypothesis import strategies as st
 
 from dllm_decode.caches import CACHES
 from dllm_decode import DecodeConfig, generate
-from dllm_decode.config import component_dict
-from dllm_decode.registry import build
+from dllm_decode.registry import component, component_dict
 from dllm_decode.testing import tiny_llada
 from dllm_decode.schedulers import SCHEDULERS
 from tests.schedulers.inputs import clone, rows, same, step_input
 
 NAMES = sorted(SCHEDULERS)
-REGISTRY_NAMES = {cls: name for name, cls in SCHEDULERS.items()}
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 DRAWS_RANDOM_SCORES = {"random"}     # one stream per batch: rows match one-by-one only in counts
 
@@ -118,10 +117,9 @@ def test_same_generator_same_decision(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trips_through_component_dict_and_build(name):
     scheduler = SCHEDULERS[name]()
-    described = component_dict(scheduler, REGISTRY_NAMES)
+    described = json.loads(json.dumps(component_dict(scheduler)))
     assert described["name"] == name
-    options = {k: v for k, v in described.items() if k != "name"}
-    assert build(SCHEDULERS, name, options) == scheduler
+    assert component("scheduler", described) == scheduler
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +152,7 @@ def test_generate_terminates_batched_equals_one_by_one_and_state_never_leaks(nam
 def test_generate_under_block_caches_terminates_and_repeats(name, cache_name, model):
     config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=8, block_length=4)
     cache = CACHES[cache_name]()
-    runs = [generate(model, PROMPTS, config, cache=cache, generator=torch.Generator().manual_seed(0))
+    runs = [generate(model, PROMPTS, dataclasses.replace(config, cache=cache), generator=torch.Generator().manual_seed(0))
             for _ in range(2)]
     assert not (runs[0].tokens == model.mask_token_id).any()
     assert torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].nfe, runs[1].nfe)

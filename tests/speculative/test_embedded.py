@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_decode.models.loading import EMBEDDED_DIR, ModelLoadError, load_model
+from dllm_decode.models import ModelLoadError, load_model
+from dllm_decode.models.checkpoint import EMBEDDED_DIR
 from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, HeuristicScheduler, LookupDrafter,
                                      ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)

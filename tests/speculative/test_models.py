@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from dllm_decode.models.loading import ModelLoadError
+from dllm_decode.models.checkpoint import ModelLoadError
 from dllm_decode.speculative import gguf
 from dllm_decode.speculative.models import load_causal_lm
 from tests.speculative.conftest import tiny_llama

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
-from dllm_decode.interfaces import Cache, DiffusionLM, Scheduler
+from dllm_decode.interfaces import Cache, DiffusionLM, NoCache, Scheduler
 from dllm_decode.sampler import generate
 from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
 from dllm_decode.speculative.sampling import Sampling
@@ -34,14 +34,14 @@ class DiffusionDrafter(Drafter):
     Attributes:
         model: the DiffusionLM.
         scheduler: its unmasking policy (which positions to commit each denoising step).
-        cache: its logits cache (None: a full forward per step).
+        cache: its logits cache (default: a full forward per step).
         drop_ids: token ids removed from the AR context before it becomes the dLLM prompt (e.g.
             the `=` separator of the embedded AR format, which the dLLM never saw).
     """
 
     model: DiffusionLM
     scheduler: Scheduler
-    cache: Cache | None = None
+    cache: Cache = field(default_factory=NoCache)
     drop_ids: tuple[int, ...] = field(default=())
 
     def propose(self, context: Tensor, width: int, sampling: Sampling,
@@ -55,10 +55,10 @@ class DiffusionDrafter(Drafter):
             width = min(width, limit - prompt.shape[0])
         if width < 1 or not prompt.numel():
             return Draft.empty(context.device), state
-        config = DecodeConfig(scheduler=self.scheduler, gen_length=width, block_length=width,
-                              temperature=0.0, stop_at_eos=True)
-        result = generate(self.model, [prompt.tolist()], config, cache=self.cache,
-                          generator=generator, tokenizer=None, trace=True)
+        config = DecodeConfig(scheduler=self.scheduler, cache=self.cache, gen_length=width,
+                              block_length=width, temperature=0.0, stop_at_eos=True)
+        result = generate(self.model, [prompt.tolist()], config, generator=generator, tokenizer=None,
+                          trace=True)
         tokens = result.tokens[0].to(context.device)
         confidence = _commit_confidence(result.trace, width).to(context.device)
         draft = Draft(tokens, confidence, forwards=int(result.nfe[0]))

@@ -1,0 +1,118 @@
+"""`dllm-decode eval`: schedulers on ParallelBench-style tasks, resumable and data-parallel."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from dllm_decode.cli.decode import DEFAULT_MODEL
+from dllm_decode.cli.options import DTYPES, key_values
+
+EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embedded`, `ideal[:noise=X]`, "
+                   "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
+
+
+@click.command("eval")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True, help=EVAL_MODEL_HELP)
+@click.option("--tasks", "selection", multiple=True, default=("all",), show_default=True,
+              help="Comma list of task names, groups (all, waiting_line, puzzles) or "
+                   "released:DIR[#task+task] (ParallelBench's released output/test directory); "
+                   "repeatable, the selections add up.")
+@click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
+              metavar="NAME[:KEY=VALUE,...]", help="Repeatable; each one is a curve (or a point).")
+@click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
+              callback=key_values, help="Set a field on every scheduler that has it; repeatable.")
+@click.option("--sweep", "sweep_specs", multiple=True, metavar="KEY=V1,V2,...",
+              help="Sweep a scheduler field, tokens_per_step, block_length, gen_length, temperature "
+                   "or cache.FIELD; repeatable (product).")
+@click.option("--cache", "cache_name", default="none", show_default=True)
+@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=key_values)
+@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
+@click.option("--gen-length", default="32", show_default=True,
+              help="Canvas length, or `answer` for each example's reference length (infilling).")
+@click.option("--block-length", type=click.IntRange(1), default=None, help="Semi-AR block [whole canvas].")
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True,
+              help="Decoding seed.")
+@click.option("--data-seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True,
+              help="Seed of the built-in tasks.")
+@click.option("--sort-by", type=click.Choice(["first", "last"]), default="first", show_default=True,
+              help="Released Sort labels: by first name (as released) or last name (as the prompt asks).")
+@click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Results directory; re-running the same command resumes there.")
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True)
+@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [when a terminal].")
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--device", default=None)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None)
+@click.option("--combine", is_flag=True,
+              help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
+                   "same tasks), not only this command's; labels then name their model.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: tuple[str, ...],
+                 scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
+                 cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
+                 gen_length: str, block_length: int | None, temperature: float, seed: int,
+                 data_seed: int, sort_by: str, batch_size: int, out_dir: str, chat_template: bool,
+                 progress: bool | None, plots: bool, device: str | None, dtype: str | None,
+                 combine: bool, as_json: bool) -> None:
+    """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
+    plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0)."""
+    from dllm_decode.cli.options import (device_option, model_spec, parse_spec, torch_dtype,
+                                         usage_errors, writable_dir)
+    from dllm_decode.eval.harness import distributed
+    from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep
+    from dllm_decode.eval.harness.records import combined_records
+    from dllm_decode.eval.harness.report import write_outputs
+    from dllm_decode.eval.harness.runner import decoder_for, evaluate
+    from dllm_decode.eval.tasks.sources import select_tasks
+
+    spec = model_spec(model_name)
+    if spec.kind == "ar" and (cache_name != "none" or cache_opts or filter_specs):
+        raise click.UsageError(f"--cache and --filter apply to diffusion models; {model_name!r} "
+                               f"is the AR baseline (it has neither)")
+    if gen_length != ANSWER and not (gen_length.isdigit() and int(gen_length) >= 1):
+        raise click.BadParameter(f"expected an integer >= 1 or {ANSWER!r}, got {gen_length!r}",
+                                 param_hint="--gen-length")
+    with usage_errors("--filter"):
+        filters = tuple((name, tuple(sorted(options.items())))
+                        for name, options in map(parse_spec, filter_specs))
+    with usage_errors():
+        settings = expand_grid([parse_spec(text) for text in scheduler_specs], scheduler_opts,
+                               [parse_sweep(text) for text in sweep_specs], cache=cache_name,
+                               cache_options=tuple(sorted(cache_opts.items())), filters=filters,
+                               gen_length=None if gen_length == ANSWER else int(gen_length),
+                               block_length=block_length, temperature=temperature, seed=seed)
+        runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by)
+    writable_dir(out_dir, "--out")
+    where = device_option(device)
+    rank, _ = distributed.init_from_env(str(where))
+    with usage_errors("--model"):
+        decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
+                                         chat_template)
+    if rank == 0:
+        for message in skipped:
+            click.echo(message, err=True)
+    with usage_errors():
+        records = evaluate(decoder, str(spec), settings, runs, out_dir, tokenizer=tokenizer,
+                           batch_size=batch_size,
+                           progress=sys.stderr.isatty() if progress is None else progress)
+    if records is None:                                  # ranks > 0: rank 0 reports
+        return
+    if combine:
+        records = combined_records(out_dir)
+    models = sorted({r["model"] for r in records})
+    summary = write_outputs(records, out_dir, theory=spec.kind == "ideal", skipped=skipped,
+                            meta={"model": ", ".join(models) or str(spec),
+                                  "command": " ".join(sys.argv)}, plots=plots)
+    if as_json:
+        click.echo(json.dumps(summary, default=str))
+        return
+    for entry in summary["leaderboard"]:
+        levels = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
+        click.echo(f"{entry['label']}: max tokens/step {levels}")
+    click.echo(f"wrote {out_dir}/samples.jsonl, summary.json, report.md")

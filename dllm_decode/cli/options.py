@@ -1,0 +1,183 @@
+"""Parsing every command shares: `KEY=VALUE` options, `NAME[:KEY=VALUE,...]` specs, the decode
+record from its options, model names, devices and dtypes, and `ValueError` -> usage error.
+
+Imports only click at module level: `dllm-decode --help` must not wait for torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import click
+
+from dllm_decode.modelspec import ModelSpec, parse_options
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """Click callback: `-o key=value` (repeatable) -> dict; a missing `=` is a usage error."""
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", ctx=ctx, param=param)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_spec(text: str) -> tuple[str, dict[str, str]]:
+    """`NAME[:key=value,key=value]` -> (name, options). Raises ValueError on a malformed option."""
+    name, _, rest = text.partition(":")
+    return name.strip(), dict(parse_options(rest))
+
+
+@contextlib.contextmanager
+def usage_errors(hint: str | None = None) -> Iterator[None]:
+    """Turn a `ValueError`/`TypeError` (bad user input, one line) into click's usage error (exit 2),
+    naming the option `hint` when there is one."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if hint:
+            raise click.BadParameter(message, param_hint=hint) from None
+        raise click.UsageError(message) from None
+
+
+def decode_config(*, scheduler: str, scheduler_options: Mapping[str, str], cache: str = "none",
+                  cache_options: Mapping[str, str] | None = None, filters: Sequence[str] = (),
+                  **fields: Any) -> Any:
+    """The `DecodeConfig` the decoding options describe; each bad part is a usage error naming
+    its option."""
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.registry import component
+
+    with usage_errors("--scheduler / -o"):
+        scheduler_obj = component("scheduler", {"name": scheduler, **scheduler_options})
+    with usage_errors("--cache / -c"):
+        cache_obj = component("cache", {"name": cache, **(cache_options or {})})
+    with usage_errors("--filter"):
+        filter_objs = tuple(component("filter", {"name": name, **options})
+                            for name, options in map(parse_spec, filters))
+    with usage_errors():
+        return DecodeConfig(scheduler=scheduler_obj, cache=cache_obj, filters=filter_objs, **fields)
+
+
+def model_spec(text: str, hint: str = "--model") -> ModelSpec:
+    with usage_errors(hint):
+        return ModelSpec.parse(text)
+
+
+def device_option(text: str | None) -> Any:
+    """`--device` text -> a torch device the machine has (default: the CPU).
+
+    Raises:
+        click.BadParameter: not a device name, or one this torch build or machine lacks.
+    """
+    import torch
+
+    if text is None:
+        return torch.device("cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise click.BadParameter(f"{text!r} is not a torch device; use cpu, cuda, cuda:N or mps",
+                                 param_hint="--device") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if not available.get(device.type, False):
+        raise click.BadParameter(f"device {text!r} is not available on this machine (torch "
+                                 f"{torch.__version__}); use cpu", param_hint="--device")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise click.BadParameter(f"device {text!r}: this machine has {torch.cuda.device_count()} "
+                                 f"CUDA device(s)", param_hint="--device")
+    return device
+
+
+def torch_dtype(name: str | None) -> Any:
+    """`--dtype` text (one of `DTYPES`) -> a torch dtype, or None for the model's default."""
+    if name is None:
+        return None
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
+                         gen_length: int = 128, hint: str = "--model") -> Any:
+    """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
+
+    `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
+    suite's tokenizer.
+    """
+    if spec.kind == "ideal":
+        from dllm_decode.eval.theory.ideal import ideal_model
+
+        with usage_errors(hint):
+            return ideal_model(gen_length, dict(spec.options))
+    if spec.kind == "ar":
+        raise click.BadParameter(f"{str(spec)!r} is a causal LM; this command needs a masked "
+                                 f"diffusion LM (use it with `dllm-decode spec` or `eval`)",
+                                 param_hint=hint)
+    from dllm_decode.modelspec import load_diffusion
+
+    with usage_errors(hint):
+        return load_diffusion(spec, device=device, dtype=torch_dtype(dtype))
+
+
+def read_prompt(prompt: str | None) -> str:
+    """`--prompt`, or standard input when it is omitted; an empty prompt is a usage error."""
+    import sys
+
+    if prompt is None:
+        stream = sys.stdin
+        if stream is None or stream.isatty():
+            prompt = ""
+        else:
+            data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+            if isinstance(data, bytes):
+                try:
+                    data = data.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise click.BadParameter(f"standard input is not UTF-8 text (byte {err.start})",
+                                             param_hint="--prompt") from None
+            prompt = data
+    if not prompt.strip():
+        raise click.BadParameter("the prompt is empty", param_hint="--prompt")
+    return prompt
+
+
+def writable_file(path: str, hint: str) -> Any:
+    """Check an output file before any work starts (nothing computed is lost to a bad path):
+    its folder is created when missing, and the folder (and the file, when it exists) must be
+    writable. Returns the `Path`."""
+    import os
+    from pathlib import Path
+
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise click.BadParameter(f"{path!r} is a directory; give a file path", param_hint=hint)
+    writable_dir(str(target.parent), hint)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise click.BadParameter(f"{path!r} is not writable", param_hint=hint)
+    return target
+
+
+def writable_dir(path: str, hint: str) -> Any:
+    """Create an output folder (with its parents) and check it is writable. Returns the `Path`."""
+    import os
+    from pathlib import Path
+
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise click.BadParameter(f"{path!r} exists and is not a directory", param_hint=hint)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise click.BadParameter(f"cannot create {path!r}: {err.strerror}", param_hint=hint) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{path!r} is not writable", param_hint=hint)
+    return folder

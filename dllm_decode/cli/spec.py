@@ -1,0 +1,102 @@
+"""`dllm-decode spec`: autoregressive speculative decoding of one prompt."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from dllm_decode.cli.options import key_values
+
+RUNTIME_CHOICES = ("hf", "compact")
+
+
+@click.command("spec")
+@click.option("--target", default="ar_target", show_default=True,
+              help="Causal LM: `ar_target`, `smollm2`, a directory, a .gguf or an HF cache id.")
+@click.option("--draft", "draft_spec", default="ar_draft", show_default=True,
+              help="A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf), `lookup[:MAX_NGRAM]`, "
+                   "`layerskip:N` or `layerskip:0,2,3`, `dllm[:MODEL]`, or `none` (plain AR).")
+@click.option("--scheduler", default="heuristic", show_default=True,
+              help="Decides each round's draft length: `heuristic` or any diffusion scheduler "
+                   "(see `dllm_decode.speculative.schedule`).")
+@click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
+              callback=key_values, help="Override a scheduler field; repeatable.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Most tokens drafted per round (k).")
+@click.option("--temperature", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+              help="0: greedy verification; > 0: speculative sampling.")
+@click.option("--top-k", type=click.IntRange(1), default=None)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
+@click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
+@click.option("--dllm-scheduler", default="threshold", show_default=True,
+              help="Unmasking scheduler of a `dllm` drafter.")
+@click.option("--dllm-opt", "dllm_opts", multiple=True, metavar="KEY=VALUE", callback=key_values,
+              help="Override a field of the dLLM's unmasking scheduler; repeatable.")
+@click.option("--dllm-drop", default="", help="Text whose tokens are removed from the context "
+              "before the dLLM sees it (`=` for the embedded AR format).")
+@click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted.")
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True,
+              help="Apply the target tokenizer's chat template when it has one.")
+@click.option("--runtime", type=click.Choice(RUNTIME_CHOICES), default="hf", show_default=True,
+              help="How the target runs: `hf` (transformers, the reference numerics) or "
+                   "`compact` (a lean plain-torch decoder over the same Llama weights).")
+@click.option("--draft-runtime", type=click.Choice(RUNTIME_CHOICES + ("auto",)), default="auto",
+              show_default=True, help="How a causal-LM or layer-skip draft runs; `auto`: compact "
+              "when the model is a Llama (a draft's numerics never change the output).")
+@click.option("--device", default=None, help="torch device (default: cpu).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: dict[str, str],
+                 max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
+                 top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
+                 dllm_drop: str, prompt: str | None, chat_template: bool, runtime: str,
+                 draft_runtime: str, device: str | None, as_json: bool) -> None:
+    """Autoregressive speculative decoding: draft, let the scheduler pick the draft length,
+    verify with the target (greedy: identical to the target's greedy output). Batch size 1."""
+    import torch
+
+    from dllm_decode.cli.options import device_option, read_prompt, usage_errors
+    from dllm_decode.prompts import chat_prompt
+    from dllm_decode.registry import component, component_dict
+    from dllm_decode.speculative import (DraftContext, Sampling, SpecConfig, make_drafter,
+                                         speculative_generate, with_runtime)
+    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.speculative.schedule import draft_length_rule
+
+    with usage_errors("--scheduler / -o"):
+        rule = draft_length_rule({"name": scheduler, **scheduler_opts})
+    with usage_errors():
+        config = SpecConfig(scheduler=rule, max_new_tokens=max_new_tokens, max_draft=max_draft,
+                            sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
+    with usage_errors("--dllm-scheduler / --dllm-opt"):
+        unmasking = component("scheduler", {"name": dllm_scheduler, **dllm_opts})
+    text = read_prompt(prompt)
+    where = device_option(device)
+    _quiet_transformers()
+    with usage_errors("--target"):
+        loaded = load_causal_lm(target, device=where)
+    with usage_errors("--draft"):
+        drafter, _ = make_drafter(draft_spec, DraftContext(loaded, where, draft_runtime, unmasking,
+                                                           dllm_drop))
+    with usage_errors("--runtime"):
+        target_model = with_runtime(loaded, runtime)
+    with usage_errors():
+        result = speculative_generate(target_model, chat_prompt(target_model.tokenizer, text, chat_template),
+                                      config, drafter,
+                                      generator=torch.Generator(device=where).manual_seed(seed))
+    if not as_json:
+        click.echo(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
+        return
+    click.echo(json.dumps({**result.to_dict(), "target": target, "draft": draft_spec,
+                           "scheduler": component_dict(rule), "runtime": runtime,
+                           "draft_runtime": draft_runtime, "max_draft": max_draft,
+                           "max_new_tokens": max_new_tokens, "temperature": temperature,
+                           "top_k": top_k, "top_p": top_p, "seed": seed}))
+
+
+def _quiet_transformers() -> None:
+    """No weight-loading progress bars on the terminal (stdout stays one result)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()

@@ -1,0 +1,134 @@
+"""Checkpoint I/O that every model family shares: where a named model lives, `config.json`,
+safetensors (single file or shards), strict state loading, and the one-line `ModelLoadError`.
+
+`loading.py` picks a model family from the config; the families use this module to save and
+load, so neither imports the other's dispatcher (no import circle).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
+EMBEDDED_NAMES = {"embedded": "dllm"}   # CLI names of the shipped models -> directory
+
+
+class ModelLoadError(ValueError):
+    """A model directory is missing, incomplete or of an unsupported kind (one-line message)."""
+
+
+def resolve_model_dir(name_or_path: str | Path) -> Path:
+    """A shipped model name, a local directory, or a repo id already in the local HF cache."""
+    text = str(name_or_path)
+    if text in EMBEDDED_NAMES:
+        path = EMBEDDED_DIR / EMBEDDED_NAMES[text]
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"the embedded model is not installed at {path}")
+        return path
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(text, local_files_only=True))
+        except Exception:  # noqa: BLE001 - any miss in the offline cache is the same user error
+            raise ModelLoadError(f"model {text!r} is neither a local directory nor in the local "
+                                 f"HF cache (nothing is downloaded)") from None
+    raise ModelLoadError(f"model directory {text!r} does not exist")
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{directory} has no config.json")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Single `model.safetensors` or shards listed in `model.safetensors.index.json`."""
+    from safetensors.torch import load_file
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise ModelLoadError(f"{index} is not a safetensors index (JSON with a "
+                                 f"'weight_map' object)") from None
+    elif (directory / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        try:
+            state.update(load_file(str(directory / name)))
+        except Exception as err:  # noqa: BLE001 - safetensors raises several types for bad files
+            raise ModelLoadError(f"cannot read {directory / name}: {first_line(err)}") from None
+    return state
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def save_checkpoint(directory: str | Path, config: dict[str, Any], model: nn.Module,
+                    dtype: torch.dtype = torch.float32) -> None:
+    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], directory: Path,
+                      assign: bool = False) -> None:
+    """Load `state` into `model`; any missing, unexpected or wrongly shaped tensor is an error.
+
+    `assign=True` takes the tensors themselves (for a model built on the meta device).
+    """
+    expected = model.state_dict()
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if k in state and state[k].shape != v.shape]
+    if wrong:
+        raise ModelLoadError(f"{directory}: weights do not match the config (shape of {wrong[0]})")
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
+    if missing or unexpected:
+        raise ModelLoadError(f"{directory}: weights do not match the config "
+                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
+def load_tokenizer(directory: Path):
+    """The directory's tokenizer (offline), or None when it ships none."""
+    if not any((directory / name).is_file() for name in
+               ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")):
+        return None
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()    # it warns that config.json's `llada`/`Dream` type is unknown to it
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
+                                             trust_remote_code=False)
+    except Exception as err:  # noqa: BLE001 - tokenizer loading errors vary by class
+        raise ModelLoadError(f"cannot load the tokenizer in {directory}: {first_line(err)}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)

@@ -1,0 +1,112 @@
+"""The `--model` name language, parsed once into a typed `ModelSpec` (CLI, eval, bench, lm-eval).
+
+    embedded | ar_target | /path/to/dir | org/name     a model by directory, shipped name or HF cache id
+    tiny                                             the seeded random test LLaDA
+    ideal[:noise=X]                                  ParallelBench's ideal analytic model (eval)
+    ar:TARGET[+DRAFT][@RUNTIME]                      a causal LM: plain AR, or speculative with DRAFT
+                                                     (`ar_draft`, `lookup:3`, `layerskip:2`, `dllm`...),
+                                                     its target run by transformers (`@hf`, default)
+                                                     or the compact runtime (`@compact`)
+
+Parsing imports nothing heavy; loading is done by whoever needs the model (`load_diffusion` here
+for the first two kinds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("diffusion", "tiny", "ideal", "ar")
+RUNTIMES = ("hf", "compact")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model name means.
+
+    Attributes:
+        kind: `diffusion` (a masked diffusion LM: directory, shipped name or HF cache id),
+            `tiny`, `ideal`, or `ar` (a causal LM, the AR / speculative baseline).
+        name: the directory or name (diffusion, and the AR target).
+        options: `key=value` options (`ideal:noise=0.01`).
+        draft: the AR draft as `--draft` takes it (`ar_draft`, `lookup:3`, ...); "" for plain AR.
+        runtime: how the AR target runs: `hf` or `compact`.
+    """
+
+    kind: str
+    name: str = ""
+    options: tuple[tuple[str, str], ...] = ()
+    draft: str = ""
+    runtime: str = "hf"
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """Parse a model name.
+
+        Raises:
+            ValueError: an empty name or target, or a malformed `key=value` option.
+        """
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("the model name is empty; give a directory, `embedded`, `tiny`, "
+                             "`ideal` or `ar:TARGET[+DRAFT]`")
+        text = text.strip()
+        if text == "tiny":
+            return cls("tiny", "tiny")
+        if text == "ideal" or text.startswith("ideal:"):
+            return cls("ideal", "ideal", parse_options(text.partition(":")[2]))
+        if text.startswith("ar:"):
+            body, runtime = text[len("ar:"):], "hf"
+            head, at, tail = body.rpartition("@")
+            if at and tail in RUNTIMES:
+                body, runtime = head, tail
+            target, _, draft = body.partition("+")
+            if not target.strip():
+                raise ValueError(f"{text!r}: `ar:` needs a target model (e.g. `ar:ar_target`)")
+            return cls("ar", target.strip(), draft=draft.strip(), runtime=runtime)
+        return cls("diffusion", text)
+
+    def __str__(self) -> str:
+        """The canonical text (parses back to an equal spec)."""
+        if self.kind == "ideal":
+            options = ",".join(f"{k}={v}" for k, v in self.options)
+            return f"ideal:{options}" if options else "ideal"
+        if self.kind == "ar":
+            draft = f"+{self.draft}" if self.draft else ""
+            return f"ar:{self.name}{draft}" + (f"@{self.runtime}" if self.runtime != "hf" else "")
+        return self.name
+
+
+def parse_options(text: str) -> tuple[tuple[str, str], ...]:
+    """`key=value,key=value` -> ((key, value), ...) in order.
+
+    Raises:
+        ValueError: an item without `=` or with an empty key.
+    """
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"option {item!r} must be key=value")
+        out.append((key.strip(), value.strip()))
+    return tuple(out)
+
+
+def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None) -> Any:
+    """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`).
+
+    Raises:
+        ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
+            directory.
+    """
+    if spec.kind == "tiny":
+        from dllm_decode.testing import tiny_llada_with_tokenizer
+
+        return tiny_llada_with_tokenizer().to(device or "cpu")
+    if spec.kind != "diffusion":
+        raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
+    from dllm_decode.models.loading import load_model
+
+    return load_model(spec.name, dtype=dtype, device=device)
