@@ -1,11 +1,15 @@
-"""Evaluation: ParallelBench-style tasks, the ideal analytic model, training recipes.
+"""Evaluation, installed as `dllm_decode.eval`, in rooms:
 
-Import submodules explicitly (`from dllm_decode.eval.tasks import TASKS`); never `import eval`, which would
-shadow the builtin of the same name.
+* `tasks`: the ParallelBench-style task suite, released-file sources, the word-level tokenizer;
+* `harness`: the decoding grid, the resumable data-parallel runner, records, summaries, reports,
+  plots, tuned presets, the lm-evaluation-harness adapter;
+* `theory`: the ideal analytic model and the accuracy curves it predicts;
+* `bench`: the benchmarks behind `dllm-decode bench`;
+* `training`: the recipes that train the embedded models.
+
+Import submodules explicitly (`from dllm_decode.eval.tasks import TASKS`).
 """
 
 from dllm_decode._namespace import require_namespaced
 
 require_namespaced(__name__)
-
-__all__: list[str] = []

@@ -167,8 +167,9 @@ def scheduler_combos(tokenizer: Any) -> list[Combo]:
     combos = [Combo(BASELINE, SCHEDULERS[BASELINE]())]
     combos += [Combo(name, with_delimiters(cls(), tokenizer)) for name, cls in sorted(SCHEDULERS.items())
                if name not in (BASELINE, "oracle")]
-    combos += [Combo(f"preset:{name}", with_delimiters(p.scheduler(), tokenizer), filters=p.filters())
-               for name, p in PRESETS.items()]
+    presets = {name: p.config() for name, p in PRESETS.items()}
+    combos += [Combo(f"preset:{name}", with_delimiters(c.scheduler, tokenizer), filters=c.filters)
+               for name, c in presets.items()]
     return combos + [Combo("oracle", None, oracle=True, reference=BASELINE)]
 
 
