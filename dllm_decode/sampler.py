@@ -147,6 +147,18 @@ class Decoding:
         worked, gen_end = self._write(inp, decision)
         self._bookkeep(worked, gen_end)
 
+    def snapshot(self) -> tuple[Tensor, Tensor]:
+        """The requests' generation regions as they stand, on the CPU (one host transfer): (B, G)
+        tokens ([MASK] where undecided) and (B,) the length of each row's final prefix, the
+        answer tokens no later step can change (up to its first masked column). Servers stream
+        that prefix while the request decodes."""
+        canvas = self.out.clone()
+        canvas[self.rows.index] = self.rows.x
+        tokens = canvas[:, self.gen_start:].cpu()
+        masked = tokens == self.model.mask_token_id
+        final = torch.where(masked.any(-1), masked.int().argmax(-1), tokens.shape[1])
+        return tokens, final
+
     def result(self) -> DecodeResult:
         tokens = self.out[:, self.gen_start:].cpu()
         is_eos = torch.isin(tokens, torch.tensor(self.eos_ids))
