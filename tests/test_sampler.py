@@ -80,11 +80,33 @@ def test_eos_in_a_finished_block_fills_the_rest_and_stops_the_row():
     assert no_stop.nfe.tolist() == [8] and no_stop.tokens[0, 2:].tolist() == [5, 6, 7, 8, 9, 10]
 
 
-def test_rows_finishing_early_do_not_change_other_rows():
-    model = tiny_llada(seed=5)
+class _EndsWhenPromptStartsWithOne(torch.nn.Module):
+    """tiny_llada, except that rows whose prompt starts with token 1 predict EOS everywhere."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = tiny_llada(seed=5)
+        self.mask_token_id, self.eos_token_ids = MASK, (EOS,)
+        self.vocab_size, self.max_length = VOCAB, None
+
+    def forward(self, input_ids, attention_mask=None, positions=None, kv=None, rows=None):
+        logits = self.inner(input_ids, attention_mask, positions, kv=kv, rows=rows)
+        first = input_ids.gather(1, (input_ids == EOS).long().argmin(-1, keepdim=True))  # skip padding
+        return logits + 100.0 * torch.nn.functional.one_hot(torch.tensor(EOS), VOCAB) * (first == 1)[..., None]
+
+
+def test_rows_finishing_early_land_in_their_own_slots():
+    """Rows 1 and 3 finish in their first block, row 2 last; every row must still equal its
+    decode alone, in its own slot."""
+    model = _EndsWhenPromptStartsWithOne()
+    prompts = [[4, 5], [1, 2], [6, 7, 8], [1]]
     cfg = config(LowConfidenceScheduler(), gen=16, block=4)
-    both = generate(model, [[1, 2], [3, 4, 5]], cfg)
-    assert not (both.tokens == MASK).any()
+    batched = generate(model, prompts, cfg)
+    assert batched.nfe[1] == batched.nfe[3] == 4 and batched.nfe[2] > 4
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, [prompt], cfg)
+        assert torch.equal(batched.tokens[row], alone.tokens[0]), row
+        assert batched.nfe[row] == alone.nfe[0]
 
 
 @dataclasses.dataclass(frozen=True)
