@@ -14,6 +14,7 @@ from dllm_decode.interfaces import Cache, Filter, NoCache, Scheduler
 from dllm_decode.registry import component, component_dict
 
 PLAIN_FIELDS = ("gen_length", "block_length", "temperature", "stop_at_eos", "seed")
+REVISION_SCOPES = ("none", "block", "generated")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ class DecodeConfig:
         if not self.scheduler.chooses_block_bounds and self.gen_length % self.block_length:
             raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
                              f"({self.block_length}) for fixed blocks")
+        if self.scheduler.revises not in REVISION_SCOPES:
+            raise ValueError(f"scheduler {type(self.scheduler).__name__} declares revises="
+                             f"{self.scheduler.revises!r}; accepted: {list(REVISION_SCOPES)}")
+        if self.scheduler.revises == "generated" and not isinstance(self.cache, NoCache):
+            raise ValueError(f"{type(self.scheduler).__name__} takes back tokens of earlier blocks, "
+                             f"which no block cache can follow; use cache 'none'")
         if not 0 <= self.seed < 2 ** 63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):

@@ -67,6 +67,9 @@ class StepInput:
         logits: (B, W, V) float32 processed logits.
         live: (B,) bool, rows with work in this step (rows whose block is already done wait for
             the others and are never eligible).
+        current: (B, W) long, the window's tokens as they stand ([MASK] where masked).
+        revisable: (B, W) bool, committed columns the scheduler may re-mask or edit this step
+            (its `revises` scope; all False for schedulers that never revise).
         generator: the request's random generator (for random scores), or None.
         eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
             instead of hard-coding them).
@@ -85,6 +88,8 @@ class StepInput:
     probs: Tensor
     logits: Tensor
     live: Tensor
+    current: Tensor | None = None
+    revisable: Tensor | None = None
     generator: torch.Generator | None = None
     eos_ids: tuple[int, ...] = ()
     mask_id: int = -1
@@ -108,12 +113,20 @@ class Decision:
             `tokens` now. None means no row finishes.
         truncate_at: (B,) long canvas column; positions at or after it become end-of-text and are
             never computed again (EoTP). None, or a value >= the row's generation end, keeps all.
+        remask: (B, W) bool, committed columns to take back (return to [MASK]). Only a scheduler
+            whose `revises` scope allows it may set it; the loop keeps only `revisable` columns
+            and at most (commits this step - 1) per row, the least supported first, so every step
+            still leaves one mask fewer.
+        edit: (B, W) bool, committed columns to overwrite with `tokens` (token-to-token editing),
+            under the same scope; the loop ignores edits that change nothing.
     """
 
     commit: Tensor
     tokens: Tensor | None = None
     finish: Tensor | None = None
     truncate_at: Tensor | None = None
+    remask: Tensor | None = None
+    edit: Tensor | None = None
 
     def resolve(self, inp: StepInput) -> tuple[Tensor, Tensor]:
         """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
@@ -144,10 +157,19 @@ class Scheduler(abc.ABC):
             for everything after the block start the cache computed (answer-region rules).
         chooses_block_bounds: True when `block_end` moves block ends (block lengths then need
             not divide the generation length).
+        revises: which committed tokens the rule may take back (`Decision.remask`/`edit`):
+            "none" (every commit is final, the default), "block" (committed columns of the
+            active block: WINO, token editing), "generated" (any generated column before the
+            block end, which also makes every masked column there eligible again: Saber; needs
+            the `none` cache).
+        post_steps: steps a row may keep editing after its block has no mask left (each needs
+            an edit to continue; LLaDA2.1's `max_post_steps`).
     """
 
     view: ClassVar[str] = "block"
     chooses_block_bounds: ClassVar[bool] = False
+    revises: ClassVar[str] = "none"
+    post_steps: ClassVar[int] = 0
 
     def init_state(self, batch_size: int, device: torch.device) -> Any:
         """A new request (batch of rows) starts. Stateless rules keep the default."""

@@ -6,8 +6,10 @@ steps it to the end. Per step: the cache gives logits for the active window, the
 loop's rules, the commits are written, and one host sync updates the bookkeeping. The invariants
 hold for every scheduler, once, here: commits lie in the masked part of the row's active block
 (an "all-in" finish may fill every masked column it sees), every row with work commits at least
-one token per step, [MASK] is never written, committed tokens never change, every block ends with
-no masks, and a hard step cap turns a stuck block into an error instead of masked output.
+one token per step, [MASK] is never written, committed tokens change only under a scheduler that
+declares `revises` (then only inside its scope, and every step still leaves one mask fewer),
+every block ends with no masks, and a hard step cap turns a stuck block into an error instead of
+masked output.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.interfaces import Decision, DiffusionLM, StepInput
-from dllm_decode.ops import gumbel_argmax, masked_scores
+from dllm_decode.ops import gumbel_argmax, masked_scores, topk_mask
 from dllm_decode.prompts import encode_prompts, left_pad
+
+
+MAX_REVISIONS = 4
+"""Times one column may be re-masked or edited; a column past it is final (revising policies
+churn less, and every position is bounded, not only every block)."""
 
 
 @torch.inference_mode()
@@ -59,10 +66,12 @@ class _Rows:
     x: Tensor                        # (b, L) canvas
     attention_mask: Tensor | None    # (b, L), None while no row is padded or truncated
     index: Tensor                    # (b,) the row's place in the request batch
+    revisions: Tensor | None = None  # (b, L) times each column was re-masked or edited
 
     def keep(self, kept: Tensor) -> _Rows:
         mask = None if self.attention_mask is None else self.attention_mask[kept]
-        return _Rows(self.x[kept], mask, self.index[kept])
+        revisions = None if self.revisions is None else self.revisions[kept]
+        return _Rows(self.x[kept], mask, self.index[kept], revisions)
 
 
 @dataclass
@@ -73,14 +82,19 @@ class _Blocks:
     start: list[int]
     end: list[int]
     gen_end: list[int]
+    post: list[int]                  # edit passes a row made after its block was full
+    revising: list[bool]             # the row runs another edit pass before its block is done
 
     def advance(self, block_length: int) -> None:
         """Every row moves on to its next block."""
         self.start = list(self.end)
         self.end = [min(s + block_length, g) for s, g in zip(self.start, self.gen_end)]
+        self.post = [0] * len(self.start)
+        self.revising = [False] * len(self.start)
 
     def keep(self, kept: list[int]) -> _Blocks:
-        return _Blocks(*([values[i] for i in kept] for values in (self.start, self.end, self.gen_end)))
+        return _Blocks(*([values[i] for i in kept] for values in
+                         (self.start, self.end, self.gen_end, self.post, self.revising)))
 
     @property
     def budget(self) -> int:
@@ -121,8 +135,11 @@ class Decoding:
             torch.Generator(device=device).manual_seed(config.seed)
         self.out = canvas.clone()                            # every row's final canvas
         self.nfe = torch.zeros(batch, dtype=torch.long, device=device)     # counted on device
-        self.rows = _Rows(canvas, attention_mask, torch.arange(batch, device=device))
-        self.blocks = _Blocks([self.gen_start] * batch, [self.gen_start] * batch, [width] * batch)
+        self.scope = config.scheduler.revises
+        revisions = None if self.scope == "none" else torch.zeros_like(canvas, dtype=torch.int32)
+        self.rows = _Rows(canvas, attention_mask, torch.arange(batch, device=device), revisions)
+        self.blocks = _Blocks([self.gen_start] * batch, [self.gen_start] * batch, [width] * batch,
+                              [0] * batch, [False] * batch)
         self.block_step = 0
         self.budget = 0
         self.wide = config.scheduler.view == "rest" or any(f.view == "rest" for f in config.filters)
@@ -144,8 +161,8 @@ class Decoding:
             self.budget = self.blocks.budget
         inp = self._step_input()
         inp, decision = self._decide(inp)
-        worked, gen_end = self._write(inp, decision)
-        self._bookkeep(worked, gen_end)
+        worked, edited, gen_end = self._write(inp, decision)
+        self._bookkeep(worked, edited, gen_end)
 
     def snapshot(self) -> tuple[Tensor, Tensor]:
         """The requests' generation regions as they stand, on the CPU (one host transfer): (B, G)
@@ -175,7 +192,8 @@ class Decoding:
     def _logits(self) -> tuple[Tensor, int]:
         """Logits for the active window: the phase's blocks, or everything after the earliest
         block start for `view = "rest"` rules (where the cache computed it)."""
-        lo, hi = min(self.blocks.start), max(self.blocks.end)
+        lo = self.gen_start if self.scope == "generated" else min(self.blocks.start)
+        hi = max(self.blocks.end)
         logits, offset, self.cache_state = self.config.cache.logits(
             self.model, self.rows.x, self.rows.attention_mask, (lo, hi), self.block_step,
             self.cache_state)
@@ -205,12 +223,19 @@ class Decoding:
         window = self.rows.x[:, offset:offset + logits.shape[1]]
         is_masked = window == self.model.mask_token_id
         columns = self.columns[offset:offset + logits.shape[1]]
-        eligible = is_masked & (columns >= block[:, :1]) & (columns < block[:, 1:])
+        region_start = self.gen_start if self.scope == "generated" else block[:, :1]
+        in_region = (columns >= region_start) & (columns < block[:, 1:])
+        eligible = is_masked & in_region
+        revisable = torch.zeros_like(eligible)
+        if self.scope != "none":
+            revisions = self.rows.revisions[:, offset:offset + logits.shape[1]]
+            revisable = ~is_masked & in_region & (columns >= self.gen_start) & (revisions < MAX_REVISIONS)
         inp = self._view(logits, StepInput(
             step=self.block_step, num_steps=self.budget, offset=offset, block=block,
             gen_span=gen_span, is_masked=is_masked, eligible=eligible, candidates=window,
             confidence=eligible.float(), probs=logits, logits=logits, live=eligible.any(-1),
-            generator=self.generator, eos_ids=self.eos_ids, mask_id=self.model.mask_token_id))
+            current=window.clone(), revisable=revisable, generator=self.generator,
+            eos_ids=self.eos_ids, mask_id=self.model.mask_token_id))
         processed, self.scheduler_state = self.config.scheduler.process_logits(inp, self.scheduler_state)
         return inp if processed is None else self._view(processed, inp)
 
@@ -240,26 +265,55 @@ class Decoding:
     def _rebound(self, inp: StepInput) -> StepInput:
         """The step's view with the block ends a scheduler just chose."""
         block = self._block()
-        eligible = inp.is_masked & (inp.columns >= block[:, :1]) & (inp.columns < block[:, 1:])
+        region_start = self.gen_start if self.scope == "generated" else block[:, :1]
+        in_region = (inp.columns >= region_start) & (inp.columns < block[:, 1:])
+        eligible = inp.is_masked & in_region
         confidence = masked_scores(inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1), eligible)
         return dataclasses.replace(inp, block=block, eligible=eligible, confidence=confidence,
-                                   live=eligible.any(-1), num_steps=self.budget)
+                                   live=eligible.any(-1), num_steps=self.budget,
+                                   revisable=inp.revisable & in_region)
 
-    def _write(self, inp: StepInput, decision: Decision) -> tuple[Tensor, Tensor]:
-        """Write the resolved commits. Returns (b,) rows that worked and their generation ends."""
+    def _write(self, inp: StepInput, decision: Decision) -> tuple[Tensor, Tensor, Tensor]:
+        """Write the resolved commits and revisions. Returns (b,) rows that worked, rows that
+        edited, and their generation ends."""
         commit, tokens = decision.resolve(inp)
         x = self.rows.x
         columns = slice(inp.offset, inp.offset + commit.shape[1])
-        x[:, columns] = torch.where(commit, tokens, x[:, columns])
+        written = torch.where(commit, tokens, inp.current)
+        remask = edit = None
+        if self.scope != "none":
+            remask, edit = self._revisions(inp, decision, commit, tokens)
+            written = torch.where(edit, tokens, written).masked_fill(remask, self.model.mask_token_id)
+            self.rows.revisions[:, columns] += (remask | edit).int()
+        x[:, columns] = written
         gen_end = inp.gen_span[:, 1]
         if decision.truncate_at is not None:
             gen_end = self._truncate(torch.minimum(gen_end, decision.truncate_at))
         if self.trace is not None:
-            self.trace.append({"rows": self.rows.index.cpu(), "offset": inp.offset - self.gen_start,
-                               "commit": commit.cpu(), "tokens": tokens.cpu(),
-                               "confidence": inp.confidence.cpu(), "block_step": inp.step})
+            entry = {"rows": self.rows.index.cpu(), "offset": inp.offset - self.gen_start,
+                     "commit": commit.cpu(), "tokens": tokens.cpu(),
+                     "confidence": inp.confidence.cpu(), "block_step": inp.step}
+            if remask is not None:
+                entry.update(remask=remask.cpu(), edit=edit.cpu())
+            self.trace.append(entry)
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
-        return inp.live | finish, gen_end
+        edited = torch.zeros_like(inp.live) if edit is None else edit.any(-1)
+        revising = self._bounds("revising", tuple(self.blocks.revising), self.blocks.revising).bool()
+        return inp.live | finish | revising, edited, gen_end
+
+    def _revisions(self, inp: StepInput, decision: Decision, commit: Tensor,
+                   tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """The re-masks and edits the loop accepts: inside the scheduler's scope, edits that change
+        a token, and at most (commits - 1) re-masks per row, the least supported token (lowest
+        probability of its current value) first, so a block always ends."""
+        none = torch.zeros_like(commit)
+        remask = none if decision.remask is None else decision.remask & inp.revisable
+        edit = none if decision.edit is None else (
+            decision.edit & inp.revisable & ~remask & (tokens != inp.current) & (tokens != inp.mask_id))
+        support = inp.probs.gather(-1, inp.current.unsqueeze(-1)).squeeze(-1)
+        allowed = (commit.sum(-1) - 1).clamp_min(0)
+        remask = topk_mask(masked_scores(-support, remask), allowed)
+        return remask, edit
 
     def _truncate(self, truncate_at: Tensor) -> Tensor:
         """Columns at or after `truncate_at` become end-of-text and are never attended again."""
@@ -273,33 +327,47 @@ class Decoding:
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
-    def _bookkeep(self, worked: Tensor, gen_end: Tensor) -> None:
+    def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
-        rows, and end the phase when no row has a mask left in its block."""
+        rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
         rows, blocks = self.rows, self.blocks
         block = self._block()
-        in_block = (self.columns >= block[:, :1]) & (self.columns < block[:, 1:])
+        region_start = self.gen_start if self.scope == "generated" else block[:, :1]
+        in_block = (self.columns >= region_start) & (self.columns < block[:, 1:])
         still = rows.x == self.model.mask_token_id
         self.nfe.index_add_(0, rows.index, worked.long())
-        block_left, gen_left, block_eos, gen_end_list = torch.stack([
+        block_left, gen_left, block_eos, edits, gen_end_list = torch.stack([
             (still & in_block).any(-1).long(), (still & (self.columns >= self.gen_start)).any(-1).long(),
-            (torch.isin(rows.x, self.eos) & in_block).any(-1).long(), gen_end,
+            (torch.isin(rows.x, self.eos) & in_block).any(-1).long(), edited.long(), gen_end,
         ]).tolist()                                      # the one host sync of the step
         blocks.gen_end = gen_end_list
         blocks.end = [min(e, g) for e, g in zip(blocks.end, gen_end_list)]
-        stops = [bool(self.config.stop_at_eos and not left and eos) for left, eos in zip(block_left, block_eos)]
+        if self.config.scheduler.post_steps:
+            self._post_fill(block_left, edits)
+        revising = blocks.revising
+        stops = [bool(self.config.stop_at_eos and not left and eos and not rev)
+                 for left, eos, rev in zip(block_left, block_eos, revising)]
         if any(stops):                     # the rest of a stopped row is end-of-text
             after = self.columns >= torch.tensor(blocks.end, device=rows.x.device).unsqueeze(-1)
             stopped = torch.tensor(stops, device=rows.x.device).unsqueeze(-1)
             rows.x = torch.where(after & stopped, self.eos_ids[0], rows.x)
-        done = [not left or stop for left, stop in zip(gen_left, stops)]
-        phase_over = not any(left for left, d in zip(block_left, done) if not d)
+        done = [(not left and not rev) or stop for left, rev, stop in zip(gen_left, revising, stops)]
+        phase_over = not any(left or rev for left, rev, d in zip(block_left, revising, done) if not d)
         if any(done):
             self._drop(done)
         self.block_step = 0 if phase_over else self.block_step + 1
-        if self.block_step > self.budget + 1:
+        if self.block_step > self.budget + self.config.scheduler.post_steps + 1:
             raise RuntimeError("a block still has masks after one step per position: a scheduler "
                                "or filter broke the progress rule")
+
+    def _post_fill(self, block_left: list[int], edits: list[int]) -> None:
+        """Edit passes after a row's block is full (token editing): one follows the step that
+        filled the block and each pass that edited, up to the scheduler's `post_steps`."""
+        blocks, budget = self.blocks, self.config.scheduler.post_steps
+        for r, (left, edited) in enumerate(zip(block_left, edits)):
+            ran_post = blocks.revising[r]
+            blocks.post[r] += ran_post
+            blocks.revising[r] = bool(not left and blocks.post[r] < budget and (edited or not ran_post))
 
     def _drop(self, done: list[bool]) -> None:
         """Finished rows leave the batch; their canvases go to `out` in their request slots."""

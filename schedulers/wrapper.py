@@ -21,8 +21,9 @@ from dllm_decode.schedulers.threshold import ThresholdScheduler
 class Wrapper(Scheduler):
     """Delegates every hook to `base`; the state is a dict whose "base" entry is the base's state.
 
-    `view` and `chooses_block_bounds` follow the base unless a subclass fixes them, so a wrapper
-    around AdaBlock still gets the wide view and uneven blocks it needs.
+    `view`, `chooses_block_bounds`, `revises` and `post_steps` follow the base unless a subclass
+    fixes them, so a wrapper around AdaBlock still gets the wide view and uneven blocks it needs,
+    and one around a revising rule keeps its scope.
     """
 
     base: Scheduler = field(default_factory=ThresholdScheduler)
@@ -38,6 +39,14 @@ class Wrapper(Scheduler):
     @property
     def chooses_block_bounds(self) -> bool:                  # type: ignore[override]
         return self.base.chooses_block_bounds
+
+    @property
+    def revises(self) -> str:                                # type: ignore[override]
+        return self.base.revises
+
+    @property
+    def post_steps(self) -> int:                             # type: ignore[override]
+        return self.base.post_steps
 
     def own_state(self, batch_size: int, device: torch.device) -> dict[str, Any]:
         """The wrapper's own per-request state entries (none by default)."""
