@@ -69,3 +69,7 @@ class BlockKVCache(Cache):
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         """Keep batch `rows` of every layer's K/V (the loop dropped finished rows)."""
         return state.select_rows(rows) if isinstance(state, KVCache) and state.filled else state
+
+    def trim(self, state: Any, width: int) -> Any:
+        """Keep the first `width` columns of every layer's K/V (the loop cut the dead tail)."""
+        return state.trim(width) if isinstance(state, KVCache) and state.filled else state

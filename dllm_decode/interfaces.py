@@ -22,7 +22,11 @@ class DiffusionLM(Protocol):
     """A masked denoiser: logits for every position of a canvas, row i predicting the token AT i.
 
     `forward(input_ids, attention_mask=None, positions=None, kv=None, rows=None)`:
-      input_ids:      (B, L) long, always the whole canvas.
+      input_ids:      (B, L) long, the whole canvas; for a model with `trimmable = True` the loop
+                      cuts off a tail no row attends any more (end-of-text truncation), so L may
+                      shrink during a decode. Models whose logits depend only on attended columns
+                      and on positions counted from the left (every adapter here) set it; a model
+                      that locates the generation region from the canvas end must not.
       attention_mask: (B, L) 1 for real tokens, 0 for padding or dropped columns (never attended).
       positions:      (B, L) long rotary/absolute positions; default `cumsum(mask) - 1`, so a
                       left-padded row sees exactly the positions of the unpadded one.
@@ -235,6 +239,12 @@ class Cache(abc.ABC):
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return _index_rows(state, rows)
+
+    def trim(self, state: Any, width: int) -> Any:
+        """Keep the first `width` canvas columns of the state: the loop cut off a tail that no
+        row attends any more (end-of-text truncation). A cache that keeps per-column tensors in
+        another form must override this."""
+        return state.trim(width) if hasattr(state, "trim") else state
 
 
 @dataclass(frozen=True)

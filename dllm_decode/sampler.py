@@ -73,6 +73,12 @@ class _Rows:
         revisions = None if self.revisions is None else self.revisions[kept]
         return _Rows(self.x[kept], mask, self.index[kept], revisions)
 
+    def trim(self, width: int) -> _Rows:
+        """Keep the first `width` canvas columns."""
+        mask = None if self.attention_mask is None else self.attention_mask[:, :width]
+        revisions = None if self.revisions is None else self.revisions[:, :width]
+        return _Rows(self.x[:, :width], mask, self.index, revisions)
+
 
 @dataclass
 class _Blocks:
@@ -146,6 +152,7 @@ class Decoding:
         self.scheduler_state = config.scheduler.init_state(batch, device)
         self.cache_state = config.cache.init_state(model)
         self.columns = torch.arange(width, device=device)
+        self.trimmable = bool(getattr(model, "trimmable", False))
         self.mask_column = torch.tensor([model.mask_token_id], device=device)
         self.trace: list[dict[str, Any]] | None = [] if trace else None
         self._memo: dict[str, tuple[Any, Tensor]] = {}
@@ -170,7 +177,7 @@ class Decoding:
         answer tokens no later step can change (up to its first masked column). Servers stream
         that prefix while the request decodes."""
         canvas = self.out.clone()
-        canvas[self.rows.index] = self.rows.x
+        self._store(canvas, self.rows.index, self.rows.x)
         tokens = canvas[:, self.gen_start:].cpu()
         masked = tokens == self.model.mask_token_id
         final = torch.where(masked.any(-1), masked.int().argmax(-1), tokens.shape[1])
@@ -355,6 +362,8 @@ class Decoding:
         phase_over = not any(left or rev for left, rev, d in zip(block_left, revising, done) if not d)
         if any(done):
             self._drop(done)
+        if self.trimmable and not self.finished:
+            self._trim(max(self.blocks.gen_end))
         self.block_step = 0 if phase_over else self.block_step + 1
         if self.block_step > self.budget + self.config.scheduler.post_steps + 1:
             raise RuntimeError("a block still has masks after one step per position: a scheduler "
@@ -369,10 +378,26 @@ class Decoding:
             blocks.post[r] += ran_post
             blocks.revising[r] = bool(not left and blocks.post[r] < budget and (edited or not ran_post))
 
+    def _trim(self, width: int) -> None:
+        """Cut the canvas columns no live row attends any more (every row truncated before them),
+        so the cost of a forward follows the live canvas. Exact: those columns were already
+        masked out of attention."""
+        if width >= self.rows.x.shape[1]:
+            return
+        self.rows = self.rows.trim(width)
+        self.columns = self.columns[:width]
+        self.cache_state = self.config.cache.trim(self.cache_state, width)
+        self._memo.clear()
+
+    def _store(self, canvas: Tensor, index: Tensor, x: Tensor) -> None:
+        """Write rows into full-width `canvas` slots; a trimmed tail is end-of-text."""
+        canvas[index, :x.shape[1]] = x
+        canvas[index, x.shape[1]:] = self.eos_ids[0]
+
     def _drop(self, done: list[bool]) -> None:
         """Finished rows leave the batch; their canvases go to `out` in their request slots."""
         gone = torch.tensor([i for i, d in enumerate(done) if d], device=self.rows.x.device)
-        self.out[self.rows.index[gone]] = self.rows.x[gone]
+        self._store(self.out, self.rows.index[gone], self.rows.x[gone])
         kept_list = [i for i, d in enumerate(done) if not d]
         kept = torch.tensor(kept_list, dtype=torch.long, device=self.rows.x.device)
         self.rows = self.rows.keep(kept)

@@ -163,3 +163,40 @@ def test_prompt_errors_are_clear():
         generate(model, [list(range(1, 16))], config(gen=8, block=4))
     with pytest.raises(ValueError, match="tokenizer"):
         generate(model, ["hello"], config(gen=8, block=4))
+
+
+class _EosFromPosition(torch.nn.Module):
+    """tiny_llada that predicts EOS confidently at every position >= `at` (positions count real
+    tokens from the left), recording the canvas width of every forward."""
+
+    def __init__(self, at: int, trimmable: bool):
+        super().__init__()
+        self.inner = tiny_llada(seed=6)
+        self.at, self.trimmable, self.widths = at, trimmable, []
+        self.mask_token_id, self.eos_token_ids = MASK, (EOS,)
+        self.vocab_size, self.max_length, self.supports_kv = VOCAB, None, True
+
+    def forward(self, input_ids, attention_mask=None, positions=None, kv=None, rows=None):
+        self.widths.append(input_ids.shape[1])
+        logits = self.inner(input_ids, attention_mask, positions, kv=kv, rows=rows)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        where = (mask.cumsum(-1) - 1 >= self.at)[:, slice(*(rows or (0, input_ids.shape[1])))]
+        return logits + 50.0 * torch.nn.functional.one_hot(torch.tensor(EOS), VOCAB) * where[..., None]
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_truncated_tails_leave_the_canvas_exactly(cache):
+    """After end-of-text truncation the model sees a narrower canvas; the output is the same as
+    when the dead columns stay in place (they were masked out of attention)."""
+    from dllm_decode.caches import CACHES
+    from dllm_decode.filters import EoTPFilter
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+    cfg = config(LowConfidenceScheduler(steps_per_block=2), gen=24, block=8)
+    cfg = dataclasses.replace(cfg, filters=(EoTPFilter(mode="predicted", eos_threshold=0.5),),
+                              cache=CACHES[cache](refresh_every=1) if cache != "none" else CACHES[cache]())
+    trimmed, kept = _EosFromPosition(8, trimmable=True), _EosFromPosition(8, trimmable=False)
+    a, b = generate(trimmed, prompts, cfg), generate(kept, prompts, cfg)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
+    assert min(trimmed.widths) < max(trimmed.widths) == min(kept.widths) == max(kept.widths)
+    assert (a.tokens[:, 8:] == EOS).all()

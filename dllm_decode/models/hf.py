@@ -41,6 +41,7 @@ class HFMaskedLM(nn.Module):
     """
 
     supports_kv = False
+    trimmable = True           # attention-masked columns never reach the kept ones
 
     def __init__(self, model: nn.Module, mask_token_id: int, eos_token_ids: tuple[int, ...] = ()):
         super().__init__()

@@ -38,6 +38,10 @@ class KVCache:
         return KVCache([k.index_select(0, rows) for k in self.keys],
                        [v.index_select(0, rows) for v in self.values])
 
+    def trim(self, width: int) -> "KVCache":
+        """Keep the first `width` canvas columns (the loop cut the dead tail off the canvas)."""
+        return KVCache([k[:, :, :width] for k in self.keys], [v[:, :, :width] for v in self.values])
+
 
 class RMSNorm(nn.Module):
     """Llama ordering: normalise in float32, cast back to the input dtype, then scale."""
@@ -165,6 +169,7 @@ class BlockStackLM(nn.Module):
     """
 
     supports_kv = True
+    trimmable = True           # logits depend only on attended columns; positions count from the left
     config: Any
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
