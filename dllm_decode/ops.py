@@ -33,17 +33,46 @@ def argmax_mask(scores: Tensor) -> Tensor:
     return (columns == scores.argmax(dim=-1, keepdim=True)) & (scores > NEG_INF)
 
 
-def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None,
+                  region: tuple[Tensor, int, int] | None = None) -> Tensor:
     """Sampled token per position: argmax(logits + T * Gumbel), drawn in float64.
 
     Same as LLaDA's `exp(logits) / (-log u)^T` (low precision Gumbel hurts quality,
-    arXiv 2409.02908). T = 0 is plain argmax.
+    arXiv 2409.02908). T = 0 is plain argmax. With `region = (start, span, offset)` the noise is
+    drawn only for each row's columns `[start, start + span)` (`aligned_uniform`; argmax
+    elsewhere), so a row's draws do not depend on the window the batch happens to need.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    if region is None:
+        u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+    else:
+        start, span, offset = region
+        u = aligned_uniform(start, span, offset, logits.shape[1], generator, vocab=logits.shape[-1],
+                            dtype=torch.float64)
+    gumbel = (-torch.log(-torch.log(u.clamp_min(1e-300)))).nan_to_num(0.0)   # NaN: outside, no noise
     return (logits.double() + temperature * gumbel).argmax(dim=-1)
+
+
+def aligned_uniform(start: Tensor, span: int, offset: int, width: int,
+                    generator: torch.Generator | None, vocab: int | None = None,
+                    dtype: torch.dtype = torch.float32) -> Tensor:
+    """U(0, 1) draws for each row's canvas columns `[start, start + span)`, laid into a window of
+    `width` columns that starts at canvas column `offset`; NaN elsewhere.
+
+    The draws are made for the regions themselves ((B, span) or (B, span, V)), so what a row
+    draws depends only on its region and its generator, not on the window the batch needs: a
+    request decodes the same alone and in a busy batch, sampling included. No host sync.
+    """
+    span = max(span, 1)
+    tail = () if vocab is None else (vocab,)
+    draws = torch.rand((start.shape[0], span, *tail), dtype=dtype, device=start.device, generator=generator)
+    index = torch.arange(width, device=start.device) + offset - start.unsqueeze(-1)     # (B, W)
+    inside = (index >= 0) & (index < span)
+    index = index.clamp(0, span - 1)
+    if vocab is not None:
+        index, inside = index.unsqueeze(-1).expand(-1, -1, vocab), inside.unsqueeze(-1)
+    return draws.gather(1, index).masked_fill(~inside, float("nan"))
 
 
 def top2(values: Tensor) -> tuple[Tensor, Tensor]:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
-from dllm_decode.ops import masked_scores, neg_entropy, tokens_per_step, top2, topk_mask
+from dllm_decode.ops import aligned_uniform, masked_scores, neg_entropy, tokens_per_step, top2, topk_mask
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,10 @@ class RandomScheduler(_FixedSteps):
     """LLaDA `remasking='random'`: the same count schedule, positions ranked by U(0, 1) draws."""
 
     def score(self, inp: StepInput) -> Tensor:
-        return torch.rand(inp.confidence.shape, device=inp.confidence.device, generator=inp.generator)
+        # drawn for the block's columns only, so a row's draws do not depend on the window
+        draws = aligned_uniform(inp.block[:, 0], inp.num_steps, inp.offset, inp.confidence.shape[1],
+                                inp.generator)
+        return draws.nan_to_num(0.0)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,154 @@
+"""The state the loop keeps for a running batch: the requests, the canvas rows and their bounds.
+
+`Request` is one call's worth of rows decoded under one `DecodeConfig` and one generator; its
+finished rows land in its own `out` canvas. `Rows` holds the tensors of every row still decoding
+(all requests together); `Bounds` holds their host-side bounds. Rows are laid out right-aligned:
+each row is `[padding][prompt][generation]` with its own generation start, so rows of different
+lengths share one canvas, and a request that joins between blocks only pads the others on the
+left (which no row attends, and which no cache keeps across a block start).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.config import DecodeConfig
+
+
+@dataclass
+class Request:
+    """One request: B prompts decoded under one config with one generator.
+
+    Attributes:
+        key: the caller's name for it (returned by `Decoding.step` when it finishes).
+        config: how its rows decode (scheduler, filters, lengths, temperature, EOS policy).
+        generator: its only source of randomness.
+        tokenizer: encodes its string prompts and decodes its answers.
+        out: (n, P + G) its rows' final canvases, prompts right-aligned at column P.
+        nfe: (n,) forwards each row took part in with work to do.
+        trace: per step, its rows' commits (when requested).
+        state: its scheduler's state for its rows still decoding, in batch order.
+        live: its rows still decoding.
+        cancelled: dropped by the caller (it has no result).
+    """
+
+    key: Hashable
+    config: DecodeConfig
+    generator: torch.Generator
+    tokenizer: Any
+    out: Tensor
+    nfe: Tensor
+    trace: list[dict[str, Any]] | None
+    state: Any = None
+    live: int = 0
+    cancelled: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    seconds: float = 0.0
+
+    @property
+    def gen_length(self) -> int:
+        return self.config.gen_length
+
+
+@dataclass
+class Rows:
+    """Tensors of the rows still decoding (every request's, in batch order)."""
+
+    x: Tensor                        # (b, L) canvas
+    attention_mask: Tensor | None    # (b, L), None while no row is padded or truncated
+    slot: Tensor                     # (b,) the row's index inside its request
+    revisions: Tensor | None = None  # (b, L) times each column was re-masked or edited
+
+    def keep(self, kept: Tensor) -> Rows:
+        mask = None if self.attention_mask is None else self.attention_mask[kept]
+        revisions = None if self.revisions is None else self.revisions[kept]
+        return Rows(self.x[kept], mask, self.slot[kept], revisions)
+
+    def trim(self, width: int) -> Rows:
+        """Keep the first `width` canvas columns."""
+        mask = None if self.attention_mask is None else self.attention_mask[:, :width]
+        revisions = None if self.revisions is None else self.revisions[:, :width]
+        return Rows(self.x[:, :width], mask, self.slot, revisions)
+
+    def append(self, x: Tensor, attention_mask: Tensor | None, slot: Tensor, revisions: bool,
+               pad_id: int) -> Rows:
+        """These rows plus new ones, both right-aligned to the wider of the two canvases (the
+        narrower side gains left padding: token `pad_id`, attention 0)."""
+        width = max(self.x.shape[1], x.shape[1])
+        old_mask = self.attention_mask if self.attention_mask is not None else torch.ones_like(self.x)
+        attention_mask = attention_mask if attention_mask is not None else torch.ones_like(x)
+        own = [_pad_left(t, width, v) for t, v in ((self.x, pad_id), (old_mask, 0))]
+        new = [_pad_left(t, width, v) for t, v in ((x, pad_id), (attention_mask, 0))]
+        counts = None
+        if revisions:
+            before = self.revisions if self.revisions is not None else torch.zeros_like(self.x, dtype=torch.int32)
+            counts = torch.cat([_pad_left(before, width, 0), torch.zeros_like(new[0], dtype=torch.int32)])
+        return Rows(torch.cat([own[0], new[0]]), torch.cat([own[1], new[1]]),
+                    torch.cat([self.slot, slot]), counts)
+
+
+def _pad_left(t: Tensor, width: int, value: Any) -> Tensor:
+    if t.shape[1] == width:
+        return t
+    pad = torch.full((t.shape[0], width - t.shape[1]), value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t], dim=1)
+
+
+@dataclass
+class Bounds:
+    """Host-side bounds of the rows still decoding, one entry per row, in batch order.
+
+    Attributes:
+        request: the row's request (index into `Decoding.requests`).
+        gen_start, gen_end: its generation region (`gen_end` shrinks under truncation).
+        start, end: its active block.
+        post: edit passes it made after its block was full.
+        revising: it runs another edit pass before its block is done.
+        busy: it still has work in this phase (masks in its block, or an edit pass to run).
+    """
+
+    request: list[int] = field(default_factory=list)
+    gen_start: list[int] = field(default_factory=list)
+    gen_end: list[int] = field(default_factory=list)
+    start: list[int] = field(default_factory=list)
+    end: list[int] = field(default_factory=list)
+    post: list[int] = field(default_factory=list)
+    revising: list[bool] = field(default_factory=list)
+    busy: list[bool] = field(default_factory=list)
+
+    FIELDS = ("request", "gen_start", "gen_end", "start", "end", "post", "revising", "busy")
+
+    def __len__(self) -> int:
+        return len(self.request)
+
+    def advance(self, block_lengths: list[int]) -> None:
+        """Every row moves on to its next block (`block_lengths`: each row's request's)."""
+        self.start = list(self.end)
+        self.end = [min(s + b, g) for s, b, g in zip(self.start, block_lengths, self.gen_end)]
+        self.post = [0] * len(self)
+        self.revising = [False] * len(self)
+        self.busy = [True] * len(self)
+
+    def keep(self, kept: list[int]) -> Bounds:
+        return Bounds(*([getattr(self, name)[i] for i in kept] for name in self.FIELDS))
+
+    def shift(self, by: int) -> None:
+        """Every column moves `by` to the right (the canvas gained left padding)."""
+        for name in ("gen_start", "gen_end", "start", "end"):
+            setattr(self, name, [v + by for v in getattr(self, name)])
+
+    def extend(self, other: Bounds) -> None:
+        for name in self.FIELDS:
+            getattr(self, name).extend(getattr(other, name))
+
+    def budget(self, rows: list[int]) -> int:
+        """Step budget of these rows' current blocks, fixed when the bounds are set: a truncation
+        inside a block shrinks the block but not the budget, so fixed-step schedules keep their
+        per-step counts (and the step cap cannot fire on steps already taken)."""
+        return max(self.end[r] - self.start[r] for r in rows)
