@@ -21,7 +21,8 @@ _EXPORTS = {
     "NoCache": "dllm_decode.interfaces", "Scheduler": "dllm_decode.interfaces",
     "StepInput": "dllm_decode.interfaces",
     "DecodeConfig": "dllm_decode.config", "DecodeResult": "dllm_decode.config",
-    "Decoding": "dllm_decode.sampler", "generate": "dllm_decode.sampler",
+    "Decoding": "dllm_decode.sampler", "NonFiniteLogits": "dllm_decode.errors",
+    "generate": "dllm_decode.sampler",
     "load_model": "dllm_decode.models",
 }
 

@@ -9,15 +9,24 @@ import torch
 from torch import Tensor
 
 
-def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: Any) -> list[list[int]]:
+def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: Any,
+                   vocab_size: int | None = None, mask_id: int | None = None) -> list[list[int]]:
     """B prompts (strings or token-id lists) -> B non-empty token-id lists.
 
     Raises:
-        ValueError: no prompts, an empty prompt, or strings without a tokenizer.
+        TypeError: prompts that are not a list of strings or of integer sequences.
+        ValueError: no prompts, an empty prompt, strings without a tokenizer, a token id outside
+            `[0, vocab_size)`, or the [MASK] id inside a prompt.
     """
-    if isinstance(prompts, (str, Tensor)) or not len(prompts):
-        if isinstance(prompts, Tensor):
-            return encode_prompts(prompts.tolist(), tokenizer)
+    if isinstance(prompts, Tensor):
+        if prompts.dim() != 2 or prompts.dtype.is_floating_point:
+            raise TypeError(f"a prompt tensor must be (B, P) integer ids, got {prompts.dtype} "
+                            f"{tuple(prompts.shape)}")
+        prompts = prompts.tolist()
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts must be a list of strings or token-id lists, got "
+                        f"{type(prompts).__name__} (wrap a single prompt in a list)")
+    if not len(prompts):
         raise ValueError("prompts must be a non-empty list of strings or token-id lists")
     ids: list[list[int]] = []
     for i, prompt in enumerate(prompts):
@@ -25,12 +34,27 @@ def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: 
             if tokenizer is None:
                 raise ValueError("string prompts need a tokenizer (the model ships none): pass token ids")
             row = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt.strip() else []
+        elif isinstance(prompt, (Sequence, Tensor)) and not isinstance(prompt, bytes):
+            row = [_token_id(i, t) for t in (prompt.tolist() if isinstance(prompt, Tensor) else prompt)]
         else:
-            row = [int(t) for t in prompt]
+            raise TypeError(f"prompt {i} must be a string or a list of token ids, got "
+                            f"{type(prompt).__name__}")
         if not row:
             raise ValueError(f"prompt {i} is empty")
+        if vocab_size is not None and not all(0 <= t < vocab_size for t in row):
+            bad = next(t for t in row if not 0 <= t < vocab_size)
+            raise ValueError(f"prompt {i} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+        if mask_id is not None and mask_id in row:
+            raise ValueError(f"prompt {i} holds the [MASK] id {mask_id}; prompts must be clean text "
+                             f"(the loop decodes only the generation region)")
         ids.append(row)
     return ids
+
+
+def _token_id(prompt: int, value: Any) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):      # ints and numpy ints
+        raise TypeError(f"prompt {prompt} holds {value!r}; token ids must be integers")
+    return int(value)
 
 
 def left_pad(ids: list[list[int]], gen_length: int, mask_id: int, pad_id: int,

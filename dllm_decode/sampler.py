@@ -25,6 +25,7 @@ from torch import Tensor
 
 from dllm_decode.batch import Bounds, Request, Rows
 from dllm_decode.config import DecodeConfig, DecodeResult
+from dllm_decode.errors import NonFiniteLogits
 from dllm_decode.interfaces import Cache, Decision, DiffusionLM, StepInput
 from dllm_decode.ops import gumbel_argmax, masked_scores, topk_mask
 from dllm_decode.prompts import encode_prompts, left_pad
@@ -51,8 +52,13 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     Returns:
         A `DecodeResult`; batched output equals decoding each prompt alone (greedy).
     Raises:
-        ValueError: empty prompt, prompt plus generation longer than the model's context.
+        TypeError: an argument of the wrong kind (named in the message).
+        ValueError: empty prompt, a token id outside the vocabulary, prompt plus generation
+            longer than the model's context.
+        NonFiniteLogits: the model produced NaN or infinite logits (a model problem).
     """
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     decoding = Decoding(model, config.cache, trace=trace)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:
@@ -73,6 +79,13 @@ class Decoding:
     """
 
     def __init__(self, model: DiffusionLM, cache: Cache, *, trace: bool = False):
+        missing = [a for a in ("mask_token_id", "eos_token_ids", "vocab_size", "forward")
+                   if not hasattr(model, a)]
+        if missing:
+            raise TypeError(f"model must be a DiffusionLM (dllm_decode.interfaces); "
+                            f"{type(model).__name__} lacks {missing}")
+        if not isinstance(cache, Cache):
+            raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
         self.model, self.cache, self.trace = model, cache, trace
         self.device = _device_of(model)
         self.mask_id = model.mask_token_id
@@ -100,6 +113,10 @@ class Decoding:
             ValueError: empty prompt, prompt plus generation longer than the model's context, a
                 cache other than this batch's, or a key already in use.
         """
+        if not isinstance(config, DecodeConfig):
+            raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
         if config.cache != self.cache:
             raise ValueError(f"this batch decodes with cache {self.cache!r}; a request with "
                              f"{config.cache!r} needs a batch of its own")
@@ -107,7 +124,7 @@ class Decoding:
         if any(r.key == key for r in [*self.requests, *(p[0] for p in self.pending)]) or key in self.results:
             raise ValueError(f"request key {key!r} is already in use")
         tokenizer = tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None)
-        ids = encode_prompts(prompts, tokenizer)
+        ids = encode_prompts(prompts, tokenizer, self.model.vocab_size, self.mask_id)
         limit = getattr(self.model, "max_length", None)
         longest = max(len(row) for row in ids)
         if limit is not None and longest + config.gen_length > limit:
@@ -182,7 +199,7 @@ class Decoding:
             self.budgets = {g: self.bounds.budget(rows) for g, rows in self._members().items()}
         logits, offset = self._logits()
         base = self._base_view(logits, offset)
-        commit, tokens, remask, edit, worked, edited, gen_end = [], [], [], [], [], [], []
+        commit, tokens, remask, edit, worked, edited, gen_end, broken = [], [], [], [], [], [], [], []
         truncated = False
         for g, rows in self._members().items():
             if not any(self.bounds.busy[r] for r in rows):
@@ -190,11 +207,12 @@ class Decoding:
                 # takes no step (no draws, no scheduler call), exactly as if it decoded alone
                 idle = torch.zeros(len(rows), base["window"].shape[1], dtype=torch.bool, device=self.device)
                 commit.append(idle), tokens.append(idle.long()), remask.append(idle), edit.append(idle)
-                worked.append(idle[:, 0]), edited.append(idle[:, 0])
+                worked.append(idle[:, 0]), edited.append(idle[:, 0]), broken.append(idle[:, 0])
                 gen_end.append(self._tensor(f"gen_end{g}", tuple(self.bounds.gen_end[r] for r in rows),
                                             [self.bounds.gen_end[r] for r in rows]))
                 continue
-            inp, decision = self._decide(g, rows, base)
+            inp, decision, nonfinite = self._decide(g, rows, base)
+            broken.append(nonfinite)
             c, t, rm, ed = self._resolve(g, inp, decision)
             commit.append(c), tokens.append(t), remask.append(rm), edit.append(ed)
             finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
@@ -207,10 +225,11 @@ class Decoding:
             gen_end.append(end if decision.truncate_at is None else torch.minimum(end, decision.truncate_at))
             self._record(g, inp, c, t, rm, ed)
         order = self._order()
-        commit, tokens, remask, edit, worked, edited, gen_end = (
-            _in_batch_order(parts, order) for parts in (commit, tokens, remask, edit, worked, edited, gen_end))
+        commit, tokens, remask, edit, worked, edited, gen_end, broken = (
+            _in_batch_order(parts, order)
+            for parts in (commit, tokens, remask, edit, worked, edited, gen_end, broken))
         self._write(offset, commit, tokens, remask, edit, gen_end if truncated else None)
-        self._bookkeep(worked, edited, gen_end)
+        self._bookkeep(worked, edited, gen_end, broken)
         return self._collect()
 
     # -- tensor work ---------------------------------------------------------------------------
@@ -330,8 +349,9 @@ class Decoding:
                 "revisable": revisable, "columns": columns,
                 "region_start": self._region_start().squeeze(-1)}
 
-    def _decide(self, g: int, rows: list[int], base: dict[str, Any]) -> tuple[StepInput, Decision]:
-        """Request `g`'s view of the step and its scheduler's and filters' decision."""
+    def _decide(self, g: int, rows: list[int], base: dict[str, Any]) -> tuple[StepInput, Decision, Tensor]:
+        """Request `g`'s view of the step, its scheduler's and filters' decision, and (b_g,) rows
+        whose model logits were not finite (read by the step's one host sync)."""
         request = self.requests[g]
         scheduler = request.config.scheduler
         pick = _rows_of(base, rows, self._tensor(f"rows{g}", tuple(rows), rows))
@@ -349,6 +369,7 @@ class Decoding:
             probs=pick["logits"], logits=pick["logits"], live=eligible.any(-1),
             current=pick["window"].clone(), revisable=revisable, generator=request.generator,
             eos_ids=self.eos_ids, mask_id=self.mask_id))
+        nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)
         processed, request.state = scheduler.process_logits(inp, request.state)
         if processed is not None:
             inp = self._view(request, region, processed, inp)
@@ -359,7 +380,7 @@ class Decoding:
         decision, request.state = scheduler.select(inp, request.state)
         for f in request.config.filters:
             decision = f(inp, decision)
-        return inp, decision
+        return inp, decision, nonfinite
 
     def _view(self, request: Request, region: tuple[Tensor, int, int], logits: Tensor,
               inp: StepInput) -> StepInput:
@@ -446,7 +467,7 @@ class Decoding:
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
-    def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor) -> None:
+    def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor, broken: Tensor) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
         rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
         rows, b = self.rows, self.bounds
@@ -458,10 +479,16 @@ class Decoding:
             request = self.requests[g]
             index = self._tensor(f"rows{g}", tuple(members), members)
             request.nfe.index_add_(0, rows.slot[index], worked[index].long())
-        block_left, gen_left, block_eos, edits, gen_end_list = torch.stack([
+        block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = torch.stack([
             (still & in_block).any(-1).long(), (still & (self.columns >= gen_start)).any(-1).long(),
             (torch.isin(rows.x, self.eos) & in_block).any(-1).long(), edited.long(), gen_end,
+            broken.long(),
         ]).tolist()                                      # the one host sync of the step
+        if any(nonfinite):
+            name = getattr(self.model, "name_or_path", None) or type(self.model).__name__
+            raise NonFiniteLogits(f"model {name} produced NaN or infinite logits (rows "
+                                  f"{[i for i, bad in enumerate(nonfinite) if bad]} of the batch): "
+                                  f"check its weights and dtype (float16 overflows), not the scheduler")
         b.gen_end = gen_end_list
         b.end = [min(e, g) for e, g in zip(b.end, gen_end_list)]
         self._post_fill(block_left, edits)

@@ -200,3 +200,40 @@ def test_truncated_tails_leave_the_canvas_exactly(cache):
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
     assert min(trimmed.widths) < max(trimmed.widths) == min(kept.widths) == max(kept.widths)
     assert (a.tokens[:, 8:] == EOS).all()
+
+
+@pytest.mark.parametrize("prompts, error, fragment", [
+    ("w1 w2", TypeError, "wrap a single prompt in a list"),
+    (5, TypeError, "list of strings or token-id lists"),
+    ([[1.5]], TypeError, "token ids must be integers"),
+    ([[True]], TypeError, "token ids must be integers"),
+    ([None], TypeError, "prompt 0 must be a string"),
+    ([[99]], ValueError, "outside the vocabulary [0, 37)"),
+    ([[-1]], ValueError, "outside the vocabulary"),
+    ([[MASK]], ValueError, "[MASK] id"),
+    (torch.randn(2, 3), TypeError, "integer ids"),
+])
+def test_bad_prompts_are_named_errors(prompts, error, fragment):
+    with pytest.raises(error) as raised:
+        generate(tiny_llada(), prompts, config(gen=8, block=4))
+    assert fragment in str(raised.value)
+
+
+def test_bad_arguments_are_type_errors_naming_the_argument():
+    model = tiny_llada()
+    with pytest.raises(TypeError, match="config must be a DecodeConfig"):
+        generate(model, [[1]], {"scheduler": "threshold"})
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        generate(model, [[1]], config(gen=8, block=4), generator=3)
+    with pytest.raises(TypeError, match="lacks"):
+        generate("embedded", [[1]], config(gen=8, block=4))
+
+
+def test_non_finite_logits_are_reported_as_a_model_problem():
+    from dllm_decode import NonFiniteLogits
+
+    model = tiny_llada()
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteLogits, match="NaN or infinite logits.*not the scheduler"):
+        generate(model, [[1, 2]], config(gen=8, block=4))

@@ -37,7 +37,10 @@ def parse_spec(text: str) -> tuple[str, dict[str, str]]:
 @contextlib.contextmanager
 def usage_errors(hint: str | None = None) -> Iterator[None]:
     """Turn a `ValueError`/`TypeError` (bad user input, one line) into click's usage error (exit 2),
-    naming the option `hint` when there is one."""
+    naming the option `hint` when there is one; a model that produces NaN logits is a one-line
+    error too (exit 1)."""
+    from dllm_decode.errors import NonFiniteLogits
+
     try:
         yield
     except (ValueError, TypeError) as err:
@@ -45,6 +48,8 @@ def usage_errors(hint: str | None = None) -> Iterator[None]:
         if hint:
             raise click.BadParameter(message, param_hint=hint) from None
         raise click.UsageError(message) from None
+    except NonFiniteLogits as err:           # a model problem, not a usage error: exit 1
+        raise click.ClickException(str(err)) from None
 
 
 def decode_config(*, scheduler: str, scheduler_options: Mapping[str, str], cache: str = "none",
