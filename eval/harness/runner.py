@@ -10,9 +10,11 @@ samples already written. With several processes each rank writes `samples.rank<r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,14 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.rank_and_world()
+    with exclusive(out, rank):
+        return _evaluate(decoder, model_name, settings, runs, out, tokenizer, batch_size, progress,
+                         rank, world)
+
+
+def _evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting], runs: Sequence[TaskRun],
+              out: Path, tokenizer: Any, batch_size: int, progress: bool, rank: int,
+              world: int) -> list[dict[str, Any]] | None:
     mine = out / (SAMPLES if world == 1 else f"samples.rank{rank}.jsonl")
     if rank == 0:                   # shards left by a killed run (of any world size) come first
         distributed.merge_shards(out, SAMPLES)
@@ -238,6 +248,36 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
     keys = [_key(b, i) for b in plan(settings, runs, tokenizer, model_name, batch_size) for i in b.indices]
     by_key = {r["key"]: r for r in unique_by_key(read_records(out / SAMPLES))}
     return [by_key[k] for k in keys if k in by_key]
+
+
+@contextlib.contextmanager
+def exclusive(out: Path, rank: int) -> Iterator[None]:
+    """Hold `out`'s writer lock for this rank while the evaluation runs (released by the OS if the
+    process dies), so a second evaluation of the same directory fails at once instead of
+    appending every sample twice.
+
+    Raises:
+        ValueError: another process holds the lock (the message names its pid).
+    """
+    import fcntl
+
+    path = out / f".lock.rank{rank}"
+    handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise ValueError(f"another evaluation (pid {holder}) is writing to {out}; wait for it "
+                             f"to finish or choose another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
 
 
 def _key(batch: Batch, index: int) -> str:

@@ -166,3 +166,27 @@ def test_unknown_selection_and_released_task_are_errors(tmp_path):
         select_tasks(f"released:{directory}#shuffle")
     with pytest.raises(ValueError, match="does not exist"):
         select_tasks(f"released:{tmp_path}/nowhere")
+
+
+def test_a_second_writer_of_the_same_directory_is_refused(tmp_path):
+    import subprocess
+    import sys
+
+    from dllm_decode.eval.harness.runner import exclusive
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, sys, time; from dllm_decode.eval.harness.runner import exclusive\n"
+        f"with exclusive(pathlib.Path({str(tmp_path)!r}), 0):\n"
+        "    print('held', flush=True); time.sleep(30)")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=rf"another evaluation \(pid {holder.pid}\) is writing"):
+            with exclusive(tmp_path, 0):
+                pass
+        with exclusive(tmp_path, 1):                 # another rank of the same run is its own writer
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with exclusive(tmp_path, 0):                     # released when the holder died
+        pass
