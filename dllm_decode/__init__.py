@@ -23,7 +23,7 @@ _EXPORTS = {
     "DecodeConfig": "dllm_decode.config", "DecodeResult": "dllm_decode.config",
     "Decoding": "dllm_decode.sampler", "NonFiniteLogits": "dllm_decode.errors",
     "generate": "dllm_decode.sampler",
-    "load_model": "dllm_decode.models",
+    "load_model": "dllm_decode.models", "keep_freed_memory": "dllm_decode.allocator",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,9 @@ from dllm_decode.cli.train_filter import train_filter_command
 @click.pass_context
 def main(ctx: click.Context, **options: Any) -> None:
     """Decode a prompt with a masked diffusion LM (the options below); subcommands for the rest."""
+    from dllm_decode.allocator import keep_freed_memory
+
+    keep_freed_memory()                   # reuse activation memory across forwards (allocator.py)
     if ctx.invoked_subcommand is None:
         run_decode(**options)
 
