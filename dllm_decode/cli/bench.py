@@ -80,12 +80,11 @@ def _subject(model_name: str, threads: int) -> Any:
     import torch
     from transformers.utils import logging
 
-    from dllm_decode.cli.options import model_spec, usage_errors
+    from dllm_decode.cli.options import usage_errors
     from dllm_decode.eval.bench.subject import load_subject
 
     torch.set_num_threads(threads)
     logging.disable_progress_bar()
-    model_spec(model_name)
     with usage_errors("--model"):
         return load_subject(model_name)
 
@@ -106,14 +105,16 @@ def _suite(sections: tuple[str, ...], model_name: str, threads: int, repeats: in
            best: str | None = None, **changes: Any) -> None:
     from dllm_decode.cli.options import usage_errors
     from dllm_decode.eval.bench.report import format_suite
-    from dllm_decode.eval.bench.sections import QUICK, SuiteOptions
+    from dllm_decode.eval.bench.sections import QUICK, SuiteOptions, combo_named
     from dllm_decode.eval.bench.suite import run_suite
 
     options = _options(SuiteOptions(), QUICK, quick, repeats=repeats, per_task=per_task,
                        gen_length=gen_length, **changes)
+    if best is not None:
+        with usage_errors("--best"):
+            combo_named(best, options, None)
     subject = _subject(model_name, threads)
-    with usage_errors("--best"):
-        report = run_suite(subject, options, sections, threads, best=best, say=_say)
+    report = run_suite(subject, options, sections, threads, best=best, say=_say)
     _emit(report, format_suite(report), json_path)
 
 
@@ -231,14 +232,15 @@ def scaling_command(model_name: str, threads: int, repeats: int | None, per_task
     token per step, with the fitted exponent (log-log least squares)."""
     from dllm_decode.cli.options import usage_errors
     from dllm_decode.eval.bench.report import format_scaling
-    from dllm_decode.eval.bench.scaling import SCALING_QUICK, ScalingOptions, run_scaling
+    from dllm_decode.eval.bench.scaling import SCALING_QUICK, ScalingOptions, lengths_for, run_scaling
     from dllm_decode.eval.bench.subject import machine
 
     options = _options(ScalingOptions(), SCALING_QUICK, quick, repeats=repeats, per_task=per_task,
                        gen_lengths=gen_length, batch=batch)
     subject = _subject(model_name, threads)
     with usage_errors("--gen-length"):
-        report = {"machine": machine(threads), **run_scaling(subject, options, _say)}
+        lengths_for(subject, options)
+    report = {"machine": machine(threads), **run_scaling(subject, options, _say)}
     _emit(report, format_scaling(report), json_path)
 
 
@@ -264,10 +266,13 @@ def spec_command(model_name: str, threads: int, repeats: int | None, per_task: i
     greedy, with the acceptance theory beside the measured speedup."""
     import torch
 
+    from dllm_decode.cli.options import usage_errors
     from dllm_decode.eval.bench.report import format_spec
     from dllm_decode.eval.bench.spec import SPEC_QUICK, SpecOptions, run_spec
-    from dllm_decode.eval.bench.subject import machine
+    from dllm_decode.eval.bench.subject import diffusion_spec, machine
 
+    with usage_errors("--model"):
+        diffusion_spec(model_name)
     options = _options(SpecOptions(), SPEC_QUICK, quick, repeats=repeats, per_task=per_task,
                        max_new_tokens=gen_length, dllm=model_name, target=target, draft=draft,
                        target_runtimes=target_runtimes, smollm2=smollm2,

@@ -109,12 +109,11 @@ def fits(lengths: Sequence[int], seconds: Sequence[float]) -> dict[str, float]:
     return out
 
 
-def run_scaling(subject: Subject, o: ScalingOptions, say: Callable[[str], None] = lambda line: None,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
-    """The length-scaling table and fits; the JSON-ready report.
+def lengths_for(subject: Subject, o: ScalingOptions) -> tuple[list[int], int, int]:
+    """(the lengths to run, the longest prompt, the model's context).
 
     Raises:
-        ValueError: a length that does not fit in the model's context beside the longest prompt.
+        ValueError: a length that does not fit in the context beside the longest prompt.
     """
     from dllm_decode.prompts import encode_prompts
 
@@ -125,6 +124,18 @@ def run_scaling(subject: Subject, o: ScalingOptions, say: Callable[[str], None] 
     if max(lengths) + longest > context:
         raise ValueError(f"gen length {max(lengths)} + the longest prompt ({longest} tokens) exceeds "
                          f"the model's context of {context}")
+    return lengths, longest, context
+
+
+def run_scaling(subject: Subject, o: ScalingOptions, say: Callable[[str], None] = lambda line: None,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """The length-scaling table and fits; the JSON-ready report.
+
+    Raises:
+        ValueError: as `lengths_for`.
+    """
+    samples = samples_for(subject, o.per_task, tasks=None, seed=o.seed)
+    lengths, longest, context = lengths_for(subject, o)
     chunks = chunked(samples, o.batch)
     plans = [(Combo(f"{name} gen {gen}", config), chunks) for gen in lengths
              for name, config in o.configs(gen).items()]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dllm_decode.eval.bench.measure import Sample
+from dllm_decode.modelspec import ModelSpec, load_diffusion
 
 TARGET_TASKS = ("copy", "reverse", "sort", "insert_index", "remove_index", "replace_index", "sudoku")
 """The deterministic tasks the suite's scheduler and stack tables use (one reference answer)."""
@@ -46,12 +47,8 @@ def load_subject(name: str) -> Subject:
             corrupt directory (`ModelLoadError`).
     """
     from dllm_decode.models import ModelLoadError
-    from dllm_decode.modelspec import ModelSpec, load_diffusion
 
-    spec = ModelSpec.parse(name)
-    if spec.kind not in ("diffusion", "tiny"):
-        raise ValueError(f"{name!r} is not a masked diffusion LM; benchmarks take `embedded`, "
-                         f"`tiny` or a model directory")
+    spec = diffusion_spec(name)
     try:
         model = load_diffusion(spec)
     except ModelLoadError:
@@ -66,6 +63,19 @@ def load_subject(name: str) -> Subject:
     if tokenizer is not None:
         from dllm_decode.eval.tasks import TASKS as tasks
     return Subject(model, f"{name} ({getattr(model, 'name_or_path', name)})", tokenizer, tasks)
+
+
+def diffusion_spec(name: str) -> ModelSpec:
+    """The `ModelSpec` of a diffusion model name.
+
+    Raises:
+        ValueError: a malformed name, or one that is not a diffusion LM (`ideal`, `ar:...`).
+    """
+    spec = ModelSpec.parse(name)
+    if spec.kind not in ("diffusion", "tiny"):
+        raise ValueError(f"{name!r} is not a masked diffusion LM; benchmarks take `embedded`, "
+                         f"`tiny` or a model directory")
+    return spec
 
 
 def random_embedded(seed: int = 0) -> Any:

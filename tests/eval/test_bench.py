@@ -364,6 +364,7 @@ def test_quick_scaling_on_tiny(tmp_path):
     (["cache", "--variant", "nosuch"], "--variant"),
     (["cache", "--gen-length", "40"], "multiple of block_length"),
     (["schedulers", "--model", "ar:ar_target"], "not a masked diffusion LM"),
+    (["spec", "--model", "ideal"], "not a masked diffusion LM"),
     (["scaling", "--gen-length", "4096"], "context"),
 ])
 def test_bad_settings_are_usage_errors(args, hint):
