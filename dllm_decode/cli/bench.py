@@ -1,49 +1,282 @@
-"""`dllm-decode bench`: speed and quality side by side, as ratios measured in one run."""
+"""`dllm-decode bench`: speed and quality side by side, as ratios measured in one run.
+
+One subcommand per benchmark (the logic is in `dllm_decode.eval.bench`), the options they share
+defined once (`bench_options`). Every timing goes through one interleaved-repeats helper
+(`dllm_decode.eval.bench.timing`); reports give figures and ratios, never pass/fail verdicts.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from collections.abc import Callable
+from typing import Any
 
 import click
 
+from dllm_decode.cli.options import writable_file
 
-@click.command("bench")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the full report here.")
-@click.option("--quick", is_flag=True, help="A seconds-long configuration (gen 16, block 8, one repeat).")
-@click.option("--model", "model_name", default="embedded", show_default=True,
-              help="`embedded` (tiny_llada when not installed), `tiny`, or a model directory.")
-@click.option("--repeats", type=click.IntRange(1), default=None, help="Interleaved repeats [3; quick 1].")
-@click.option("--per-task", type=click.IntRange(1), default=None, help="Test examples per task [8; quick 1].")
-@click.option("--gen-length", type=click.IntRange(1), default=None, help="Canvas length [256; quick 16].")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="torch intra-op threads (1: stable on a shared machine).")
-@click.option("--section", "sections", multiple=True,
-              type=click.Choice(["loop", "stack", "gap", "ar", "compile"]),
-              help="Run only these sections (the scheduler table always runs); repeatable "
-                   "[all but compile].")
-def bench_command(json_path: str | None, quick: bool, model_name: str, repeats: int | None,
-                  per_task: int | None, gen_length: int | None, threads: int,
-                  sections: tuple[str, ...]) -> None:
-    """Benchmark speed and quality side by side (ratios, one run): loop overhead, tokens/s by
-    batch size, every scheduler vs one token per step and the oracle, cache/filter speedups,
-    AR + speculative vs AR."""
-    from dllm_decode.cli.options import usage_errors, writable_file
-    from dllm_decode.config import DecodeConfig
-    from dllm_decode.eval.bench.suite import QUICK, Options, _warmup, format_report, run
+MODEL_HELP = ("The masked diffusion LM: `embedded` (a random-weight stand-in of its size when it is "
+              "not installed), `tiny` (random, speed only) or a model directory.")
 
-    if json_path:
-        writable_file(json_path, "--json")
-    options = QUICK if quick else Options()
-    changes = {k: v for k, v in (("repeats", repeats), ("per_task", per_task), ("gen", gen_length))
-               if v is not None}
+
+def _json_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Checked while parsing, so a bad path fails before any work."""
+    if value is not None:
+        writable_file(value, "--json")
+    return value
+
+
+def bench_options(gen_lengths: bool = False, model_help: str = MODEL_HELP,
+                  gen_help: str = "Canvas length") -> Callable[[Any], Any]:
+    """The options every benchmark takes; `gen_lengths` makes `--gen-length` repeatable (a list
+    of lengths). Counts left out take the subcommand's defaults (its help lists them)."""
+    def apply(command: Any) -> Any:
+        options = [
+            click.option("--model", "model_name", default="embedded", show_default=True, help=model_help),
+            click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+                         help="torch intra-op threads (1: stable on a shared machine)."),
+            click.option("--repeats", type=click.IntRange(1), default=None,
+                         help="Interleaved repeats; figures are their medians."),
+            click.option("--per-task", type=click.IntRange(1), default=None, help="Test prompts per task."),
+            click.option("--gen-length", "gen_length", type=click.IntRange(1), multiple=gen_lengths,
+                         default=None, help=gen_help + ("; repeatable." if gen_lengths else ".")),
+            click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                         callback=_json_path, help="Also write the full report here (checked first)."),
+            click.option("--quick", is_flag=True, help="A seconds-long configuration (smoke test)."),
+        ]
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return apply
+
+
+def best_option(command: Any) -> Any:
+    return click.option("--best", default=None, metavar="ROW",
+                        help="Build on this scheduler-table row (a scheduler name or preset:NAME) "
+                             "instead of running the scheduler table to pick it.")(command)
+
+
+@click.group("bench", context_settings={"help_option_names": ["-h", "--help"]})
+def bench_command() -> None:
+    """Benchmark speed and quality side by side: ratios of medians over interleaved repeats,
+    measured in one run. `all` is the suite (schedulers, stack, loop, gap, ar)."""
+
+
+def _picked(**values: Any) -> dict[str, Any]:
+    """The options given on the command line (None and () mean: the default)."""
+    return {k: v for k, v in values.items() if v is not None and v != ()}
+
+
+def _options(full: Any, quick_options: Any, quick: bool, **changes: Any) -> Any:
+    import dataclasses
+
+    from dllm_decode.cli.options import usage_errors
+
     with usage_errors():
-        options = dataclasses.replace(options, **changes)
-        DecodeConfig(scheduler=_warmup(), gen_length=options.gen, block_length=options.block)
-    report = run(model_name, options, threads, sections or ("loop", "stack", "gap", "ar"),
-                 progress=lambda line: click.echo(line, err=True))
-    click.echo(format_report(report))
+        return dataclasses.replace(quick_options if quick else full, **_picked(**changes))
+
+
+def _subject(model_name: str, threads: int) -> Any:
+    import torch
+    from transformers.utils import logging
+
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.subject import load_subject
+
+    torch.set_num_threads(threads)
+    logging.disable_progress_bar()
+    with usage_errors("--model"):
+        return load_subject(model_name)
+
+
+def _emit(report: dict[str, Any], text: str, json_path: str | None) -> None:
+    click.echo(text)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _suite(sections: tuple[str, ...], model_name: str, threads: int, repeats: int | None,
+           per_task: int | None, gen_length: int | None, json_path: str | None, quick: bool,
+           best: str | None = None, **changes: Any) -> None:
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.report import format_suite
+    from dllm_decode.eval.bench.sections import QUICK, SuiteOptions, combo_named
+    from dllm_decode.eval.bench.suite import run_suite
+
+    options = _options(SuiteOptions(), QUICK, quick, repeats=repeats, per_task=per_task,
+                       gen_length=gen_length, **changes)
+    if best is not None:
+        with usage_errors("--best"):
+            combo_named(best, options, None)
+    subject = _subject(model_name, threads)
+    report = run_suite(subject, options, sections, threads, best=best, say=_say)
+    _emit(report, format_suite(report), json_path)
+
+
+SUITE_DEFAULTS = ("Defaults: 8 prompts per task of 7 deterministic tasks, gen 256, block 32, batch 8, "
+                  "3 repeats (the scheduler table 1); --quick: 1 per task, gen 16, block 8, 1 repeat.")
+
+
+@bench_command.command("all", epilog=SUITE_DEFAULTS)
+@bench_options()
+@best_option
+def all_command(**shared: Any) -> None:
+    """The suite: schedulers, stack, loop, oracle gap and AR (what `dllm-decode bench` ran)."""
+    from dllm_decode.eval.bench.suite import ALL
+
+    _suite(ALL, **shared)
+
+
+@bench_command.command("schedulers", epilog=SUITE_DEFAULTS)
+@bench_options()
+def schedulers_command(**shared: Any) -> None:
+    """Every scheduler at its paper defaults and the tuned presets, no cache: NFE, accuracy and
+    speed against one token per step and the Learn2PD oracle."""
+    _suite(("schedulers",), **shared)
+
+
+@bench_command.command("stack", epilog=SUITE_DEFAULTS)
+@bench_options()
+@best_option
+def stack_command(**shared: Any) -> None:
+    """Prefix and dual caches and the EoTP filter on `threshold` and the best scheduler; the full
+    stack against one token per step without cache."""
+    _suite(("stack",), **shared)
+
+
+@bench_command.command("loop", epilog=SUITE_DEFAULTS + " Batch sizes 1, 4, 16 (--quick: 1, 2).")
+@bench_options()
+@best_option
+def loop_command(**shared: Any) -> None:
+    """Loop overhead (share of time outside model forwards) and tokens per second by batch size,
+    for one token per step and for the full stack."""
+    _suite(("loop",), **shared)
+
+
+@bench_command.command("gap", epilog=SUITE_DEFAULTS)
+@bench_options()
+def gap_command(**shared: Any) -> None:
+    """Oracle gap: how many steps answer tokens stay correct before one token per step commits
+    them, and the confidences a threshold rule would have needed."""
+    _suite(("gap",), **shared)
+
+
+@bench_command.command("ar", epilog="Defaults: the suite's first 14 prompts, 32 new tokens, 3 repeats; "
+                                    "--quick: 2 prompts, 8 new tokens, 1 repeat.")
+@bench_options(gen_help="New tokens per prompt")
+def ar_command(gen_length: int | None, **shared: Any) -> None:
+    """Plain greedy AR against AR + speculative decoding with the shipped draft (embedded pair,
+    batch 1; greedy verification, so the outputs must be identical)."""
+    _suite(("ar",), gen_length=None, ar_new_tokens=gen_length, **shared)
+
+
+@bench_command.command("compile", epilog="Defaults: gen 256, block 32, 9 timed forwards each "
+                                         "(--quick: gen 16, block 8, 5).")
+@bench_options()
+def compile_command(**shared: Any) -> None:
+    """One forward, eager against `torch.compile` (static shapes), for a full and a dual-cache
+    step at batch 1, and the compile time (minutes on CPU)."""
+    _suite(("compile",), **shared)
+
+
+@bench_command.command("cache", epilog="Defaults: 4 prompts per task of every task (48), gen 256 and "
+                                       "512, batch 1, 4 and 16, 3 repeats, threshold 0.9, block 32; "
+                                       "--quick: 1 per task, gen 64, batch 1 and 4, 1 repeat.")
+@bench_options(gen_lengths=True)
+@click.option("--batch", "batch_sizes", type=click.IntRange(1), multiple=True,
+              help="A batch size; repeatable.")
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Of the threshold scheduler (1.0: about one token per step, a long decode).")
+@click.option("--stop-at-eos/--no-stop-at-eos", default=None,
+              help="Stop a row after the block holding its end-of-text [stop].")
+@click.option("--variant", "variants", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+              help="Also compare this configured cache (e.g. dual:prefix_look=1024); repeatable.")
+def cache_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
+                  gen_length: tuple[int, ...], json_path: str | None, quick: bool,
+                  batch_sizes: tuple[int, ...], threshold: float | None, stop_at_eos: bool | None,
+                  variants: tuple[str, ...]) -> None:
+    """The block caches (none, prefix, dual, variants) over many prompts and batch sizes:
+    seconds per sample, answer and canvas tokens per second, NFE, speedup over none, agreement
+    with none and accuracy; one forward's cost at the first block beside each cell."""
+    from dllm_decode.cli.options import parse_spec, usage_errors
+    from dllm_decode.eval.bench.cache import CACHE_QUICK, CacheOptions, run_cache
+    from dllm_decode.eval.bench.report import format_cache
+    from dllm_decode.eval.bench.subject import machine
+    from dllm_decode.registry import component
+
+    with usage_errors("--variant"):
+        caches = tuple((text, component("cache", {"name": name, **opts}))
+                       for text in variants for name, opts in [parse_spec(text)])
+    options = _options(CacheOptions(), CACHE_QUICK, quick, repeats=repeats, per_task=per_task,
+                       gen_lengths=gen_length, batch_sizes=batch_sizes, threshold=threshold,
+                       stop_at_eos=stop_at_eos, variants=caches)
+    subject = _subject(model_name, threads)
+    report = {"machine": machine(threads), **run_cache(subject, options, _say)}
+    _emit(report, format_cache(report), json_path)
+
+
+@bench_command.command("scaling", epilog="Defaults: gen 64, 128, 256, ... up to the context, 1 prompt "
+                                         "per task of every task, batch 8, block 32, 3 repeats; "
+                                         "--quick: gen 16, 32, 64, block 16, batch 4, 1 repeat.")
+@bench_options(gen_lengths=True)
+@click.option("--batch", type=click.IntRange(1), default=None, help="Prompts per decode call.")
+def scaling_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
+                    gen_length: tuple[int, ...], json_path: str | None, quick: bool,
+                    batch: int | None) -> None:
+    """Time per sample against gen length, for the default decode (threshold, no cache) and one
+    token per step, with the fitted exponent (log-log least squares)."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.report import format_scaling
+    from dllm_decode.eval.bench.scaling import SCALING_QUICK, ScalingOptions, lengths_for, run_scaling
+    from dllm_decode.eval.bench.subject import machine
+
+    options = _options(ScalingOptions(), SCALING_QUICK, quick, repeats=repeats, per_task=per_task,
+                       gen_lengths=gen_length, batch=batch)
+    subject = _subject(model_name, threads)
+    with usage_errors("--gen-length"):
+        lengths_for(subject, options)
+    report = {"machine": machine(threads), **run_scaling(subject, options, _say)}
+    _emit(report, format_scaling(report), json_path)
+
+
+@bench_command.command("spec", epilog="Defaults: 2 prompts per task of every task, 48 new tokens, 3 "
+                                      "repeats, both target runtimes, SmolLM2 when fetched (1 repeat); "
+                                      "--quick: 1 per task, 8 new tokens, 1 repeat, compact target, "
+                                      "no SmolLM2.")
+@bench_options(model_help="The diffusion model that drafts blocks (skipped when missing or its "
+                          "vocabulary differs from the target's).", gen_help="New tokens per prompt")
+@click.option("--target", default=None, help="The embedded suite's target [ar_target].")
+@click.option("--draft", default=None, help="The embedded suite's draft model [ar_draft].")
+@click.option("--target-runtime", "target_runtimes", type=click.Choice(["hf", "compact"]), multiple=True,
+              help="Run the embedded suite with the target in this runtime; repeatable [both].")
+@click.option("--smollm2/--no-smollm2", default=None,
+              help="Also run the SmolLM2 suite (needs `dllm-decode fetch smollm2`) [on].")
+@click.option("--smollm2-repeats", type=click.IntRange(1), default=None)
+@click.option("--smollm2-tokens", type=click.IntRange(1), default=None)
+def spec_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
+                 gen_length: int | None, json_path: str | None, quick: bool, target: str | None,
+                 draft: str | None, target_runtimes: tuple[str, ...], smollm2: bool | None,
+                 smollm2_repeats: int | None, smollm2_tokens: int | None) -> None:
+    """AR speculative decoding: every drafter and draft-length scheduler against plain AR
+    greedy, with the acceptance theory beside the measured speedup."""
+    import torch
+
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.report import format_spec
+    from dllm_decode.eval.bench.spec import SPEC_QUICK, SpecOptions, run_spec
+    from dllm_decode.eval.bench.subject import diffusion_spec, machine
+
+    with usage_errors("--model"):
+        diffusion_spec(model_name)
+    options = _options(SpecOptions(), SPEC_QUICK, quick, repeats=repeats, per_task=per_task,
+                       max_new_tokens=gen_length, dllm=model_name, target=target, draft=draft,
+                       target_runtimes=target_runtimes, smollm2=smollm2,
+                       smollm2_repeats=smollm2_repeats, smollm2_tokens=smollm2_tokens)
+    torch.set_num_threads(threads)
+    report = {"machine": machine(threads), **run_spec(options, _say)}
+    _emit(report, format_spec(report), json_path)

@@ -1,59 +1,27 @@
-"""Measurement core of `dllm-decode bench`: a forward timer and an interleaved runner.
+"""Decoding under the interleaved timer: `Combo` (a labelled `DecodeConfig`) and `run_grid`.
 
-Every configuration (a `Combo`) decodes the same chunks of samples; inside each repeat the
-configurations run in a rotated order, chunk by chunk, so load drifts on a shared machine hit all
-of them alike (design §5: compare in one run, report ratios of medians).
+Every combo decodes its chunks of samples through `timing.interleave`; a decode records its
+wall-clock, the seconds inside model forwards and the `DecodeResult` (NFE, answer lengths, text).
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.interfaces import Cache, Filter, NoCache, Scheduler
+from dllm_decode.eval.bench.timing import Runs, forward_timer, interleave
 from dllm_decode.sampler import generate
-
-
-@contextlib.contextmanager
-def forward_timer(model: Any) -> Iterator[list[float]]:
-    """Time every forward pass of `model` while the context is open.
-
-    Yields a list `[seconds inside forward, forward calls]` that fills as the model runs. The
-    wrapper is an instance attribute (`nn.Module.__call__` looks `forward` up on the instance), so
-    caches and the loop are timed without knowing about it; it is removed on exit.
-    """
-    spent = [0.0, 0]
-    had_own = "forward" in vars(model)
-    inner = model.forward
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[0] += time.perf_counter() - started
-            spent[1] += 1
-
-    model.forward = timed
-    try:
-        yield spent
-    finally:
-        if had_own:
-            model.forward = inner
-        else:
-            del model.forward
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One prompt of the benchmark: its task name and (for scored tasks) the example."""
+    """One prompt of a benchmark: its task name and (for scored tasks) the example."""
 
     task: str
     prompt: str | list[int]
@@ -62,106 +30,123 @@ class Sample:
 
 @dataclass(frozen=True)
 class Combo:
-    """One decoding configuration of the benchmark.
+    """One labelled decode record of a benchmark.
 
     Attributes:
         label: the row name in tables and JSON.
-        scheduler: the policy; ignored when `oracle` is set.
-        cache: None for a full forward every step.
-        filters: applied after the scheduler, in order.
-        oracle: decode with the Learn2PD oracle whose reference is the chunk's output under the
-            `reference` combo (one token per step), as `dllm_decode.schedulers.oracle` prescribes.
+        config: how to decode (scheduler, cache, filters, lengths).
+        oracle: decode with the Learn2PD oracle (arXiv 2509.25188), whose reference is the
+            chunk's output under the `reference` combo; `config.scheduler` is then replaced by
+            `OracleScheduler.from_reference` at run time.
         reference: label of the combo whose outputs the oracle follows.
     """
 
     label: str
-    scheduler: Scheduler | None
-    cache: Cache = field(default_factory=NoCache)
-    filters: tuple[Filter, ...] = ()
+    config: DecodeConfig
     oracle: bool = False
     reference: str = "low_confidence"
 
+    def but(self, suffix: str, **changes: Any) -> Combo:
+        """This combo with `config` fields changed and `suffix` appended to its label."""
+        return replace(self, label=f"{self.label}{suffix}", config=replace(self.config, **changes))
 
-@dataclass
+
+@dataclass(frozen=True)
+class Decoded:
+    """One decode: seconds inside model forwards, forward calls, the result."""
+
+    forward_seconds: float
+    forwards: int
+    result: DecodeResult
+
+
+@dataclass(frozen=True)
 class Measured:
-    """Every run of one combo: per repeat, per chunk (seconds, forward seconds, forwards, result)."""
+    """Every timed decode of one combo (`runs[repeat][chunk]`)."""
 
     combo: Combo
-    runs: list[list[tuple[float, float, int, DecodeResult]]] = field(default_factory=list)
+    runs: Runs[Decoded]
 
     def seconds(self) -> float:
         """Median over repeats of the wall-clock summed over chunks."""
-        return statistics.median(sum(r[0] for r in repeat) for repeat in self.runs)
+        return self.runs.seconds()
 
     def overhead(self) -> float:
         """Median over repeats of the share of wall-clock spent outside model forward passes."""
-        return statistics.median(1 - sum(r[1] for r in rep) / max(sum(r[0] for r in rep), 1e-12)
-                                 for rep in self.runs)
+        return statistics.median(
+            1 - sum(t.value.forward_seconds for t in repeat) / max(sum(t.seconds for t in repeat), 1e-12)
+            for repeat in self.runs.runs)
 
     def results(self) -> list[DecodeResult]:
         """Repeat 0's results, one per chunk (greedy decoding repeats exactly)."""
-        return [r[3] for r in self.runs[0]]
+        return [d.result for d in self.runs.values()]
 
     def nfe(self) -> list[int]:
+        """Forward passes per sample."""
         return [int(n) for result in self.results() for n in result.nfe.tolist()]
+
+    def answer_tokens(self) -> list[int]:
+        """Tokens before the first end-of-text, per sample."""
+        return [int(n) for result in self.results() for n in result.answer_lengths.tolist()]
 
     def texts(self) -> list[str]:
         return [t for result in self.results() for t in (result.text or [""] * len(result.nfe))]
 
+    def tokens(self) -> list[list[int]]:
+        """The generated canvas per sample."""
+        return [row for result in self.results() for row in result.tokens.tolist()]
 
-def decode_once(model: Any, prompts: list, combo: Combo, scheduler: Scheduler, gen: int, block: int,
-                tokenizer: Any, trace: bool = False) -> tuple[float, float, int, DecodeResult]:
-    """One timed `generate` call: (seconds, seconds inside forward, forwards, result)."""
-    config = DecodeConfig(scheduler=scheduler, cache=combo.cache, filters=combo.filters,
-                          gen_length=gen, block_length=block)
-    generator = torch.Generator().manual_seed(0)
+
+def decode_once(model: Any, prompts: list, config: DecodeConfig, tokenizer: Any = None,
+                trace: bool = False) -> Decoded:
+    """One `generate` call with its forward passes timed."""
     with forward_timer(model) as spent:
-        started = time.perf_counter()
-        result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
-        seconds = time.perf_counter() - started
-    return seconds, spent[0], int(spent[1]), result
+        result = generate(model, prompts, config, tokenizer=tokenizer, trace=trace)
+    return Decoded(spent[0], int(spent[1]), result)
 
 
-def run_grid(model: Any, plans: Sequence[tuple[Combo, Sequence[Sequence[Sample]]]], gen: int,
-             block: int, repeats: int, tokenizer: Any = None) -> dict[str, Measured]:
-    """Decode each plan's chunks under its combo `repeats` times, interleaved.
+def run_grid(model: Any, plans: Sequence[tuple[Combo, Sequence[Sequence[Sample]]]], repeats: int,
+             tokenizer: Any = None, clock: Callable[[], float] = time.perf_counter) -> dict[str, Measured]:
+    """Decode each plan's chunks under its combo `repeats` times, interleaved (`interleave`).
 
-    Repeat r visits chunk index 0 of every plan, then index 1, ..., with the plans in an order
-    rotated by r. Oracle combos follow the repeat-0 output of their reference combo on the same
-    chunk index (decoded untimed first when the reference has not run yet).
+    Oracle combos follow the repeat-0 output of their reference combo on the same chunk index
+    (decoded untimed first when the reference has not run there yet).
+
+    Raises:
+        ValueError: duplicate labels, or an oracle whose reference is missing, is itself an
+            oracle, or decodes other chunks.
     """
     from dllm_decode.schedulers import OracleScheduler
 
-    measured = {combo.label: Measured(combo) for combo, _ in plans}
-    if len(measured) != len(plans):
-        raise ValueError("combo labels must be unique")
+    combos = {combo.label: combo for combo, _ in plans}
     chunks_of = {combo.label: chunks for combo, chunks in plans}
+    for combo in combos.values():
+        ref = combos.get(combo.reference)
+        if combo.oracle and (ref is None or ref.oracle or chunks_of[ref.label] is not chunks_of[combo.label]):
+            raise ValueError(f"oracle {combo.label!r} needs a reference combo {combo.reference!r} "
+                             f"over the same chunks")
     references: dict[tuple[str, int], torch.Tensor] = {}
-    for repeat in range(repeats):
-        order = list(plans[repeat % len(plans):]) + list(plans[:repeat % len(plans)])
-        for m in measured.values():
-            m.runs.append([])
-        for index in range(max(len(chunks) for _, chunks in plans)):
-            for combo, chunks in order:
-                if index >= len(chunks):
-                    continue
-                prompts = [s.prompt for s in chunks[index]]
-                scheduler = combo.scheduler
-                if combo.oracle:
-                    key = (combo.reference, index)
-                    if key not in references:
-                        ref = measured.get(combo.reference)
-                        if ref is None or ref.combo.oracle or chunks_of[combo.reference] is not chunks:
-                            raise ValueError(f"oracle {combo.label!r} needs a reference combo "
-                                             f"{combo.reference!r} over the same chunks")
-                        references[key] = decode_once(model, prompts, ref.combo, ref.combo.scheduler,
-                                                      gen, block, tokenizer)[3].tokens
-                    scheduler = OracleScheduler.from_reference(references[key])
-                run = decode_once(model, prompts, combo, scheduler, gen, block, tokenizer)
-                measured[combo.label].runs[-1].append(run)
-                if repeat == 0 and not combo.oracle:
-                    references.setdefault((combo.label, index), run[3].tokens)
-    return measured
+
+    def job(label: str, index: int, chunk: Sequence[Sample]) -> Callable[[], Decoded]:
+        combo = combos[label]
+        prompts = [s.prompt for s in chunk]
+        config = combo.config
+        if combo.oracle:
+            key = (combo.reference, index)
+            if key not in references:
+                ref = combos[combo.reference].config
+                references[key] = decode_once(model, prompts, ref, tokenizer).result.tokens
+            config = replace(config, scheduler=OracleScheduler.from_reference(references[key]))
+
+        def call() -> Decoded:
+            decoded = decode_once(model, prompts, config, tokenizer)
+            if not combo.oracle:
+                references.setdefault((label, index), decoded.result.tokens)
+            return decoded
+        return call
+
+    timed = interleave([(combo.label, chunks) for combo, chunks in plans], repeats, job, clock)
+    return {label: Measured(combos[label], runs) for label, runs in timed.items()}
 
 
 def chunked(samples: Sequence[Sample], size: int) -> list[list[Sample]]:

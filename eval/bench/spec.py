@@ -1,49 +1,38 @@
-"""Speculative decoding benchmark: every drafter and draft-length scheduler against plain AR greedy.
+"""Speculative decoding benchmark: drafters and draft-length schedulers against plain AR greedy.
 
-    python -m dllm_decode.eval.bench.spec [--json FILE] [--per-task N] [--repeats R] [--no-smollm2]
+Two suites, each measured side by side in one run (`timing.interleave`):
 
-Two suites, each measured side by side in one run (the configurations of a suite decode the
-same prompts in a rotated order within every repeat, so load drifts on a shared machine hit all
-of them alike; design §5: report ratios of medians):
-
-* the embedded AR pair (`ar_target`, `ar_draft`; or `--target/--draft` directories) on the task
-  suite's test prompts (`prompt =`, the AR training format): draft model, prompt lookup, layer
-  skipping, and the embedded dLLM drafting whole blocks;
+* the embedded AR pair (`ar_target`, `ar_draft`, or other directories) on the task suite's test
+  prompts in the AR models' chat template (`prompt =`): draft model, prompt lookup, layer
+  skipping, and the diffusion model drafting whole blocks;
 * SmolLM2-135M-Instruct (the fetched GGUF, float32) on a few chat prompts: prompt lookup and
   layer skipping (no smaller model shares its tokenizer here).
 
 Per configuration: mean accepted tokens per target call (Spec-Bench's accept length, bonus
 included), target and draft forwards per token, the per-token acceptance estimate alpha, the
-theory (1 - alpha^(g+1)) / (1 - alpha) averaged over the rounds' draft lengths g (Leviathan et al.
-2023 §3.1), the draft/target forward-time ratio c, the wall-time theory (that expectation
-divided by 1 + g c', with c' = c x draft forwards per drafted token), the
-measured wall-clock speedup vs plain AR greedy, and
-whether the output equals plain greedy token for token (it must: greedy verification is exact).
-Batch size 1, greedy, float32, CPU, `--threads` torch threads.
+theory (1 - alpha^(g+1)) / (1 - alpha) averaged over the rounds' draft lengths g (Leviathan et
+al. 2023, arXiv 2211.17192, §3.1), the draft/target forward-time ratio c, the wall-time theory
+(that expectation divided by 1 + g c', with c' = c x draft forwards per drafted token), the
+measured wall-clock speedup vs plain AR greedy, and whether the output equals plain greedy token
+for token (it must: greedy verification is exact). Batch size 1, greedy, float32.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from dllm_decode.eval.bench.measure import Sample
+from dllm_decode.eval.bench.sections import SuiteOptions
+from dllm_decode.eval.bench.subject import Subject, scored
+from dllm_decode.eval.bench.timing import Runs, check_counts, forward_timer, interleave, speedup
 from dllm_decode.interfaces import Scheduler
-from dllm_decode.models import ModelLoadError, load_model
-from dllm_decode.speculative import (RUNTIMES, DiffusionDrafter, Drafter,
-                                     HeuristicScheduler, LookupDrafter, ModelDrafter, SpecConfig,
-                                     SpecResult, layerskip_drafter, speculative_generate,
-                                     with_runtime)
-from dllm_decode.speculative.models import load_causal_lm
-from dllm_decode.eval.bench.measure import forward_timer
-from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+
+if TYPE_CHECKING:
+    from dllm_decode.speculative import Drafter, SpecResult
 
 SMOLLM2_PROMPTS = (
     "Repeat the following sentence exactly, then translate it to French: The quick brown fox "
@@ -55,25 +44,67 @@ SMOLLM2_PROMPTS = (
 
 
 @dataclass(frozen=True)
-class Config:
-    """One row: a drafter (None: plain AR) and the scheduler that picks each draft length."""
+class SpecOptions:
+    """One configuration of `bench spec`.
+
+    Attributes:
+        target, draft: the embedded suite's causal LMs (`load_causal_lm` names).
+        dllm: the diffusion model drafting blocks (skipped when it is missing or its vocabulary
+            differs).
+        per_task: test prompts per task (all tasks).
+        repeats: interleaved repeats of the embedded suite.
+        max_new_tokens: generation budget per prompt.
+        smollm2: also run the SmolLM2 suite (needs `dllm-decode fetch smollm2`).
+        smollm2_repeats, smollm2_tokens: its repeats and budget.
+        target_runtimes: the embedded suite runs once per target runtime (`hf`, `compact`).
+    Raises:
+        ValueError: a count below 1 or an unknown runtime.
+    """
+
+    target: str = "ar_target"
+    draft: str = "ar_draft"
+    dllm: str = "embedded"
+    per_task: int = 2
+    repeats: int = 3
+    max_new_tokens: int = 48
+    smollm2: bool = True
+    smollm2_repeats: int = 1
+    smollm2_tokens: int = 48
+    target_runtimes: tuple[str, ...] = ("hf", "compact")
+
+    def __post_init__(self) -> None:
+        from dllm_decode.speculative import RUNTIMES
+
+        check_counts(self, "per_task", "repeats", "max_new_tokens", "smollm2_repeats", "smollm2_tokens")
+        if not self.target_runtimes or set(self.target_runtimes) - set(RUNTIMES):
+            raise ValueError(f"target_runtimes must be some of {list(RUNTIMES)}, got {list(self.target_runtimes)}")
+
+
+SPEC_QUICK = SpecOptions(per_task=1, repeats=1, max_new_tokens=8, smollm2=False, target_runtimes=("compact",))
+
+
+@dataclass(frozen=True)
+class SpecCombo:
+    """One row: a drafter (None: plain AR) and the scheduler that picks each draft length.
+
+    `draft_model` is timed for the cost ratio c (None: the drafter runs no model)."""
 
     label: str
     drafter: Drafter | None
     scheduler: Scheduler
     max_draft: int = 8
-    draft_model: Any = None          # timed for the cost ratio c (None: no model forwards)
+    draft_model: Any = None
 
 
-@dataclass
-class Row:
-    config: Config
-    seconds: list[float] = field(default_factory=list)      # per repeat, summed over prompts
-    results: list[SpecResult] = field(default_factory=list)  # repeat 0, one per prompt
-    target_time: float = 0.0                                 # seconds inside target forwards
-    target_calls: int = 0
-    draft_time: float = 0.0
-    draft_calls: int = 0
+@dataclass(frozen=True)
+class SpecRun:
+    """One timed prompt: the result and the seconds and calls inside target and draft forwards."""
+
+    result: SpecResult
+    target_seconds: float
+    target_calls: int
+    draft_seconds: float
+    draft_calls: int
 
 
 def theory_tokens(alpha: float, drafted: Sequence[int]) -> float:
@@ -91,80 +122,65 @@ def theory_speedup(tokens_per_call: float, gamma: float, c: float) -> float:
     return tokens_per_call / (gamma * c + 1)
 
 
-def measure(target: Any, prompts: Sequence[list[int]], configs: Sequence[Config], repeats: int,
-            max_new_tokens: int, log: Callable[[str], None]) -> list[Row]:
-    rows = [Row(c) for c in configs]
-    for repeat in range(repeats):
-        totals = [0.0] * len(rows)
-        for i, prompt in enumerate(prompts):
-            shift = (repeat * len(prompts) + i) % len(rows)
-            for j in [(k + shift) % len(rows) for k in range(len(rows))]:   # rotated order
-                row = rows[j]
-                spec = SpecConfig(row.config.scheduler, max_new_tokens=max_new_tokens,
-                                  max_draft=row.config.max_draft)
-                with forward_timer(target) as t_spent, _maybe_timer(row.config.draft_model) as d_spent:
-                    started = time.perf_counter()
-                    result = speculative_generate(target, prompt, spec, row.config.drafter)
-                    totals[j] += time.perf_counter() - started
-                row.target_time += t_spent[0]
-                row.target_calls += t_spent[1]
-                row.draft_time += d_spent[0]
-                row.draft_calls += d_spent[1]
-                if repeat == 0:
-                    row.results.append(result)
-        for row, total in zip(rows, totals):
-            row.seconds.append(total)
-        log(f"  repeat {repeat + 1}/{repeats}: " + ", ".join(
-            f"{r.config.label} {s:.1f}s" for r, s in zip(rows, totals)))
-    return rows
+def measure(target: Any, prompts: Sequence[Any], combos: Sequence[SpecCombo], repeats: int,
+            max_new_tokens: int, clock: Callable[[], float] = time.perf_counter) -> list[tuple[SpecCombo, Runs[SpecRun]]]:
+    """Every combo on every prompt, `repeats` times, interleaved (`timing.interleave`)."""
+    from dllm_decode.speculative import SpecConfig, speculative_generate
+
+    by_label = {combo.label: combo for combo in combos}
+
+    def job(label: str, index: int, prompt: Any) -> Callable[[], SpecRun]:
+        combo = by_label[label]
+        spec = SpecConfig(combo.scheduler, max_new_tokens=max_new_tokens, max_draft=combo.max_draft)
+
+        def call() -> SpecRun:
+            with forward_timer(target) as t, forward_timer(combo.draft_model) as d:
+                result = speculative_generate(target, prompt, spec, combo.drafter)
+            return SpecRun(result, t[0], int(t[1]), d[0], int(d[1]))
+        return call
+
+    runs = interleave([(combo.label, list(prompts)) for combo in combos], repeats, job, clock)
+    return [(combo, runs[combo.label]) for combo in combos]
 
 
-class _NoTimer:
-    def __enter__(self) -> list[float]:
-        return [0.0, 0]
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _maybe_timer(model: Any):
-    return forward_timer(model) if model is not None else _NoTimer()
-
-
-def summarize(rows: list[Row], scores: Callable[[list[SpecResult]], float] | None = None) -> list[dict]:
-    baseline = rows[0]
-    base_seconds = statistics.median(baseline.seconds)
-    base_tokens = [r.tokens.tolist() for r in baseline.results]
-    t_target = baseline.target_time / max(1, baseline.target_calls)   # one-token target step
+def summarize(measured: Sequence[tuple[SpecCombo, Runs[SpecRun]]],
+              scores: Callable[[list[Any]], Any] | None = None) -> list[dict[str, Any]]:
+    """One entry per combo; the first combo is the baseline (plain AR) speedups are against."""
+    base = measured[0][1]
+    base_tokens = [r.result.tokens.tolist() for r in base.values()]
+    every_base = [r for repeat in base.runs for r in (t.value for t in repeat)]
+    t_target = sum(r.target_seconds for r in every_base) / max(1, sum(r.target_calls for r in every_base))
     out = []
-    for row in rows:
-        results = row.results
-        appended = [a for r in results for a in r.appended]
+    for combo, runs in measured:
+        every = [t.value for repeat in runs.runs for t in repeat]
+        results = [r.result for r in runs.values()]
         drafted = [d for r in results for d in r.drafted]
         matched = [m for r in results for m in r.matched]
         tokens = sum(len(r.tokens) for r in results)
         decisions = sum(m + (m < d) for m, d in zip(matched, drafted))
         alpha = sum(matched) / decisions if decisions else 0.0
-        t_draft = row.draft_time / max(1, row.draft_calls)
+        draft_calls = sum(r.draft_calls for r in every)
+        c = (sum(r.draft_seconds for r in every) / draft_calls) / t_target if draft_calls else 0.0
         expected = theory_tokens(alpha, drafted) if decisions else 1.0
+        same = [r.tokens.tolist() == b for r, b in zip(results, base_tokens)]
         entry = {
-            "label": row.config.label,
-            "mean_accepted_tokens": statistics.fmean(appended),
+            "label": combo.label,
+            "mean_accepted_tokens": statistics.fmean(a for r in results for a in r.appended),
             "theory_tokens_per_call": expected,
             "acceptance_rate": alpha,
             "mean_draft_length": statistics.fmean(drafted),
             "target_forwards_per_token": sum(r.target_forwards for r in results) / tokens,
             "draft_forwards_per_token": sum(r.draft_forwards for r in results) / tokens,
-            "cost_ratio_c": t_draft / t_target if row.draft_calls else 0.0,
+            "cost_ratio_c": c,
             # c per drafted token: a dLLM round costs its NFE, not one step per token.
             "theory_speedup": theory_speedup(
                 expected, statistics.fmean(drafted),
-                (t_draft / t_target) * sum(r.draft_forwards for r in results) / max(1, sum(drafted))
-                if row.draft_calls else 0.0),
-            "seconds": statistics.median(row.seconds),
-            "seconds_per_repeat": row.seconds,
-            "speedup": base_seconds / statistics.median(row.seconds),
-            "exact": [r.tokens.tolist() for r in results] == base_tokens,
+                c * sum(r.draft_forwards for r in results) / max(1, sum(drafted))),
+            "seconds": runs.seconds(),
+            "seconds_per_repeat": runs.per_repeat(),
+            "speedup": speedup(base, runs),
+            "exact": all(same),
+            "same_output": 100 * sum(same) / len(same),
             "new_tokens": tokens,
         }
         if scores is not None:
@@ -173,7 +189,7 @@ def summarize(rows: list[Row], scores: Callable[[list[SpecResult]], float] | Non
     return out
 
 
-def tokens_per_call_by_task(tasks: Sequence[str], results: Sequence[SpecResult]) -> dict[str, float]:
+def tokens_per_call_by_task(tasks: Sequence[str], results: Sequence[Any]) -> dict[str, float]:
     """Per task (one name per result): new tokens / target forwards over its prompts."""
     tokens: dict[str, int] = {}
     calls: dict[str, int] = {}
@@ -183,162 +199,160 @@ def tokens_per_call_by_task(tasks: Sequence[str], results: Sequence[SpecResult])
     return {task: tokens[task] / calls[task] for task in sorted(tokens)}
 
 
-def print_table(title: str, entries: list[dict], log: Callable[[str], None]) -> None:
-    log(f"\n{title}")
-    head = (f"{'configuration':<34} {'acc/call':>8} {'E[tok]':>7} {'alpha':>6} {'g':>5} "
-            f"{'T fwd/tok':>9} {'D fwd/tok':>9} {'c':>5} {'E[spd]':>7} {'speedup':>7} {'exact':>5}")
-    log(head)
-    log("-" * len(head))
-    for e in entries:
-        log(f"{e['label']:<34} {e['mean_accepted_tokens']:>8.2f} {e['theory_tokens_per_call']:>7.2f} "
-            f"{e['acceptance_rate']:>6.2f} {e['mean_draft_length']:>5.2f} "
-            f"{e['target_forwards_per_token']:>9.3f} {e['draft_forwards_per_token']:>9.3f} "
-            f"{e['cost_ratio_c']:>5.2f} {e['theory_speedup']:>6.2f}x {e['speedup']:>6.2f}x {str(e['exact']):>5}"
-            + (f"  acc {e['accuracy']:.0%}" if "accuracy" in e else ""))
+def ar_prompts(samples: Sequence[Sample], tokenizer: Any) -> list[Any]:
+    """Each task sample's raw prompt in the AR tokenizer's chat template (`chat_prompt`; the
+    embedded AR models' template appends their ` =` separator); random samples as token ids."""
+    from dllm_decode.prompts import chat_prompt
+
+    return [chat_prompt(tokenizer, s.example.prompt) if s.example is not None else s.prompt for s in samples]
 
 
-def embedded_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict | None:
+def accuracy_of(tasks: dict | None, samples: Sequence[Sample]) -> Callable[[list[Any]], Any]:
+    """Scores for `summarize`: the task accuracy (%) of the results' texts."""
+    return lambda results: scored(tasks, samples, [r.text or "" for r in results])
+
+
+def section_ar(subject: Subject, samples: Sequence[Sample], o: SuiteOptions) -> dict[str, Any]:
+    """The suite's AR section: plain greedy AR vs AR + the shipped draft model (heuristic draft
+    lengths, greedy verification), batch 1, on the suite's first `ar_samples` samples. The target
+    runs in transformers; the draft in the compact runtime (the CLI's default for drafts)."""
+    from dllm_decode.models import ModelLoadError
+    from dllm_decode.speculative import HeuristicScheduler, ModelDrafter, with_runtime
+    from dllm_decode.speculative.models import load_causal_lm
+
     try:
-        loaded = load_causal_lm(args.target)
-        draft_hf = load_causal_lm(args.draft)
+        target, draft = load_causal_lm("ar_target"), load_causal_lm("ar_draft")
+    except ModelLoadError as err:
+        return {"skipped": str(err)}
+    picked = list(samples[:o.ar_samples])
+    draft = with_runtime(draft, "auto")
+    combos = [SpecCombo("ar", None, HeuristicScheduler()),
+              SpecCombo("ar+speculative", ModelDrafter(draft), HeuristicScheduler(), 8, draft)]
+    measured = measure(target, ar_prompts(picked, target.tokenizer), combos, o.repeats, o.ar_new_tokens)
+    return {"samples": len(picked), "max_new_tokens": o.ar_new_tokens,
+            "rows": summarize(measured, accuracy_of(subject.tasks, picked))}
+
+
+def embedded_suite(o: SpecOptions, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The embedded AR pair, once per target runtime; None when the pair is not installed."""
+    from dllm_decode.models import ModelLoadError
+    from dllm_decode.speculative.models import load_causal_lm
+
+    try:
+        loaded, draft_hf = load_causal_lm(o.target), load_causal_lm(o.draft)
     except ModelLoadError as err:
         log(f"embedded AR suite skipped: {err}")
         return None
-    return {runtime: embedded_pair(args, loaded, draft_hf, runtime, log)
-            for runtime in dict.fromkeys(args.target_runtime)}
+    return {runtime: embedded_pair(o, loaded, draft_hf, runtime, log) for runtime in dict.fromkeys(o.target_runtimes)}
 
 
-def embedded_pair(args: argparse.Namespace, loaded: Any, draft_hf: Any, runtime: str,
-                  log: Callable[[str], None]) -> dict:
+def embedded_pair(o: SpecOptions, loaded: Any, draft_hf: Any, runtime: str,
+                  log: Callable[[str], None]) -> dict[str, Any]:
     """The embedded suite with the target run by `runtime` (plain AR in that runtime is the
     baseline); drafts run compact, plus one transformers-run draft row for comparison."""
+    from dllm_decode.eval.bench.subject import task_samples
     from dllm_decode.eval.tasks import TASKS
     from dllm_decode.eval.tasks.tokenizer import SEPARATOR
+    from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+    from dllm_decode.speculative import (HeuristicScheduler, LookupDrafter, ModelDrafter,
+                                         layerskip_drafter, with_runtime)
 
     target = with_runtime(loaded, runtime)
     draft = with_runtime(draft_hf, "auto")
     tokenizer = target.tokenizer
-    examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", args.per_task, 0)]
-    prompts = [tokenizer(f"{e.prompt} {SEPARATOR}", add_special_tokens=False)["input_ids"]
-               for e in examples]
+    samples = task_samples(TASKS, o.per_task)
     sep = tuple(tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"])
     constant = LowConfidenceScheduler(steps_per_block=1)
-    half = max(1, target.config.num_hidden_layers // 2)
-    configs = [
-        Config("plain AR greedy", None, constant),
-        Config("draft model (hf), heuristic", ModelDrafter(draft_hf), HeuristicScheduler(), 16, draft_hf),
-        Config("draft model, heuristic", ModelDrafter(draft), HeuristicScheduler(), 16, draft),
-        Config("draft model, constant k=4", ModelDrafter(draft), constant, 4, draft),
-        Config("draft model, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 8, draft),
-        Config("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
+    layers = target.config.num_hidden_layers
+    combos = [
+        SpecCombo("plain AR greedy", None, constant),
+        SpecCombo("draft model (hf), heuristic", ModelDrafter(draft_hf), HeuristicScheduler(), 16, draft_hf),
+        SpecCombo("draft model, heuristic", ModelDrafter(draft), HeuristicScheduler(), 16, draft),
+        SpecCombo("draft model, constant k=4", ModelDrafter(draft), constant, 4, draft),
+        SpecCombo("draft model, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 8, draft),
+        SpecCombo("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
     ]
-    if target.config.num_hidden_layers > 1:
+    if layers > 1:
+        half = layers // 2
         skip = layerskip_drafter(loaded, str(half), "auto")
-        configs.append(Config(f"layer skip {half}/{target.config.num_hidden_layers}, thr 0.4", skip,
-                              ThresholdScheduler(0.4), 8, skip.model))
+        combos.append(SpecCombo(f"layer skip {half}/{layers}, thr 0.4", skip, ThresholdScheduler(0.4), 8,
+                                skip.model))
+    combos += dllm_drafter_combos(o.dllm, target.config.vocab_size, sep, log)
+    log(f"embedded AR pair, target runtime {runtime}: {len(samples)} task prompts, {o.repeats} repeats")
+    measured = measure(target, ar_prompts(samples, tokenizer), combos, o.repeats, o.max_new_tokens)
+    entries = summarize(measured, accuracy_of(TASKS, samples))
+    for entry, (_, runs) in zip(entries, measured):
+        entry["tokens_per_call_by_task"] = tokens_per_call_by_task(
+            [s.task for s in samples], [r.result for r in runs.values()])
+    return {"target": o.target, "draft": o.draft, "target_runtime": runtime, "prompts": len(samples),
+            "rows": entries}
+
+
+def dllm_drafter_combos(name: str, vocab_size: int, drop_ids: tuple[int, ...],
+                        log: Callable[[str], None]) -> list[SpecCombo]:
+    """The diffusion model drafting a block: one denoising step drafts the whole block (every
+    position clears a ~0 bar); the threshold rule spends more dLLM steps for better drafts.
+    Lossless either way. None when the model is missing or speaks another vocabulary."""
+    from dllm_decode.models import ModelLoadError
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+    from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+    from dllm_decode.speculative import DiffusionDrafter
+
     try:
-        dllm = load_model(args.dllm)
-        if dllm.vocab_size != target.config.vocab_size:
-            raise ModelLoadError(f"vocabulary {dllm.vocab_size} != {target.config.vocab_size}")
-        # One denoising step drafts the whole block (every position clears a ~0 bar); the
-        # threshold rule spends more dLLM steps for better drafts. Lossless either way.
-        for label, unmask, k in (("1 step", ThresholdScheduler(1e-6), 8),
-                                 ("1 step", ThresholdScheduler(1e-6), 16),
-                                 ("threshold 0.7", ThresholdScheduler(0.7), 16)):
-            configs.append(Config(f"dLLM block k={k}, {label}", DiffusionDrafter(
-                dllm, unmask, drop_ids=sep), constant, k, dllm))
+        dllm = load_diffusion(ModelSpec.parse(name))
+        if dllm.vocab_size != vocab_size:
+            raise ModelLoadError(f"vocabulary {dllm.vocab_size} != {vocab_size}")
     except ModelLoadError as err:
         log(f"dLLM drafter skipped: {err}")
-    log(f"embedded AR pair, target runtime {runtime}: {len(prompts)} task prompts, {args.repeats} repeats")
-    rows = measure(target, prompts, configs, args.repeats, args.max_new_tokens, log)
-
-    def accuracy(results: list[SpecResult]) -> float:
-        return statistics.fmean(TASKS[e.task].score(e, r.text or "") for e, r in zip(examples, results))
-
-    entries = summarize(rows, accuracy)
-    by_task = {row.config.label: tokens_per_call_by_task([e.task for e in examples], row.results)
-               for row in rows}
-    for entry in entries:
-        entry["tokens_per_call_by_task"] = by_task[entry["label"]]
-    print_table(f"embedded AR pair ({args.target} / {args.draft}), target runtime {runtime}, "
-                f"{len(prompts)} task prompts", entries, log)
-    log("\ntokens per target call by task: " + ", ".join(
-        f"{task} {value:.2f}" for task, value in by_task["draft model, heuristic"].items())
-        + " (draft model, heuristic)")
-    return {"target": args.target, "draft": args.draft, "target_runtime": runtime,
-            "prompts": len(prompts), "rows": entries}
+        return []
+    constant = LowConfidenceScheduler(steps_per_block=1)
+    return [SpecCombo(f"dLLM block k={k}, {label}", DiffusionDrafter(dllm, unmask, drop_ids=drop_ids),
+                      constant, k, dllm)
+            for label, unmask, k in (("1 step", ThresholdScheduler(1e-6), 8),
+                                     ("1 step", ThresholdScheduler(1e-6), 16),
+                                     ("threshold 0.7", ThresholdScheduler(0.7), 16))]
 
 
-def smollm2_suite(args: argparse.Namespace, log: Callable[[str], None]) -> dict | None:
+def smollm2_suite(o: SpecOptions, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """SmolLM2-135M-Instruct on chat prompts; None when it has not been fetched."""
+    from dllm_decode.models import ModelLoadError
+    from dllm_decode.prompts import chat_prompt
+    from dllm_decode.schedulers import LowConfidenceScheduler
+    from dllm_decode.speculative import HeuristicScheduler, LookupDrafter, layerskip_drafter
+    from dllm_decode.speculative.models import load_causal_lm
+
     try:
         model = load_causal_lm("smollm2")
     except ModelLoadError as err:
         log(f"SmolLM2 suite skipped: {err}")
         return None
-    tokenizer = model.tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)["input_ids"]
-               for p in SMOLLM2_PROMPTS]
+    prompts = [chat_prompt(model.tokenizer, p) for p in SMOLLM2_PROMPTS]
     constant = LowConfidenceScheduler(steps_per_block=1)
     layers = model.config.num_hidden_layers
-    configs = [
-        Config("plain AR greedy", None, constant),
-        Config("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
-        Config("prompt lookup, constant k=4", LookupDrafter(), constant, 4),
+    combos = [
+        SpecCombo("plain AR greedy", None, constant),
+        SpecCombo("prompt lookup, heuristic", LookupDrafter(), HeuristicScheduler(), 16),
+        SpecCombo("prompt lookup, constant k=4", LookupDrafter(), constant, 4),
     ]
     # Draft & Verify style: skip the middle fifth. Untrained early exit (the first half) agrees
     # with the full model on almost no token here; skipping the middle six of 30 layers on ~60%.
     middle = range(2 * layers // 5, 3 * layers // 5)
-    kept = ",".join(str(i) for i in range(layers) if i not in middle)
-    skip = layerskip_drafter(model, kept)
-    configs.append(Config(f"layer skip middle {len(middle)}/{layers}, heuristic", skip,
-                          HeuristicScheduler(), 8, skip.model))
-    log(f"SmolLM2-135M-Instruct: {len(prompts)} chat prompts, {args.smollm2_repeats} repeats")
-    rows = measure(model, prompts, configs, args.smollm2_repeats, args.smollm2_tokens, log)
-    entries = summarize(rows)
-    print_table("SmolLM2-135M-Instruct (GGUF Q4_1 -> float32)", entries, log)
-    return {"prompts": list(SMOLLM2_PROMPTS), "rows": entries,
-            "texts": {row.config.label: [r.text for r in row.results] for row in rows[:1]}}
+    skip = layerskip_drafter(model, ",".join(str(i) for i in range(layers) if i not in middle))
+    combos.append(SpecCombo(f"layer skip middle {len(middle)}/{layers}, heuristic", skip,
+                            HeuristicScheduler(), 8, skip.model))
+    log(f"SmolLM2-135M-Instruct: {len(prompts)} chat prompts, {o.smollm2_repeats} repeats")
+    measured = measure(model, prompts, combos, o.smollm2_repeats, o.smollm2_tokens)
+    return {"prompts": list(SMOLLM2_PROMPTS), "rows": summarize(measured),
+            "texts": [r.result.text for r in measured[0][1].values()]}
 
 
-def _runtimes(text: str) -> list[str]:
-    runtimes = [part.strip() for part in text.split(",") if part.strip()]
-    if not runtimes or any(r not in RUNTIMES for r in runtimes):
-        raise argparse.ArgumentTypeError(f"expected a comma list of {RUNTIMES}, got {text!r}")
-    return runtimes
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
-    parser.add_argument("--target", default="ar_target")
-    parser.add_argument("--draft", default="ar_draft")
-    parser.add_argument("--dllm", default="embedded", help="Diffusion drafter (same tokenizer).")
-    parser.add_argument("--per-task", type=int, default=2, help="Test prompts per task.")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--smollm2-repeats", type=int, default=1)
-    parser.add_argument("--smollm2-tokens", type=int, default=48)
-    parser.add_argument("--no-smollm2", action="store_true")
-    parser.add_argument("--target-runtime", type=_runtimes, default=list(RUNTIMES),
-                        help="comma list of target runtimes to measure, each a suite (default: hf,compact)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier timing).")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-
+def run_spec(o: SpecOptions, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Both suites; the JSON-ready report."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    report = {"threads": args.threads, "embedded": embedded_suite(args, log)}
-    if not args.no_smollm2:
-        report["smollm2"] = smollm2_suite(args, log)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-        log(f"\nwrote {args.json}")
-
-
-if __name__ == "__main__":
-    main()
+    report: dict[str, Any] = {"options": {**o.__dict__, "target_runtimes": list(o.target_runtimes)},
+                              "embedded": embedded_suite(o, log)}
+    if o.smollm2:
+        report["smollm2"] = smollm2_suite(o, log)
+    return report
