@@ -47,8 +47,8 @@ class FastDLLMLlamaConfig(FastDLLMConfig):
 
     MODEL_TYPE: ClassVar[str] = "fast_dllm_llama"
     ARCHITECTURES: ClassVar[tuple[str, ...]] = ("FastDLLMLlamaForBlockDiffusion",)
-    EXTRA_KEYS: ClassVar[dict[str, Any]] = {"mlp_bias": False, "rope_scaling": None,
-                                            "attention_dropout": 0.0, "use_cache": False}
+    EXTRA_KEYS: ClassVar[dict[str, Any]] = {"mlp_bias": False, "attention_dropout": 0.0,
+                                            "use_cache": False}
 
     attention_bias: bool = False
 

@@ -19,7 +19,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCa
                           Qwen3ForCausalLM)
 
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.models import (FastDLLMModel, KVCache, LLaDA2Config, LLaDA2Model, ModelLoadError,
+from dllm_decode.models import (FastDLLMModel, KVCache, LLaDA2Config, ModelLoadError,
                                 SDARModel, load_model)
 from dllm_decode.models.layers import apply_rope, default_positions, rope_tables
 from dllm_decode.models.llada2 import LLaDA2MoE, LLaDA2Router, group_limited_topk
