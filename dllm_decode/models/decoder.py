@@ -73,8 +73,9 @@ class DecoderConfig:
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{name} config: hidden_act={raw['hidden_act']!r} is not supported; "
                              f"accepted: ['silu']")
-        if raw.get("mlp_bias", False):
-            raise ValueError(f"{name} config: mlp_bias=true is not supported; accepted: [false]")
+        for key in ("mlp_bias", "use_sliding_window"):
+            if raw.get(key, False):
+                raise ValueError(f"{name} config: {key}=true is not supported; accepted: [false]")
         rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type"))
         if rope_type not in _ACCEPTED_ROPE_TYPES:

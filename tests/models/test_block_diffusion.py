@@ -440,6 +440,14 @@ def test_fast_dllm_default_mask_id_must_fit_the_vocabulary(tmp_path):
     assert "mask_token_id 151665" in load_error(tmp_path)
 
 
+@pytest.mark.parametrize("key", ["use_sliding_window", "mlp_bias"])
+def test_unsupported_structure_is_refused(tmp_path, key):
+    tiny_block_diffusion("sdar").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: True}))
+    assert f"{key}=true is not supported" in load_error(tmp_path)
+
+
 def test_sdar_moe_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "sdar_moe"}))
     assert "sdar_moe" in load_error(tmp_path)
