@@ -76,3 +76,46 @@ def tiny_llada_with_tokenizer(seed: int = 0) -> LLaDAModelLM:
     model.tokenizer = tiny_tokenizer(model.vocab_size)
     model.name_or_path = "tiny"
     return model
+
+
+BLOCK_DIFFUSION_FAMILIES = ("fast_dllm", "sdar", "llada2")
+
+
+def tiny_block_diffusion(family: str = "fast_dllm", seed: int = 0, block_size: int = 4,
+                         layers: int = 2, vocab_size: int = 37, max_length: int = 512):
+    """A seeded random block-diffusion model of `family` (width 32, odd vocab; decodes noise).
+
+    `fast_dllm`: Qwen2 layout with the token shift; `sdar`: Qwen3 layout (q/k norms, head_dim 12
+    != width / heads); `llada2`: one dense layer then MoE layers (8 experts in 4 groups, top-2
+    of 2 groups, a shared expert, expert bias, partial rotary). Mask id is the last id, EOS the
+    one before it. Matrices N(0, 0.3^2); norms, biases and expert biases random too.
+    """
+    from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMModel
+    from dllm_decode.models.llada2 import LLaDA2Config, LLaDA2Model
+    from dllm_decode.models.sdar import SDARConfig, SDARModel
+
+    ids = dict(vocab_size=vocab_size, mask_token_id=vocab_size - 1, eos_token_id=vocab_size - 2,
+               pad_token_id=vocab_size - 2)
+    qwen = dict(hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=48, max_position_embeddings=max_length,
+                rms_norm_eps=1e-6, rope_theta=10000.0, **ids)
+    if family == "fast_dllm":
+        model = FastDLLMModel(FastDLLMConfig(**qwen, bd_size=block_size))
+    elif family == "sdar":
+        model = SDARModel(SDARConfig(**qwen, head_dim=12, block_size=block_size))
+    elif family == "llada2":
+        model = LLaDA2Model(LLaDA2Config(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+            num_experts_per_tok=2, num_shared_experts=1, n_group=4, topk_group=2,
+            first_k_dense_replace=1, use_bias=False, partial_rotary_factor=0.5,
+            rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=max_length,
+            block_size=block_size, **ids))
+    else:
+        raise ValueError(f"unknown family {family!r}; choose from {list(BLOCK_DIFFUSION_FAMILIES)}")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]:
+            noise = torch.randn(p.shape, generator=generator)
+            p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
+    return model.eval()

@@ -1,11 +1,15 @@
 """Model implementations (plain torch) and the loader that picks one from `config.json`."""
 
 from dllm_decode.models.dream import DreamConfig, DreamModel
+from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMLlamaConfig, FastDLLMModel
 from dllm_decode.models.hf import HFMaskedLM
 from dllm_decode.models.layers import KVCache
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+from dllm_decode.models.llada2 import LLaDA2Config, LLaDA2Model
+from dllm_decode.models.sdar import SDARConfig, SDARModel
 from dllm_decode.models.checkpoint import ModelLoadError, load_tokenizer
 from dllm_decode.models.loading import load_model
 
-__all__ = ["DreamConfig", "DreamModel", "HFMaskedLM", "KVCache", "LLaDAConfig", "LLaDAModelLM",
-           "ModelLoadError", "load_model", "load_tokenizer"]
+__all__ = ["DreamConfig", "DreamModel", "FastDLLMConfig", "FastDLLMLlamaConfig", "FastDLLMModel",
+           "HFMaskedLM", "KVCache", "LLaDA2Config", "LLaDA2Model", "LLaDAConfig", "LLaDAModelLM",
+           "ModelLoadError", "SDARConfig", "SDARModel", "load_model", "load_tokenizer"]

@@ -81,6 +81,23 @@ def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def tensor_names(directory: Path) -> set[str]:
+    """Names of the checkpoint's tensors, read from the headers only (no weights loaded)."""
+    from safetensors import safe_open
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return set(json.loads(index.read_text())["weight_map"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return set()          # `read_safetensors` reports the broken index
+    try:
+        with safe_open(str(directory / "model.safetensors"), framework="pt") as file:
+            return set(file.keys())
+    except Exception:  # noqa: BLE001 - a missing or broken file is reported by `read_safetensors`
+        return set()
+
+
 def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__

@@ -1,5 +1,6 @@
-"""Pieces shared by the plain-torch LLaDA and Dream implementations: RMSNorm, RoPE, attention
-against a block-level KV cache, default positions, the pre-norm block and the model skeleton.
+"""Pieces shared by the plain-torch models (LLaDA, Dream, the block-diffusion families): RMSNorm,
+RoPE (full or partial), attention against a block-level KV cache, default positions, the
+block-causal mask, the SwiGLU MLP, the pre-norm block and the model skeleton.
 
 The KV cache holds each layer's keys (already rotated) and values for the whole canvas. A forward
 over canvas rows `[a, b)` writes its fresh K/V into those columns in place and attends over every
@@ -84,7 +85,14 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor,
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, full_precision: bool) -> Tensor:
-    """Rotate (B, H, Lq, D) `x`. LLaDA rotates in float32; Dream in the model dtype."""
+    """Rotate (B, H, Lq, D) `x`. LLaDA rotates in float32; Dream in the model dtype.
+
+    Tables narrower than D (partial rotary, e.g. LLaDA2's factor 0.5) rotate the first
+    `cos.shape[-1]` dims of each head and pass the rest through.
+    """
+    if cos.shape[-1] < x.shape[-1]:
+        width = cos.shape[-1]
+        return torch.cat([apply_rope(x[..., :width], cos, sin, full_precision), x[..., width:]], -1)
     dtype = x.dtype
     if full_precision:
         x = x.float()
@@ -97,21 +105,26 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, full_precision: bool) -> Ten
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, cos: Tensor,
            sin: Tensor, key_mask: Tensor | None, kv: KVCache | None, layer: int,
-           rows: tuple[int, int], rope_full_precision: bool) -> Tensor:
-    """Bidirectional attention of the fed rows, optionally through the KV cache.
+           rows: tuple[int, int], rope_full_precision: bool, q_norm: nn.Module | None = None,
+           k_norm: nn.Module | None = None) -> Tensor:
+    """Attention of the fed rows over every key the mask allows, optionally through the KV cache.
 
     Args:
         q, k, v: (B, Lq, H*D), (B, Lq, Hkv*D), (B, Lq, Hkv*D) projections of the fed rows.
         cos, sin: rotary tables for the fed rows.
-        key_mask: (B, 1, 1, L) bool over all keys (True = attend) or None.
+        key_mask: bool (True = attend) or None: (B, 1, 1, L) over all keys (bidirectional), or
+            (B, 1, Lq, L) per fed row (block-causal models).
         kv: the cache; empty -> store this layer's K/V; filled -> write rows in place, attend all.
         rows: canvas columns `[a, b)` of the fed rows.
+        q_norm, k_norm: per-head norms over D applied before the rotation (Qwen3/SDAR, LLaDA2).
     Returns:
         (B, Lq, H*D) attention output.
     """
     q = rearrange(q, "b l (h d) -> b h l d", h=n_heads)
     k = rearrange(k, "b l (h d) -> b h l d", h=n_kv_heads)
     v = rearrange(v, "b l (h d) -> b h l d", h=n_kv_heads)
+    if q_norm is not None:
+        q, k = q_norm(q), k_norm(k)
     q = apply_rope(q, cos, sin, rope_full_precision)
     k = apply_rope(k, cos, sin, rope_full_precision)
     if kv is not None:
@@ -132,6 +145,55 @@ def key_mask_of(attention_mask: Tensor | None) -> Tensor | None:
     return None if attention_mask is None else attention_mask.bool()[:, None, None, :]
 
 
+def block_causal_mask(positions: Tensor, fed: tuple[int, int], block_size: int,
+                      attention_mask: Tensor | None) -> Tensor:
+    """(B, 1, Lq, L) bool: fed query q may attend key k iff block(k) <= block(q), k not padding.
+
+    Blocks come from POSITIONS (block = position // block_size, the grid anchored at each row's
+    first real token), never from canvas columns, so a left-padded row keeps the grid it has
+    alone. Bidirectional inside a block, causal across blocks (Arriola et al., 2025, arXiv
+    2503.09573; Fast-dLLM v2 arXiv 2509.26328; SDAR arXiv 2510.06303).
+    """
+    blocks = torch.div(positions, block_size, rounding_mode="floor")          # (B, L)
+    allowed = blocks[:, None, :] <= blocks[:, fed[0]:fed[1], None]            # (B, Lq, L)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()[:, None, :]
+    return allowed[:, None]
+
+
+class BlockCausal:
+    """Mixin for block-diffusion models: attention is block-causal over `block_size` positions.
+
+    Contract (besides `DiffusionLM`): `block_size` is the model's block b (the decoding block);
+    query q attends key k iff `k // b <= q // b` in positions, and never padding. Because no row
+    attends a later block, the K/V of block j depend on blocks 0..j only: a `KVCache` whose
+    columns before the active block were written while those blocks held their final tokens is
+    EXACT (`shared/specs/block-diffusion.md` §4). `token_shift` says which logits row the
+    network itself uses for position i (1: row i - 1, Fast-dLLM v2; 0: row i); the adapters
+    undo it, so the returned row i always predicts position i.
+    """
+
+    block_size: int
+    token_shift: int = 0
+
+    def key_mask(self, attention_mask: Tensor | None, positions: Tensor,
+                 fed: tuple[int, int]) -> Tensor:
+        return block_causal_mask(positions, fed, self.block_size, attention_mask)
+
+
+class SwiGLU(nn.Module):
+    """`down(silu(gate(x)) * up(x))` under the Llama/Qwen names `gate_proj`, `up_proj`, `down_proj`."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)     # activated
+        self.up_proj = nn.Linear(dim, hidden, bias=False)       # linear
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class PreNormBlock(nn.Module):
     """Llama-shaped block: x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))).
 
@@ -148,20 +210,25 @@ class PreNormBlock(nn.Module):
         """(attn_norm, q, k, v, attn_out, ff_norm, gate (activated), up (linear), down)."""
         raise NotImplementedError
 
+    def qk_norms(self) -> tuple[nn.Module | None, nn.Module | None]:
+        """Per-head query and key norms (none by default)."""
+        return None, None
+
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None,
                 kv: KVCache | None, layer: int, rows: tuple[int, int]) -> Tensor:
         attn_norm, q, k, v, attn_out, ff_norm, gate, up, down = self.parts()
+        q_norm, k_norm = self.qk_norms()
         a = attn_norm(h)
         o = attend(q(a), k(a), v(a), n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, cos=cos,
                    sin=sin, key_mask=key_mask, kv=kv, layer=layer, rows=rows,
-                   rope_full_precision=self.rope_full_precision)
+                   rope_full_precision=self.rope_full_precision, q_norm=q_norm, k_norm=k_norm)
         h = h + attn_out(o)
         f = ff_norm(h)
         return h + down(F.silu(gate(f)) * up(f))
 
 
 class BlockStackLM(nn.Module):
-    """Skeleton shared by LLaDA and Dream: embedding, a stack of `PreNormBlock`s, the KV cache.
+    """Skeleton shared by the plain-torch models: embedding, a stack of blocks, the KV cache.
 
     Subclasses set `self.config` (with `head_dim`, `rope_theta` and `to_dict()` in the released
     layout) and return their embedding and blocks from `parts()`; their `forward` adds the final
@@ -174,6 +241,15 @@ class BlockStackLM(nn.Module):
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
         raise NotImplementedError
+
+    def rotary_dim(self) -> int:
+        """Width of the rotary tables (the head dim; less under partial rotary)."""
+        return self.config.head_dim
+
+    def key_mask(self, attention_mask: Tensor | None, positions: Tensor,
+                 fed: tuple[int, int]) -> Tensor | None:
+        """Which keys each fed row attends: every real key (bidirectional models)."""
+        return key_mask_of(attention_mask)
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None,
                       positions: Tensor | None, kv: KVCache | None, rows: tuple[int, int] | None,
@@ -192,9 +268,9 @@ class BlockStackLM(nn.Module):
         if positions is None:
             positions = default_positions(attention_mask, batch, length, input_ids.device)
         fed = (lo, b) if kv is not None and kv.filled else (0, length)   # compute only what's needed
-        cos, sin = rope_tables(positions[:, fed[0]:fed[1]], self.config.head_dim,
+        cos, sin = rope_tables(positions[:, fed[0]:fed[1]], self.rotary_dim(),
                                self.config.rope_theta)
-        key_mask = key_mask_of(attention_mask)
+        key_mask = self.key_mask(attention_mask, positions, fed)
         embed, blocks = self.parts()
         h = embed(input_ids[:, fed[0]:fed[1]])
         for layer, block in enumerate(blocks):

@@ -13,7 +13,7 @@ from torch import nn
 
 from dllm_decode.models.checkpoint import (ModelLoadError, first_line, load_state_strict,
                                            load_tokenizer, read_config, read_safetensors,
-                                           resolve_model_dir)
+                                           resolve_model_dir, tensor_names)
 
 
 def _build_native(directory: Path, config: dict[str, Any], config_cls: type, model_cls: type,
@@ -52,9 +52,53 @@ def _build_dream(directory: Path, config: dict[str, Any]) -> nn.Module:
                           "intermediate_size", "vocab_size"), drop)
 
 
+QWEN_SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "vocab_size")
+
+
+def _build_fast_dllm(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMLlamaConfig, FastDLLMModel
+
+    llama = str(config.get("model_type")).lower() == "fast_dllm_llama"
+    drop = ("lm_head.weight",) if config.get("tie_word_embeddings") else ()
+    return _build_native(directory, config, FastDLLMLlamaConfig if llama else FastDLLMConfig,
+                         FastDLLMModel, (*QWEN_SIZE_KEYS, "bd_size"), drop)
+
+
+def _build_sdar(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.sdar import SDARConfig, SDARModel
+
+    drop = ("lm_head.weight",) if config.get("tie_word_embeddings") else ()
+    return _build_native(directory, config, SDARConfig, SDARModel,
+                         (*QWEN_SIZE_KEYS, "block_size"), drop)
+
+
+def _build_sdar_moe(directory: Path, config: dict[str, Any]) -> nn.Module:
+    raise ModelLoadError(f"{directory}: model_type 'sdar_moe' (SDAR-30B-A3B) is not implemented; "
+                         f"the dense SDAR checkpoints (model_type 'sdar') are")
+
+
+def _build_llada2(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.llada2 import LLaDA2Config, LLaDA2Model
+
+    if "use_bias" not in config:   # the reference defaults it to true and zero-fills a missing bias
+        names = tensor_names(directory)
+        config = {**config, "use_bias": any(n.endswith("attention.dense.bias") for n in names)}
+    drop = ("lm_head.weight",) if config.get("tie_word_embeddings") else ()
+    return _build_native(directory, config, LLaDA2Config, LLaDA2Model,
+                         ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"),
+                         drop)
+
+
 BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {   # key: lower-case model_type
     "llada": _build_llada,
     "dream": _build_dream,
+    "fast_dllm_qwen": _build_fast_dllm,     # Efficient-Large-Model/Fast_dLLM_v2_*
+    "fast_dllm_llama": _build_fast_dllm,    # the same recipe on a Llama backbone (embedded-bd)
+    "sdar": _build_sdar,                    # JetLM/SDAR-*-Chat
+    "sdar_moe": _build_sdar_moe,
+    "llada2_moe": _build_llada2,            # inclusionAI/LLaDA2.0-*
+    "llada21_moe": _build_llada2,           # inclusionAI/LLaDA2.1-*
 }
 
 
@@ -108,8 +152,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         if kind == "causal":
             raise ModelLoadError(f"{directory}: model_type {model_type!r} is a causal "
                                  f"(autoregressive) LM; diffusion decoding needs a masked LM (LLaDA, "
-                                 f"Dream or a transformers *ForMaskedLM); use it with the "
-                                 f"AR/speculative mode")
+                                 f"Dream or a transformers *ForMaskedLM) or a block-diffusion LM "
+                                 f"(Fast-dLLM v2, SDAR, LLaDA2); use it with the AR/speculative mode")
         raise ModelLoadError(f"{directory}: model_type {model_type!r} is not a diffusion LM this "
                              f"toolkit loads; supported: {sorted(BUILDERS)} or any transformers "
                              f"masked LM")

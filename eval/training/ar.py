@@ -19,7 +19,6 @@ final model lands in `<out>/model` (`save_pretrained` + tokenizer files), loadab
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from dllm_decode.speculative.models import load_causal_lm, resolve_causal_dir
 from dllm_decode.eval.tasks.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
 from dllm_decode.eval.training.data import EOS_ID, PAD_ID, VOCAB, Pool, build_pool, causal_batch, step_rng
 from dllm_decode.eval.training.evaluate import accuracy_by_task, causal_generate
-from dllm_decode.eval.training.loop import LoopConfig, add_run_arguments, train
+from dllm_decode.eval.training.loop import (LoopConfig, add_run_arguments, run_summary, train,
+                                            write_summary)
 
 SIZES = {
     "target": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=6,
@@ -84,14 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     export(model, args.out / "model")
     summary = {"size": args.size, "parameters": n_params, "steps": args.steps,
                "teacher": args.teacher, "init": args.init,
-               "train_minutes": (time.monotonic() - began) / 60,
-               "loss_first_100": sum(losses[:100]) / len(losses[:100]),
-               "loss_last_100": sum(losses[-100:]) / len(losses[-100:])}
+               **run_summary(losses, began)}
     if args.eval_n:
         summary["accuracy"] = {"greedy": accuracy_by_task(
             lambda prompts: causal_generate(model, prompts), args.eval_n)}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2), flush=True)
+    write_summary(args.out, summary)
 
 
 def distilled(pool: Pool, teacher: Any, chunk: int = 512) -> Pool:

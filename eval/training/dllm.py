@@ -13,7 +13,6 @@ The final weights land in `<out>/model` (config.json, model.safetensors, tokeniz
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -25,7 +24,8 @@ from dllm_decode.eval.tasks.tokenizer import save_tokenizer
 from dllm_decode.eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
                                 diffusion_batch, step_rng)
 from dllm_decode.eval.training.evaluate import accuracy_by_task, diffusion_generate
-from dllm_decode.eval.training.loop import CHECKPOINT, LoopConfig, add_run_arguments, train
+from dllm_decode.eval.training.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
+                                            run_summary, train, write_summary)
 
 SIZES = {
     "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512),
@@ -90,13 +90,10 @@ def main(argv: list[str] | None = None) -> None:
                    cfg, args.out, resume=args.resume, max_minutes=args.max_minutes)
     export(model, args.out / "model")
     summary = {"parameters": n_params, "steps": args.steps, "latin_target": args.latin_target,
-               "train_minutes": (time.monotonic() - began) / 60,
-               "loss_first_100": sum(losses[:100]) / len(losses[:100]),
-               "loss_last_100": sum(losses[-100:]) / len(losses[-100:])}
+               **run_summary(losses, began)}
     if args.eval_n:
         summary["accuracy"] = evaluate(model, args.eval_n)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary, indent=2), flush=True)
+    write_summary(args.out, summary)
 
 
 def export(model: LLaDAModelLM, directory: Path) -> None:

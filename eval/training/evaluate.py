@@ -23,7 +23,8 @@ def decode_text(ids: list[int]) -> str:
     return " ".join(out)
 
 
-def _left_pad(prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+def left_pad(prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """(B, P) ids left-padded with PAD to the longest prompt, and the (B, P) 0/1 attention mask."""
     p = max(len(x) for x in prompts)
     ids = torch.tensor([[PAD_ID] * (p - len(x)) + x for x in prompts])
     mask = torch.arange(p) >= torch.tensor([p - len(x) for x in prompts])[:, None]
@@ -43,7 +44,7 @@ def diffusion_generate(model: nn.Module, prompts: list[list[int]], gen_length: i
     Returns:
         The canvases (B lists of G ids) and the number of forward passes.
     """
-    prompt_ids, prompt_mask = _left_pad(prompts)
+    prompt_ids, prompt_mask = left_pad(prompts)
     batch, p = prompt_ids.shape
     x = torch.cat([prompt_ids, torch.full((batch, gen_length), MASK_ID)], 1)
     attn = torch.cat([prompt_mask, torch.ones(batch, gen_length, dtype=torch.long)], 1)
@@ -64,7 +65,7 @@ def diffusion_generate(model: nn.Module, prompts: list[list[int]], gen_length: i
 def causal_generate(model: nn.Module, prompts: list[list[int]], max_new_tokens: int = 40
                     ) -> list[list[int]]:
     """Greedy AR decoding of `prompt =` (HF `generate`, left padding)."""
-    ids, mask = _left_pad([x + [SEP_ID] for x in prompts])
+    ids, mask = left_pad([x + [SEP_ID] for x in prompts])
     out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                          do_sample=False, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     return out[:, ids.shape[1]:].tolist()

@@ -4,6 +4,7 @@ a progress line (step, loss, it/s, ETA), and atomic checkpoints every few minute
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -124,3 +125,17 @@ def save_checkpoint(out: Path, model: nn.Module, optim: torch.optim.Optimizer, s
     torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
                 "losses": losses, "seconds": seconds}, tmp)
     os.replace(tmp, out / CHECKPOINT)
+
+
+def run_summary(losses: list[float], began: float) -> dict[str, float]:
+    """Wall-clock minutes since `began` (`time.monotonic()`) and the mean loss of the first and
+    last 100 steps: the part of `summary.json` every recipe shares."""
+    return {"train_minutes": (time.monotonic() - began) / 60,
+            "loss_first_100": sum(losses[:100]) / len(losses[:100]),
+            "loss_last_100": sum(losses[-100:]) / len(losses[-100:])}
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """Write `<out>/summary.json` and print it."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2), flush=True)
