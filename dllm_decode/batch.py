@@ -107,6 +107,8 @@ class Bounds:
     Attributes:
         request: the row's request (index into `Decoding.requests`).
         gen_start, gen_end: its generation region (`gen_end` shrinks under truncation).
+        prompt_length: its prompt's tokens, i.e. the position of its first generated column
+            (positions count real tokens from the row's first one).
         start, end: its active block.
         post: edit passes it made after its block was full.
         revising: it runs another edit pass before its block is done.
@@ -114,6 +116,7 @@ class Bounds:
     """
 
     request: list[int] = field(default_factory=list)
+    prompt_length: list[int] = field(default_factory=list)
     gen_start: list[int] = field(default_factory=list)
     gen_end: list[int] = field(default_factory=list)
     start: list[int] = field(default_factory=list)
@@ -122,21 +125,42 @@ class Bounds:
     revising: list[bool] = field(default_factory=list)
     busy: list[bool] = field(default_factory=list)
 
-    FIELDS = ("request", "gen_start", "gen_end", "start", "end", "post", "revising", "busy")
+    FIELDS = ("request", "prompt_length", "gen_start", "gen_end", "start", "end", "post", "revising",
+              "busy")
 
     def __len__(self) -> int:
         return len(self.request)
 
-    def advance(self, block_lengths: list[int]) -> None:
-        """Every row moves on to its next block (`block_lengths`: each row's request's)."""
+    def advance(self, block_lengths: list[int], grid: bool = False) -> None:
+        """Every row moves on to its next block (`block_lengths`: each row's request's).
+
+        `grid`: blocks lie on the position grid anchored at each row's first token (multiples of
+        the block length in positions), as block-diffusion models are trained: a row's first
+        block then completes the prompt's last, partial block. Otherwise (semi-autoregressive
+        LLaDA blocks) blocks are counted from the generation start.
+        """
         self.start = list(self.end)
-        self.end = [min(s + b, g) for s, b, g in zip(self.start, block_lengths, self.gen_end)]
+        ends = []
+        for i, (s, b, g) in enumerate(zip(self.start, block_lengths, self.gen_end)):
+            into = self.position(i, s) % b if grid else 0
+            ends.append(min(s + b - into, g))
+        self.end = ends
         self.post = [0] * len(self)
         self.revising = [False] * len(self)
         self.busy = [True] * len(self)
 
     def keep(self, kept: list[int]) -> Bounds:
         return Bounds(*([getattr(self, name)[i] for i in kept] for name in self.FIELDS))
+
+    def position(self, row: int, column: int) -> int:
+        """The position (real tokens before it) of a canvas column of a row's generation region."""
+        return self.prompt_length[row] + column - self.gen_start[row]
+
+    def grid_span(self, row: int, start: int, end: int, size: int) -> tuple[int, int]:
+        """Canvas columns of the `size`-blocks of the position grid that cover `[start, end)`."""
+        first = start - self.position(row, start) % size
+        last = end - 1
+        return first, min(last - self.position(row, last) % size + size, self.gen_end[row])
 
     def shift(self, by: int) -> None:
         """Every column moves `by` to the right (the canvas gained left padding)."""

@@ -92,8 +92,9 @@ class Decoding:
         self.eos_ids = tuple(model.eos_token_ids)
         self.eos = torch.tensor(self.eos_ids, device=self.device)
         self.trimmable = bool(getattr(model, "trimmable", False))
+        self.grid: int | None = getattr(model, "block_size", None)     # block-causal models
         self.requests: list[Request] = []
-        self.pending: list[tuple[Request, Tensor, Tensor | None]] = []      # (request, canvas, mask)
+        self.pending: list[tuple[Request, Tensor, Tensor | None, list]] = []   # request, canvas, mask, ids
         self.results: dict[Hashable, Request] = {}
         self.rows: Rows | None = None
         self.bounds = Bounds()
@@ -120,6 +121,10 @@ class Decoding:
         if config.cache != self.cache:
             raise ValueError(f"this batch decodes with cache {self.cache!r}; a request with "
                              f"{config.cache!r} needs a batch of its own")
+        if self.grid is not None and (self.grid % config.block_length or config.scheduler.chooses_block_bounds):
+            raise ValueError(f"this block-diffusion model decodes blocks of {self.grid} positions: "
+                             f"block_length must divide {self.grid} (sub-blocks; got "
+                             f"{config.block_length}) and the scheduler cannot choose block bounds")
         key = key if key is not None else len(self.requests) + len(self.pending) + len(self.results)
         if any(r.key == key for r in [*self.requests, *(p[0] for p in self.pending)]) or key in self.results:
             raise ValueError(f"request key {key!r} is already in use")
@@ -136,7 +141,7 @@ class Decoding:
         request = Request(key, config, generator, tokenizer, out=canvas.clone(),
                           nfe=torch.zeros(canvas.shape[0], dtype=torch.long, device=self.device),
                           trace=[] if self.trace else None, live=canvas.shape[0])
-        self.pending.append((request, canvas, mask))
+        self.pending.append((request, canvas, mask, ids))
         return key
 
     @property
@@ -195,7 +200,8 @@ class Decoding:
             self._admit()
             if self.rows is None or not len(self.bounds):
                 return self._collect()
-            self.bounds.advance([self.requests[r].config.block_length for r in self.bounds.request])
+            self.bounds.advance([self.requests[r].config.block_length for r in self.bounds.request],
+                                grid=self.grid is not None)
             self.budgets = {g: self.bounds.budget(rows) for g, rows in self._members().items()}
         logits, offset = self._logits()
         base = self._base_view(logits, offset)
@@ -240,7 +246,7 @@ class Decoding:
         if not self.pending:
             return
         self._compact()
-        for request, canvas, mask in self.pending:
+        for request, canvas, mask, ids in self.pending:
             n = canvas.shape[0]
             index = len(self.requests)
             self.requests.append(request)
@@ -257,7 +263,8 @@ class Decoding:
                 self.rows = self.rows.append(canvas, mask, slot, revising, self.eos_ids[0])
             width = self.rows.x.shape[1]
             gen_start = width - request.gen_length
-            self.bounds.extend(Bounds([index] * n, [gen_start] * n, [width] * n, [gen_start] * n,
+            lengths = [len(row) for row in ids]
+            self.bounds.extend(Bounds([index] * n, lengths, [gen_start] * n, [width] * n, [gen_start] * n,
                                       [gen_start] * n, [0] * n, [False] * n, [True] * n))
         self.pending.clear()
         self.columns = torch.arange(self.rows.x.shape[1], device=self.device)
@@ -321,6 +328,10 @@ class Decoding:
         """Logits for the active window: the phase's blocks, or everything after the earliest
         block start when a rule needs the rest (`view = "rest"`) and the cache computed it."""
         lo, hi = min(self._region_starts()), max(self.bounds.end)
+        if self.grid is not None:           # whole model blocks: the rows a block-causal cache needs
+            b = self.bounds
+            spans = [b.grid_span(i, s, e, self.grid) for i, (s, e) in enumerate(zip(self._region_starts(), b.end))]
+            lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
         logits, offset, self.cache_state = self.cache.logits(
             self.model, self.rows.x, self.rows.attention_mask, (lo, hi), self.block_step, self.cache_state)
         wide = any(r.config.scheduler.view == "rest" or any(f.view == "rest" for f in r.config.filters)

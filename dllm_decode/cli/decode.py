@@ -13,6 +13,7 @@ from dllm_decode.cli.options import DTYPES, key_values
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
+DEFAULT_BLOCK = 32
 
 MODEL_HELP = ("A checkpoint directory, an HF repo id in the local cache, a shipped name "
               "(`embedded`), `ideal[:noise=X]` or `tiny`.")
@@ -34,7 +35,8 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]",
                      help="Add a filter (learned, eotp); repeatable, applied in order."),
         click.option("--gen-length", type=int, default=128, show_default=True),
-        click.option("--block-length", type=int, default=32, show_default=True),
+        click.option("--block-length", type=int, default=None,
+                     help="Semi-AR block [32; a block-diffusion model's own block size]."),
         click.option("--temperature", type=float, default=0.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted."),
@@ -51,7 +53,7 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
                cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
-               block_length: int, temperature: float, seed: int, prompt: str | None,
+               block_length: int | None, temperature: float, seed: int, prompt: str | None,
                chat_template: bool, device: str | None, dtype: str | None, as_json: bool) -> None:
     """Decode one prompt and print the answer (or one JSON object)."""
     import torch
@@ -65,11 +67,15 @@ def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str
     spec = model_spec(model_name)
     config = decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
                            cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
-                           block_length=block_length, temperature=temperature, seed=seed)
+                           block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
+                           temperature=temperature, seed=seed)
     text = read_prompt(prompt)
     where = device_option(device)
     model = load_diffusion_model(spec, where, dtype, gen_length)
     tokenizer = getattr(model, "tokenizer", None)
+    if block_length is None and getattr(model, "block_size", None):      # block diffusion: its block
+        with usage_errors("--block-length"):
+            config = dataclasses.replace(config, block_length=model.block_size)
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` from this model's.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
     with usage_errors():

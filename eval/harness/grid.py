@@ -54,33 +54,35 @@ class Setting:
     seed: int = 0
     swept: tuple[str, ...] = ()
 
-    def block_for(self, gen_length: int) -> int:
-        """The block length used on a canvas of `gen_length`: the whole canvas when unset. On
-        answer-length canvases (`gen_length` None) a block that does not divide an example's
-        canvas also becomes the whole canvas; a fixed canvas keeps the value as given, so a bad
-        one fails validation instead of being replaced."""
+    def block_for(self, gen_length: int, natural: int | None = None) -> int:
+        """The block length used on a canvas of `gen_length`: when unset, the model's `natural`
+        block (a block-diffusion model's own) or else the whole canvas. On answer-length canvases
+        (`gen_length` None) a block that does not divide an example's canvas also becomes the
+        whole canvas; a fixed canvas keeps the value as given, so a bad one fails validation
+        instead of being replaced."""
         if self.block_length is None:
-            return gen_length
+            return natural if natural and self.gen_length is not None else gen_length
         if self.gen_length is None and (self.block_length > gen_length or gen_length % self.block_length):
             return gen_length
         return self.block_length
 
-    def _scheduler_spec(self, gen_length: int | None = None) -> dict[str, Any]:
+    def _scheduler_spec(self, gen_length: int | None = None, natural: int | None = None) -> dict[str, Any]:
         """The scheduler as `component` takes it; `tokens_per_step` becomes `steps_per_block`
         on a known canvas and is left out otherwise."""
         options = dict(self.options)
         k = options.pop(TOKENS_PER_STEP, None)
         if k is not None and gen_length is not None:
-            options["steps_per_block"] = str(math.ceil(self.block_for(gen_length) / int(k)))
+            options["steps_per_block"] = str(math.ceil(self.block_for(gen_length, natural) / int(k)))
         return {"name": self.scheduler, **options}
 
-    def decode_config(self, gen_length: int) -> DecodeConfig:
-        """The one decode record of this setting on a canvas of `gen_length`."""
+    def decode_config(self, gen_length: int, natural_block: int | None = None) -> DecodeConfig:
+        """The one decode record of this setting on a canvas of `gen_length` (`natural_block`:
+        the model's own block size, for block-diffusion models)."""
         return DecodeConfig.from_dict({
-            "scheduler": self._scheduler_spec(gen_length),
+            "scheduler": self._scheduler_spec(gen_length, natural_block),
             "cache": {"name": self.cache, **dict(self.cache_options)},
             "filters": [{"name": name, **dict(options)} for name, options in self.filters],
-            "gen_length": gen_length, "block_length": self.block_for(gen_length),
+            "gen_length": gen_length, "block_length": self.block_for(gen_length, natural_block),
             "temperature": self.temperature, "seed": self.seed})
 
     def params(self) -> dict[str, Any]:

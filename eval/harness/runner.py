@@ -91,7 +91,8 @@ def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
-        return generate_rows(model, prompts, setting.decode_config(gen_length), generator, tokenizer)
+        config = setting.decode_config(gen_length, getattr(model, "block_size", None))
+        return generate_rows(model, prompts, config, generator, tokenizer)
     return decode
 
 
@@ -152,8 +153,10 @@ def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generato
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
     result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
+    used = config.to_dict()                  # the exact record each sample was decoded under
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
-             "answer_tokens_per_step": float(atps)}
+             "answer_tokens_per_step": float(atps), "block_length": config.block_length,
+             "decode_config": used}
             for text, nfe, tps, atps in zip(texts, result.nfe.tolist(),
                                             result.tokens_per_step.tolist(),
                                             result.answer_tokens_per_step.tolist())]

@@ -1,0 +1,70 @@
+"""The exact block cache of block-diffusion models (Fast-dLLM v2, SDAR, LLaDA2, BD3-LM).
+
+Under block-causal attention no position attends a later block, so a finished block's K/V never
+change once its tokens are final: caching them is exact, not an approximation like Fast-dLLM v1's
+dual cache of a bidirectional model (`shared/specs/block-diffusion.md` §4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.models.layers import KVCache
+
+
+@dataclass
+class BlockState:
+    """The K/V of every column computed so far, and where the last forward began: the columns
+    from there on were written before that step's commits, so the next forward recomputes them."""
+
+    kv: KVCache
+    written_from: int
+
+    def select_rows(self, rows: Tensor) -> BlockState:
+        return BlockState(self.kv.select_rows(rows), self.written_from)
+
+    def trim(self, width: int) -> BlockState:
+        return BlockState(self.kv.trim(width), self.written_from)
+
+
+@dataclass(frozen=True)
+class BlockCache(Cache):
+    """Cache the K/V of finished blocks; each step computes only the active block(s).
+
+    The first step of a request computes the whole canvas once (an empty cache stores every
+    layer's K/V). Every later step feeds the rows from the earliest column the previous step fed
+    to the end of the active model blocks: at a block start that re-computes the block just
+    finished, now with its final tokens, in the same forward that decodes the new block (the
+    references spend a separate "KV-write" forward on it: one NFE per block fewer here). Sub-block
+    decoding (a decode block shorter than the model's) still feeds whole model blocks, so the
+    cache stays exact. Logits equal the uncached model's up to float rounding of differently
+    shaped matrix products (measured <= 6e-6 in float32; 0.0 in float64).
+
+    Raises:
+        ValueError: at the first step, a model without block-causal attention (`block_size`).
+    """
+
+    def init_state(self, model: DiffusionLM) -> BlockState | None:
+        if not getattr(model, "block_size", None) or not getattr(model, "supports_kv", False):
+            name = getattr(model, "name_or_path", None) or type(model).__name__
+            raise ValueError(f"cache BlockCache needs a block-causal model with a KV cache "
+                             f"(block_size), and {name} is not one; accepted caches: none, prefix, dual")
+        return None
+
+    def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
+               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        lo, hi = block
+        if state is None:
+            kv = KVCache()
+            logits = model(canvas, attention_mask, kv=kv, rows=(lo, canvas.shape[1]))
+            return logits[:, :hi - lo], lo, BlockState(kv, lo)
+        start = min(state.written_from, lo)
+        logits = model(canvas, attention_mask, kv=state.kv, rows=(start, hi))
+        return logits, start, BlockState(state.kv, lo)
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return state.select_rows(rows) if isinstance(state, BlockState) else state
