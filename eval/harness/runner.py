@@ -117,11 +117,14 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
                chat_template: bool = True) -> Decoder:
     """The AR baseline: `dllm_decode.speculative` (target verifies `drafter`'s proposals; plain AR
     without one), the setting's scheduler choosing each round's draft length. Batch size 1 per
-    call. NFE counts target forwards, so tokens per step is the mean tokens appended per target
-    forward (Spec-Bench's mean accepted tokens), the AR counterpart of a dLLM's tokens per step."""
-    from dllm_decode.speculative import Sampling, SpecConfig, speculative_generate
+    call. NFE counts target forwards. `answer_tokens_per_step` is the answer tokens (up to the
+    first end-of-text, as for a dLLM) per target forward, the unit dLLM points are drawn in;
+    `tokens_per_step` counts every appended token, the end-of-text included (Spec-Bench's mean
+    accepted tokens)."""
+    from dllm_decode.speculative import Sampling, SpecConfig, eos_ids_of, speculative_generate
 
     tokenizer = getattr(target, "tokenizer", None)
+    eos = set(eos_ids_of(target, tokenizer))
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
@@ -132,11 +135,13 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
         for prompt in prompts:
             result = speculative_generate(target, chat_prompt(tokenizer, prompt, chat_template), config,
                                           drafter, generator=generator)
-            per_forward = len(result.tokens) / max(1, result.target_forwards)
+            tokens = result.tokens.tolist()
+            answer = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+            forwards = max(1, result.target_forwards)
             rows.append({"output": result.text if result.text is not None else
-                         " ".join(map(str, result.tokens.tolist())),
-                         "nfe": result.target_forwards, "tokens_per_step": per_forward,
-                         "answer_tokens_per_step": per_forward,
+                         " ".join(map(str, tokens)),
+                         "nfe": result.target_forwards, "tokens_per_step": len(tokens) / forwards,
+                         "answer_tokens_per_step": answer / forwards,
                          "draft_forwards": result.draft_forwards})
             seconds += result.seconds
         return rows, seconds
