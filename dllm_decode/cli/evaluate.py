@@ -94,6 +94,12 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                                gen_length=None if gen_length == ANSWER else int(gen_length),
                                block_length=block_length, temperature=temperature, seed=seed)
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
+    if spec.kind == "ideal":                     # refuse before decoding what it cannot read
+        from dllm_decode.eval.theory.ideal import check_prompts
+
+        with usage_errors("--model"):
+            for run in runs:
+                check_prompts(run.name, (example.prompt for example in run.examples))
     writable_dir(out_dir, "--out")
     where = device_option(device)
     rank, _ = distributed.init_from_env(str(where))
