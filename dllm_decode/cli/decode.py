@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import DTYPES, key_values
+from dllm_decode.cli.options import DTYPES, key_values, trust_option
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
@@ -42,6 +42,7 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Apply the tokenizer's chat template when it has one."),
         click.option("--device", default=None, help="torch device (default: cpu)."),
         click.option("--dtype", type=click.Choice(DTYPES), default=None),
+        trust_option,
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
     ]
     for option in reversed(options):
@@ -52,7 +53,8 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
                cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
                block_length: int, temperature: float, seed: int, prompt: str | None,
-               chat_template: bool, device: str | None, dtype: str | None, as_json: bool) -> None:
+               chat_template: bool, device: str | None, dtype: str | None, as_json: bool,
+               trust_remote_code: bool = False) -> None:
     """Decode one prompt and print the answer (or one JSON object)."""
     import torch
 
@@ -68,7 +70,7 @@ def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str
                            block_length=block_length, temperature=temperature, seed=seed)
     text = read_prompt(prompt)
     where = device_option(device)
-    model = load_diffusion_model(spec, where, dtype, gen_length)
+    model = load_diffusion_model(spec, where, dtype, gen_length, trust_remote_code=trust_remote_code)
     tokenizer = getattr(model, "tokenizer", None)
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` from this model's.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))

@@ -57,9 +57,10 @@ answer_tokens_per_step; seconds for the batch)."""
 
 
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
-                chat_template: bool = True) -> tuple[Decoder, Any]:
+                chat_template: bool = True, trust_remote_code: bool = False) -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
+    `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default).
 
     Raises:
         ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
@@ -73,11 +74,11 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
         from dllm_decode.speculative.models import load_causal_lm
 
-        target = load_causal_lm(spec.name, device=device)
+        target = load_causal_lm(spec.name, device=device, trust_remote_code=trust_remote_code)
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
         return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
             target.tokenizer
-    model = load_diffusion(spec, device=device, dtype=dtype)
+    model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
 
 
