@@ -24,6 +24,13 @@ the number of distinct items among the committed draws does the rest.
 
 Only rules that look at nothing but the current step's per-position scores qualify (`EXACT_RULES`);
 rules with memory (KLASS, credit), neighbourhoods (local_leap) or block moves have no such chain.
+
+Knife edges: the eval decoder adds small noise to the ideal model's logits, so a rule that compares
+a confidence (or an entropy sum) within `EDGE` of its bar, e.g. threshold 0.5 against Shuffle's
+1/2, or factor 1 at n = 4 (3/4 against 1 - 1/4), is decided by that noise, not by the exact
+values. Every step is therefore also asked with confidences scaled by 1 +- `EDGE` and marginals
+sharpened or flattened by that much; when the decision moves, `KnifeEdge` is raised instead of
+returning a number the decoder will not reproduce.
 """
 
 from __future__ import annotations
@@ -46,8 +53,15 @@ CHANCE_RANKED = frozenset({"random"})
 engine takes their count from one row and the committed tokens' make-up from the binomial."""
 EXACT_TASKS = ("shuffle", "replace_random")
 
+EDGE = 0.01
+"""Relative perturbation a decision must survive (the decoder's logit noise is ~1e-3)."""
+
 Outcomes = dict[tuple[bool, int], float]
 """(solved, forward passes) -> probability."""
+
+
+class KnifeEdge(ValueError):
+    """A step's decision flips under a perturbation of `EDGE`: the decoder's noise decides it."""
 
 
 @dataclass(frozen=True)
@@ -79,20 +93,50 @@ def draw_probability(p: float, temperature: float) -> float:
 
 
 def commits(scheduler: Scheduler, probs: torch.Tensor, candidates: torch.Tensor, step: int,
-            num_steps: int) -> torch.Tensor:
+            num_steps: int, confidence: torch.Tensor | None = None) -> torch.Tensor:
     """(B, m) bool: what `scheduler` commits at block step `step` when every one of the m
     positions is masked and eligible, with per-position marginals `probs` (B, m, V) and drawn
-    `candidates` (B, m), under the loop's rules (`Decision.resolve`: at least one per row)."""
+    `candidates` (B, m), under the loop's rules (`Decision.resolve`: at least one per row).
+    `confidence` overrides the candidates' probabilities (the knife-edge check)."""
     batch, m, vocab = probs.shape
     every = torch.ones(batch, m, dtype=torch.bool)
     span = torch.tensor([[0, m]]).expand(batch, 2)
-    confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
+    if confidence is None:
+        confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
     inp = StepInput(step=step, num_steps=num_steps, offset=0, block=span, gen_span=span,
                     is_masked=every, eligible=every, candidates=candidates, confidence=confidence,
                     probs=probs, logits=probs.clamp_min(1e-30).log(), live=every.any(-1),
                     generator=torch.Generator().manual_seed(0), mask_id=vocab)
     decision, _ = scheduler.select(inp, scheduler.init_state(batch, torch.device("cpu")))
     return decision.resolve(inp)[0]
+
+
+def decided_commits(scheduler: Scheduler, probs: torch.Tensor, candidates: torch.Tensor,
+                    step: int, num_steps: int, greedy: bool = False) -> torch.Tensor:
+    """`commits`, checked to hold when the uncertain confidences move by +-`EDGE` (relative) and
+    the marginals are sharpened or flattened by that much (probs ** (1 +- EDGE), renormalised).
+    Greedy decoding picks the noisy argmax, so a candidate tied for the top can only gain
+    confidence from the noise: it is not moved down.
+
+    Raises:
+        KnifeEdge: the decision moves, so the decoder's logit noise decides it.
+    """
+    base = commits(scheduler, probs, candidates, step, num_steps)
+    confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
+    uncertain = (confidence > 0) & (confidence < 1)     # exact 0/1 stay exact under the noise
+    top = probs.max(-1).values
+    tied_top = (confidence == top) & ((probs == top.unsqueeze(-1)).sum(-1) > 1)
+    for factor in (1 + EDGE, 1 - EDGE):
+        movable = uncertain & ~(tied_top & greedy) if factor < 1 else uncertain
+        moved = torch.where(movable, confidence * factor, confidence)
+        powered = probs ** factor
+        powered = powered / powered.sum(-1, keepdim=True)
+        if not (torch.equal(commits(scheduler, probs, candidates, step, num_steps, moved), base)
+                and torch.equal(commits(scheduler, powered, candidates, step, num_steps), base)):
+            raise KnifeEdge(f"{name_of(scheduler)} compares a confidence within {EDGE:.0%} of its "
+                            f"bar at step {step} ({probs.shape[1]} positions masked): the decoder's "
+                            f"logit noise decides it")
+    return base
 
 
 def fixed_partition(scheduler: Scheduler, n: int) -> tuple[int, ...]:
@@ -114,7 +158,8 @@ def exact_outcome(task: str, n: int, scheduler: Scheduler, temperature: float) -
 
     Raises:
         ValueError: a task other than Shuffle / Replace Random, n < 1, a negative temperature, or
-            a scheduler outside `EXACT_RULES`.
+            a scheduler outside `EXACT_RULES`; `KnifeEdge` (a ValueError) when a decision on the
+            way is decided by the decoder's logit noise.
     """
     name = name_of(scheduler)
     if task not in EXACT_TASKS:
@@ -168,7 +213,7 @@ def _replace_random_step(state: tuple, step: int, n: int, scheduler: Scheduler,
     else:
         patterns = _word_patterns(m, q)
         drawn = _two_token_rows(p_word, patterns)
-        chosen = commits(scheduler, drawn, patterns.long(), step, n)
+        chosen = decided_commits(scheduler, drawn, patterns.long(), step, n, temperature == 0)
         words = (chosen & patterns).sum(-1).tolist()
         keeps = (chosen & ~patterns).sum(-1).tolist()
         count = patterns.sum(-1).tolist()
@@ -205,7 +250,8 @@ def _shuffle_step(state: tuple, step: int, n: int, scheduler: Scheduler,
     unplaced = m if kind == "open" else state[2]
     uniform = torch.zeros(1, m, unplaced + 1)          # one impossible token: top-2 always exists
     uniform[..., :unplaced] = 1.0 / unplaced
-    count = int(commits(scheduler, uniform, torch.zeros(1, m, dtype=torch.long), step, n).sum())
+    count = int(decided_commits(scheduler, uniform, torch.zeros(1, m, dtype=torch.long), step, n,
+                                temperature == 0).sum())
     out = []
     for distinct in range(1, count + 1):
         chance = _distinct_chance(count, distinct, unplaced)

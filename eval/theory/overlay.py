@@ -8,9 +8,10 @@ sample was decoded with, and which kind of number it is (ParallelBench, arXiv 25
 * `exact enumeration`: everything else `exact.EXACT_RULES` covers (sampled threshold, factor,
   EB, any temperature), computed by `exact.exact_outcome`.
 
-Both assume the eval decoder's small logit noise (exact ties broken at random); a setting whose
-rule compares a confidence exactly at its bar (e.g. factor 1 at n = 4: c = 3/4 against
-1 - 1/4) is decided by that noise, and the curve can miss the measurement there.
+Both assume the eval decoder's small logit noise (exact ties broken at random). A setting whose
+rule compares a confidence at (within 1% of) its bar, e.g. threshold 0.5 on Shuffle (every
+confidence 1/2 with two items left) or factor 1 at n = 4 (3/4 against 1 - 1/4), is decided by
+that noise; it gets no point (`exact.KnifeEdge`) rather than a number the decoder will miss.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dllm_decode.eval.theory.exact import EXACT_RULES, exact_outcome, fixed_partition
+from dllm_decode.eval.theory.exact import EXACT_RULES, KnifeEdge, exact_outcome, fixed_partition
 from dllm_decode.eval.theory.formulas import THEORY_TASKS, ideal_accuracy, threshold_partition
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.registry import component, name_of
@@ -47,19 +48,22 @@ class TheoryPoint:
 @functools.lru_cache(maxsize=4096)
 def ideal_point(task: str, n: int, scheduler: Scheduler, temperature: float) -> TheoryPoint | None:
     """The ideal model's point for `task` with n items decoded in one block of n positions; None
-    for a task or scheduler without one. Accuracy counts any valid answer of the data model
-    (Shuffle: the identity too)."""
+    for a task or scheduler without one, or on a knife edge. Accuracy counts any valid answer of
+    the data model (Shuffle: the identity too)."""
     name = name_of(scheduler)
     if task not in THEORY_TASKS or name not in EXACT_RULES or n < 1:
         return None
     sampled = temperature > 0
-    if name in FIXED_STEP_RANKING and temperature in (0.0, 1.0):
+    if name in FIXED_STEP_RANKING and temperature in (0.0, 1.0):     # counts ignore the values
         partition = fixed_partition(scheduler, n)
-    elif name == "threshold" and (task == "shuffle" or not sampled):
-        partition = threshold_partition(task, n, scheduler.threshold)
     else:
-        outcome = exact_outcome(task, n, scheduler, temperature)
-        return TheoryPoint(outcome.tokens_per_step, outcome.accuracy, EXACT)
+        try:                               # also the knife-edge check of the closed forms below
+            outcome = exact_outcome(task, n, scheduler, temperature)
+        except KnifeEdge:
+            return None
+        if not (name == "threshold" and (task == "shuffle" or not sampled)):
+            return TheoryPoint(outcome.tokens_per_step, outcome.accuracy, EXACT)
+        partition = threshold_partition(task, n, scheduler.threshold)
     accuracy = ideal_accuracy(task, partition, sampled, FIXED_STEP_RANKING.get(name, True))
     return TheoryPoint(n / len(partition), accuracy, CLOSED_FORM)
 
