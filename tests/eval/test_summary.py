@@ -106,3 +106,11 @@ def test_summary_labels_each_theory_cell_with_its_kind():
                          record("threshold", {"threshold": 0.7}, 1.0)], theory=True)
     kinds = {c["config_key"]: c["theory_kind"] for c in summary["results"]}
     assert kinds == {"low_confidence": "closed form", "threshold": "exact enumeration"}
+
+
+def test_plot_points_are_labelled_with_their_swept_values():
+    from dllm_decode.eval.harness.plots import point_label
+
+    assert point_label({"tokens_per_step": 2}, ["tokens_per_step"]) == "k=2"
+    assert point_label({"threshold": 0.9, "temperature": 1.0}, ["threshold", "temperature"]) == "τ=0.9, T=1"
+    assert point_label({}, []) == ""
