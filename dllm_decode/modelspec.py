@@ -94,8 +94,10 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None) -> Any:
-    """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`).
+def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
+                   trust_remote_code: bool = False) -> Any:
+    """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
+    `trust_remote_code` as `dllm_decode.models.load_model`.
 
     Raises:
         ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
@@ -109,4 +111,4 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None) -> An
         raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
     from dllm_decode.models.loading import load_model
 
-    return load_model(spec.name, dtype=dtype, device=device)
+    return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import DTYPES, key_values
+from dllm_decode.cli.options import DTYPES, key_values, trust_option
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
@@ -44,6 +44,7 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Apply the tokenizer's chat template when it has one."),
         click.option("--device", default=None, help="torch device (default: cpu)."),
         click.option("--dtype", type=click.Choice(DTYPES), default=None),
+        trust_option,
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
     ]
     for option in reversed(options):
@@ -54,7 +55,8 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
                cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
                block_length: int | None, temperature: float, seed: int, prompt: str | None,
-               chat_template: bool, device: str | None, dtype: str | None, as_json: bool) -> None:
+               chat_template: bool, device: str | None, dtype: str | None, as_json: bool,
+               trust_remote_code: bool = False) -> None:
     """Decode one prompt and print the answer (or one JSON object)."""
     import torch
 
@@ -71,7 +73,7 @@ def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str
                            temperature=temperature, seed=seed)
     text = read_prompt(prompt)
     where = device_option(device)
-    model = load_diffusion_model(spec, where, dtype, gen_length)
+    model = load_diffusion_model(spec, where, dtype, gen_length, trust_remote_code=trust_remote_code)
     tokenizer = getattr(model, "tokenizer", None)
     if block_length is None and getattr(model, "block_size", None):      # block diffusion: its block
         with usage_errors("--block-length"):

@@ -8,7 +8,7 @@ import sys
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
-from dllm_decode.cli.options import DTYPES, key_values
+from dllm_decode.cli.options import DTYPES, key_values, trust_option
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -41,6 +41,11 @@ EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embed
               help="Seed of the built-in tasks.")
 @click.option("--sort-by", type=click.Choice(["first", "last"]), default="first", show_default=True,
               help="Released Sort labels: by first name (as released) or last name (as the prompt asks).")
+@click.option("--released-scoring", type=click.Choice(["parallelbench", "parallelbench_strict", "lenient"]),
+              default="parallelbench", show_default=True,
+              help="Released list/puzzle outputs: ParallelBench's own `score` rule for rule, its "
+                   "`score_strict`, or this package's lenient reading (strips single quotes, reads "
+                   "every digit of a Sudoku).")
 @click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Results directory; re-running the same command resumes there.")
@@ -49,6 +54,7 @@ EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embed
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
+@trust_option
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
@@ -57,9 +63,10 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
                  cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
-                 data_seed: int, sort_by: str, batch_size: int, out_dir: str, chat_template: bool,
+                 data_seed: int, sort_by: str, released_scoring: str, batch_size: int, out_dir: str,
+                 chat_template: bool,
                  progress: bool | None, plots: bool, device: str | None, dtype: str | None,
-                 combine: bool, as_json: bool) -> None:
+                 trust_remote_code: bool, combine: bool, as_json: bool) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0)."""
     from dllm_decode.cli.options import (device_option, model_spec, parse_spec, torch_dtype,
@@ -87,13 +94,19 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                                cache_options=tuple(sorted(cache_opts.items())), filters=filters,
                                gen_length=None if gen_length == ANSWER else int(gen_length),
                                block_length=block_length, temperature=temperature, seed=seed)
-        runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by)
+        runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
+    if spec.kind == "ideal":                     # refuse before decoding what it cannot read
+        from dllm_decode.eval.theory.ideal import check_prompts
+
+        with usage_errors("--model"):
+            for run in runs:
+                check_prompts(run.name, (example.prompt for example in run.examples))
     writable_dir(out_dir, "--out")
     where = device_option(device)
     rank, _ = distributed.init_from_env(str(where))
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
-                                         chat_template)
+                                         chat_template, trust_remote_code=trust_remote_code)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)
@@ -113,6 +126,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
         click.echo(json.dumps(summary, default=str))
         return
     for entry in summary["leaderboard"]:
-        levels = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
-        click.echo(f"{entry['label']}: max tokens/step {levels}")
+        pb = ", ".join(f"PB{k} {v:.2f}" for k, v in entry["pb"].items())
+        canvas = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
+        click.echo(f"{entry['label']}: answer tokens/forward {pb}; AUP {entry['aup']:.1f}; "
+                   f"ParallelBench canvas tokens/step {canvas}")
     click.echo(f"wrote {out_dir}/samples.jsonl, summary.json, report.md")

@@ -15,6 +15,14 @@ import click
 from dllm_decode.modelspec import ModelSpec, parse_options
 
 DTYPES = ("float32", "bfloat16", "float16")
+TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTokenizer). Only for "
+              "directories you trust.")
+
+
+def trust_option(command: Any) -> Any:
+    """`--trust-remote-code`: the opt-in transformers asks for (off by default)."""
+    return click.option("--trust-remote-code", "trust_remote_code", is_flag=True, default=False,
+                        help=TRUST_HELP)(command)
 
 
 def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -112,11 +120,13 @@ def torch_dtype(name: str | None) -> Any:
 
 
 def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
-                         gen_length: int = 128, hint: str = "--model") -> Any:
+                         gen_length: int = 128, hint: str = "--model",
+                         trust_remote_code: bool = False) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
-    suite's tokenizer.
+    suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
+    tokenizer code run.
     """
     if spec.kind == "ideal":
         from dllm_decode.eval.theory.ideal import ideal_model
@@ -130,7 +140,8 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
     from dllm_decode.modelspec import load_diffusion
 
     with usage_errors(hint):
-        return load_diffusion(spec, device=device, dtype=torch_dtype(dtype))
+        return load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
+                              trust_remote_code=trust_remote_code)
 
 
 def read_prompt(prompt: str | None) -> str:

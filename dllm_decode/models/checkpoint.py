@@ -1,5 +1,12 @@
 """Checkpoint I/O that every model family shares: where a named model lives, `config.json`,
-safetensors (single file or shards), strict state loading, and the one-line `ModelLoadError`.
+safetensors (single file or shards), strict state loading, the tokenizer, and the one-line
+`ModelLoadError`.
+
+Custom code: a directory whose `tokenizer_config.json` (or, for the generic masked-LM fallback,
+`config.json`) maps an auto class to a Python file of its own (`auto_map`, as the real
+Dream-v0 repository does for `DreamTokenizer`) runs that file when loaded. That is opt-in, as in
+transformers: `trust_remote_code=True` (CLI `--trust-remote-code`); without it the load stops
+with an error naming the class and the flag.
 
 `loading.py` picks a model family from the config; the families use this module to save and
 load, so neither imports the other's dispatcher (no import circle).
@@ -132,11 +139,45 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], director
                              f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
 
 
-def load_tokenizer(directory: Path):
-    """The directory's tokenizer (offline), or None when it ships none."""
+TRUST_FLAG = "--trust-remote-code"
+"""The CLI flag that opts in to running a checkpoint's own code (API: `trust_remote_code=True`)."""
+
+
+def custom_code(directory: Path, filename: str, auto_class: str) -> str | None:
+    """The `module.Class` a directory's `filename` maps `auto_class` to (its own code), or None."""
+    path = directory / filename
+    try:
+        auto_map = json.loads(path.read_text()).get("auto_map") if path.is_file() else None
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    entry = auto_map.get(auto_class) if isinstance(auto_map, dict) else None
+    if isinstance(entry, (list, tuple)):
+        entry = next((e for e in entry if e), None)
+    return entry if isinstance(entry, str) else None
+
+
+def untrusted_code_error(directory: Path, what: str, reference: str | None) -> ModelLoadError:
+    """The one-line error for custom code that was not opted in to."""
+    named = f" ({reference}, a file in the directory)" if reference else ""
+    return ModelLoadError(f"the {what} in {directory} needs its own code{named}; if you trust it, "
+                          f"pass {TRUST_FLAG} (API: trust_remote_code=True)")
+
+
+def load_tokenizer(directory: Path, trust_remote_code: bool = False):
+    """The directory's tokenizer (offline), or None when it ships none.
+
+    Args:
+        trust_remote_code: allow a tokenizer class defined by a Python file in the directory.
+    Raises:
+        ModelLoadError: the tokenizer needs its own code and `trust_remote_code` is False, or it
+            cannot be loaded.
+    """
     if not any((directory / name).is_file() for name in
                ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")):
         return None
+    reference = custom_code(directory, "tokenizer_config.json", "AutoTokenizer")
+    if reference and not trust_remote_code:
+        raise untrusted_code_error(directory, "tokenizer", reference)
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -144,8 +185,10 @@ def load_tokenizer(directory: Path):
     hf_logging.set_verbosity_error()    # it warns that config.json's `llada`/`Dream` type is unknown to it
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True,
-                                             trust_remote_code=False)
+                                             trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - tokenizer loading errors vary by class
+        if not trust_remote_code and "trust_remote_code" in str(err):
+            raise untrusted_code_error(directory, "tokenizer", None) from None
         raise ModelLoadError(f"cannot load the tokenizer in {directory}: {first_line(err)}") from None
     finally:
         hf_logging.set_verbosity(verbosity)

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from dllm_decode.models.layers import default_positions
-from dllm_decode.models.checkpoint import ModelLoadError
+from dllm_decode.models.checkpoint import ModelLoadError, custom_code, untrusted_code_error
 
 
 def _position_offset(model: nn.Module) -> int:
@@ -76,12 +76,14 @@ class HFMaskedLM(nn.Module):
         return self.model(input_ids=input_ids, **kwargs).logits[:, a:b].float()
 
 
-def load_masked_lm(directory: Path, tokenizer: Any) -> HFMaskedLM:
+def load_masked_lm(directory: Path, tokenizer: Any, trust_remote_code: bool = False) -> HFMaskedLM:
     """Load `directory` with `AutoModelForMaskedLM` (offline) and wrap it.
 
+    Args:
+        trust_remote_code: allow a model class defined by a Python file in the directory.
     Raises:
         ModelLoadError: no tokenizer or no mask token, weights missing or of the wrong shape,
-            or anything transformers cannot load.
+            custom code without `trust_remote_code`, or anything transformers cannot load.
     """
     if tokenizer is None:
         raise ModelLoadError(f"{directory} has no tokenizer; a generic masked LM takes its mask "
@@ -89,11 +91,15 @@ def load_masked_lm(directory: Path, tokenizer: Any) -> HFMaskedLM:
     if tokenizer.mask_token_id is None:
         raise ModelLoadError(f"the tokenizer in {directory} has no mask token; diffusion decoding "
                              f"needs one")
+    reference = custom_code(directory, "config.json", "AutoModelForMaskedLM")
+    if reference and not trust_remote_code:
+        raise untrusted_code_error(directory, "model", reference)
     from transformers import AutoModelForMaskedLM
 
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(
-            str(directory), local_files_only=True, trust_remote_code=False, output_loading_info=True)
+            str(directory), local_files_only=True, trust_remote_code=trust_remote_code,
+            output_loading_info=True)
     except Exception as err:  # noqa: BLE001 - transformers raises many types for bad directories
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load {directory} as a transformers masked LM: "

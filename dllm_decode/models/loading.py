@@ -130,19 +130,23 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
-               device: str | torch.device | None = None) -> nn.Module:
+               device: str | torch.device | None = None, trust_remote_code: bool = False) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
         path: directory with `config.json` + safetensors (+ tokenizer files), or a name.
         dtype: parameter dtype (default: float32).
         device: target device (default: CPU).
+        trust_remote_code: allow the directory's own Python code for its tokenizer (Dream-v0's
+            `DreamTokenizer`) or, for the generic masked-LM fallback, its model class. LLaDA and
+            Dream weights are always built by this package's own code.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
     Raises:
         ModelLoadError: missing or corrupt directory, bad config, unsupported model type (a
-            causal LM included), tokenizer without a mask token for a generic masked LM.
+            causal LM included), tokenizer without a mask token for a generic masked LM, custom
+            code without `trust_remote_code` (the message names `--trust-remote-code`).
     """
     directory = resolve_model_dir(path)
     config = read_config(directory)
@@ -157,13 +161,13 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         raise ModelLoadError(f"{directory}: model_type {model_type!r} is not a diffusion LM this "
                              f"toolkit loads; supported: {sorted(BUILDERS)} or any transformers "
                              f"masked LM")
-    tokenizer = load_tokenizer(directory)
+    tokenizer = load_tokenizer(directory, trust_remote_code)
     if builder is not None:
         model = builder(directory, config)
     else:                                                # generic fallback: any transformers MLM
         from dllm_decode.models.hf import load_masked_lm
 
-        model = load_masked_lm(directory, tokenizer)
+        model = load_masked_lm(directory, tokenizer, trust_remote_code)
     model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
     model.tokenizer = tokenizer
     model.eos_token_ids = model.eos_token_ids + turn_end_ids(tokenizer, model.eos_token_ids)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from dllm_decode.models.checkpoint import (EMBEDDED_DIR, ModelLoadError, load_tokenizer, read_config,
+from dllm_decode.models.checkpoint import (EMBEDDED_DIR, ModelLoadError, custom_code, load_tokenizer,
+                                           read_config, untrusted_code_error,
                                            resolve_model_dir)
 from dllm_decode.speculative.gguf import WHEEL_MODELS, FetchError, gguf_path, load_gguf
 
@@ -29,12 +30,13 @@ def resolve_causal_dir(name: str) -> Path:
 
 
 def load_causal_lm(name: str | Path, dtype: torch.dtype = torch.float32,
-                   device: str | torch.device | None = None) -> Any:
+                   device: str | torch.device | None = None, trust_remote_code: bool = False) -> Any:
     """A transformers causal LM in eval mode with `.tokenizer` (None if it ships none).
 
     Args:
         name: `smollm2` (the fetched GGUF), `ar_target`, `ar_draft`, a `.gguf` file, a local
             checkpoint directory, or a repo id already in the local HF cache.
+        trust_remote_code: allow a checkpoint directory's own model/tokenizer code.
     Raises:
         ModelLoadError: missing model, a directory that is not a causal LM, or a GGUF problem
             (one-line message).
@@ -46,14 +48,14 @@ def load_causal_lm(name: str | Path, dtype: torch.dtype = torch.float32,
         elif text.endswith(".gguf"):
             model = load_gguf(Path(text).expanduser(), dtype)
         else:
-            model = _load_directory(resolve_causal_dir(text), dtype)
+            model = _load_directory(resolve_causal_dir(text), dtype, trust_remote_code)
     except FetchError as err:
         raise ModelLoadError(str(err)) from None
     model.name_or_path = text
     return model.to(device or "cpu").eval()
 
 
-def _load_directory(directory: Path, dtype: torch.dtype) -> Any:
+def _load_directory(directory: Path, dtype: torch.dtype, trust_remote_code: bool = False) -> Any:
     from transformers import AutoModelForCausalLM
 
     config = read_config(directory)
@@ -61,10 +63,14 @@ def _load_directory(directory: Path, dtype: torch.dtype) -> Any:
     if architectures and not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         raise ModelLoadError(f"{directory}: {architectures[0]} is not a causal LM; the AR mode "
                              f"needs a transformers *ForCausalLM checkpoint")
+    reference = custom_code(directory, "config.json", "AutoModelForCausalLM")
+    if reference and not trust_remote_code:
+        raise untrusted_code_error(directory, "model", reference)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True,
+                                                     trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load a causal LM from {directory}: {first}") from None
-    model.tokenizer = load_tokenizer(directory)
+    model.tokenizer = load_tokenizer(directory, trust_remote_code)
     return model

@@ -61,7 +61,7 @@ def _device(device: str | None) -> str | None:
     return device
 
 
-def _load(model: Any, device: str | None, dtype: str | None) -> Any:
+def _load(model: Any, device: str | None, dtype: str | None, trust_remote_code: bool = False) -> Any:
     if not isinstance(model, str):
         return model
     import torch
@@ -69,7 +69,8 @@ def _load(model: Any, device: str | None, dtype: str | None) -> Any:
     dtypes = {None: None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
         raise ValueError(f"dtype must be one of {sorted(k for k in dtypes if k)}, got {dtype!r}")
-    return load_diffusion(ModelSpec.parse(model), device=_device(device), dtype=dtypes[dtype])
+    return load_diffusion(ModelSpec.parse(model), device=_device(device), dtype=dtypes[dtype],
+                          trust_remote_code=trust_remote_code)
 
 
 def _as_bool(value: Any) -> bool:
@@ -92,6 +93,8 @@ class DllmDecodeLM(_LMBase):
         device, dtype: where and in what to load a named model; a CUDA device without CUDA (lm-eval's
             command line defaults to `cuda:0`) falls back to the CPU with a warning.
         chat_template: wrap each context in the tokenizer's chat template when it has one.
+        trust_remote_code: let a named checkpoint run its own tokenizer code (Dream-v0's
+            `DreamTokenizer`); `trust_remote_code=True` in `--model_args`. Off by default.
     Raises:
         ValueError: unknown names or options, bad values.
     """
@@ -100,7 +103,8 @@ class DllmDecodeLM(_LMBase):
                  filters: str = "", gen_length: int | str = 128, block_length: int | str | None = None,
                  temperature: float | str = 0.0, seed: int | str = 0, batch_size: int | str = 1,
                  chat_template: bool | str = True, device: str | None = None,
-                 dtype: str | None = None, max_batch_size: int | None = None, **options: Any):
+                 dtype: str | None = None, max_batch_size: int | None = None,
+                 trust_remote_code: bool | str = False, **options: Any):
         super().__init__()
         bad = [k for k in options if not k.startswith(("scheduler.", "cache."))]
         if bad:
@@ -119,7 +123,7 @@ class DllmDecodeLM(_LMBase):
             "temperature": float(temperature), "seed": int(seed)})
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.model = _load(model, device, dtype)
+        self.model = _load(model, device, dtype, _as_bool(trust_remote_code))
         self.tokenizer = getattr(self.model, "tokenizer", None)
         self.batch_size = int(batch_size)
         self.chat_template = _as_bool(chat_template)

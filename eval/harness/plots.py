@@ -1,6 +1,12 @@
-"""Speed-quality plots (matplotlib, Agg; the optional `[plot]` extra): accuracy against tokens per
-step, overall and per task, one line per sweep, oracle and AR points marked, and the ideal
-model's closed-form accuracy as dashed lines beside the measured points when present."""
+"""Speed-quality plots (matplotlib, Agg; the optional `[plot]` extra).
+
+The primary axis is answer tokens (up to the first end-of-text) per forward pass, the unit dLLM
+and AR points share; the overall figure puts ParallelBench's canvas tokens per step beside it
+(dLLM curves only: an AR run has no canvas). One line per sweep, each point labelled with its
+swept value, oracle and AR points marked, and per task the ideal model's accuracy as dashed lines
+beside the measured points when present, labelled with the kind of number it is (closed form or
+exact enumeration, `dllm_decode.eval.theory.overlay`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-OVERALL = "accuracy_vs_tokens_per_step.png"
-PER_TASK = "tasks_accuracy_vs_tokens_per_step.png"
+OVERALL = "accuracy_vs_speed.png"
+PER_TASK = "tasks_accuracy_vs_answer_tokens_per_forward.png"
+ANSWER_AXIS = "answer tokens per forward"
+CANVAS_AXIS = "canvas tokens per step (ParallelBench)"
+SHORT_KEYS = {"tokens_per_step": "k", "threshold": "τ", "temperature": "T", "factor": "f",
+              "gamma": "γ", "block_length": "block", "steps_per_block": "steps"}
+"""Point labels: short names for the usual sweep keys (others keep their own)."""
 
 
 def available() -> bool:
@@ -33,6 +44,13 @@ def _is_ar(model: str) -> bool:
     return model.startswith("ar:")
 
 
+def point_label(params: dict[str, Any], swept: list[str]) -> str:
+    """The text beside a sweep point: its swept values, `k=2`, `τ=0.9, T=1`."""
+    def show(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+    return ", ".join(f"{SHORT_KEYS.get(k, k)}={show(params.get(k))}" for k in swept)
+
+
 def plot_summary(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """Write the overall and per-task PNGs; returns their paths (none without matplotlib)."""
     if not available() or not summary["results"]:
@@ -46,20 +64,39 @@ def _style(index: int) -> dict[str, Any]:
     return {"color": f"C{index % 10}", "marker": markers[index % len(markers)]}
 
 
+def _annotate(ax, xs: list[float], ys: list[float], labels: list[str], color: str) -> None:
+    for x, y, text in zip(xs, ys, labels):
+        if text:
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6,
+                        color=color)
+
+
 def _overall(summary: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, (answer_ax, canvas_ax) = plt.subplots(1, 2, figsize=(11.5, 4.6), sharey=True)
     for i, entry in enumerate(summary["leaderboard"]):
-        points = [(p["tokens_per_step"], p["mean_accuracy"]) for p in entry["points"]]
         ar = _is_ar(entry.get("model", ""))
         style = _style(i) | ({"marker": "X", "markersize": 9} if ar else {})
-        ax.plot(*zip(*points), label=("AR+spec " if ar else "") + entry["label"], linewidth=1.6,
-                **style)
+        label = ("AR+spec " if ar else "") + entry["label"]
+        points = entry["points"]
+        names = [point_label(p.get("params", {}), entry["swept"]) for p in points]
+        accuracy = [p["mean_accuracy"] for p in points]
+        xs = [p["answer_tokens_per_step"] for p in points]
+        answer_ax.plot(xs, accuracy, label=label, linewidth=1.6, **style)
+        _annotate(answer_ax, xs, accuracy, names, style["color"])
+        if not ar:
+            xs = [p["tokens_per_step"] for p in points]
+            canvas_ax.plot(xs, accuracy, label=label, linewidth=1.6, **style)
+            _annotate(canvas_ax, xs, accuracy, names, style["color"])
     for i, oracle in enumerate(summary.get("oracle", [])):
-        ax.plot(oracle["tokens_per_step"], oracle["mean_accuracy"], marker="*", markersize=14,
-                linestyle="none", color=_style(i)["color"], markeredgecolor="black",
-                label=f"oracle ({oracle['label']})")
-    _axes(ax, "mean over tasks")
+        star = {"marker": "*", "markersize": 14, "linestyle": "none", "color": _style(i)["color"],
+                "markeredgecolor": "black"}
+        answer_ax.plot(oracle["answer_tokens_per_step"], oracle["mean_accuracy"],
+                       label=f"oracle ({oracle['label']})", **star)
+        if not _is_ar(oracle.get("model", "")):
+            canvas_ax.plot(oracle["tokens_per_step"], oracle["mean_accuracy"], **star)
+    _axes(answer_ax, "mean over tasks", ANSWER_AXIS)
+    _axes(canvas_ax, "mean over tasks (dLLM canvas; AR has none)", CANVAS_AXIS)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -71,32 +108,36 @@ def _per_task(summary: dict[str, Any], path: Path) -> Path:
     tasks = list(dict.fromkeys(cell["task"] for cell in summary["results"]))
     cols = min(4, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
     groups = list(dict.fromkeys(cell["group"] for cell in summary["results"]))
     labels = {cell["group"]: cell["label"] for cell in summary["results"]}
     for ax, task in zip(axes.flat, tasks):
         for i, group in enumerate(groups):
             cells = sorted((c for c in summary["results"] if c["task"] == task and c["group"] == group),
-                           key=lambda c: c["tokens_per_step"])
+                           key=lambda c: c["answer_tokens_per_step"])
             if not cells:
                 continue
             style = _style(i)
-            ax.plot([c["tokens_per_step"] for c in cells], [c["accuracy"] for c in cells],
-                    markersize=4, linewidth=1.3, label=labels[group], **style)
-            theory = sorted((c["theory_tokens_per_step"], c["theory_accuracy"]) for c in cells
-                            if c.get("theory_accuracy") is not None)
+            xs, ys = [c["answer_tokens_per_step"] for c in cells], [c["accuracy"] for c in cells]
+            ax.plot(xs, ys, markersize=4, linewidth=1.3, label=labels[group], **style)
+            _annotate(ax, xs, ys, [point_label(c["params"], c["swept"]) for c in cells], style["color"])
+            theory = sorted((c["theory_tokens_per_step"], c["theory_accuracy"], c["theory_kind"])
+                            for c in cells if c.get("theory_accuracy") is not None)
             if theory:
-                ax.plot(*zip(*theory), linestyle="--", marker=style["marker"], markersize=5,
-                        markerfacecolor="none", color=style["color"], linewidth=1.0,
-                        label=f"theory ({labels[group]})")
-        for i, oracle in enumerate(summary.get("oracle", [])):
+                kinds = " + ".join(sorted({kind for _, _, kind in theory}))
+                ax.plot([t for t, _, _ in theory], [a for _, a, _ in theory], linestyle="--",
+                        marker=style["marker"], markersize=5, markerfacecolor="none",
+                        color=style["color"], linewidth=1.0,
+                        label=f"ideal model, {kinds} ({labels[group]})")
+        for oracle in summary.get("oracle", []):
             if task in oracle["tasks"]:
                 point = oracle["tasks"][task]
-                ax.plot(point["tokens_per_step"], point["accuracy"], marker="*", markersize=10,
+                ax.plot(point["answer_tokens_per_step"], point["accuracy"], marker="*", markersize=10,
                         linestyle="none", color=_style(groups.index(oracle["group"]))["color"]
                         if oracle["group"] in groups else "black", markeredgecolor="black")
         bits = summary.get("tasks", {}).get(task, {}).get("total_correlation_bits")
-        _axes(ax, task + (f"  (C={bits:.2f} bits)" if bits is not None else ""), small=True)
+        _axes(ax, task + (f"  (C={bits:.2f} bits)" if bits is not None else ""), ANSWER_AXIS,
+              small=True)
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
@@ -113,12 +154,12 @@ def _per_task(summary: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _axes(ax, title: str, small: bool = False) -> None:
+def _axes(ax, title: str, xlabel: str, small: bool = False) -> None:
     ax.set_title(title, fontsize=9 if small else 11)
-    ax.set_xlabel("tokens per step", fontsize=8 if small else 10)
+    ax.set_xlabel(xlabel, fontsize=8 if small else 10)
     ax.set_ylabel("accuracy (%)", fontsize=8 if small else 10)
     ax.set_ylim(-3, 103)
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
-    if not small:
+    if not small and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

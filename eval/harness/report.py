@@ -30,36 +30,49 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     if summary.get("command"):
         lines += ["```", summary["command"], "```", ""]
     lines += [f"{summary['num_samples']} samples, {len(summary['configurations'])} "
-              f"configuration(s), {len(summary['tasks'])} task(s). Accuracy in %, tokens per step "
-              f"= canvas length / NFE (ParallelBench).", ""]
+              f"configuration(s), {len(summary['tasks'])} task(s). Accuracy in %. Speed: answer "
+              f"tokens (up to the first end-of-text) per forward pass, the primary axis (an AR "
+              f"run's tokens per target forward are the same unit); beside it ParallelBench's "
+              f"canvas tokens per step (canvas length / NFE, end-of-text padding included).", ""]
     for message in summary.get("skipped", []):
         lines.append(f"* {message}")
     if summary.get("skipped"):
         lines.append("")
     for path in plots:
         lines += [f"![{path.stem}]({path.name})", ""]
-    levels = list(summary["leaderboard"][0]["max_tokens_per_step"]) if summary["leaderboard"] else []
-    lines += ["## Max tokens per step at mean accuracy", ""]
-    lines += _table(["sweep", "swept", *(f">= {lv}%" for lv in levels), "interpolated"], [
-        [e["label"], ", ".join(e["swept"]) or "–",
-         *(_num(e["max_tokens_per_step"][lv], 2) for lv in levels), "yes" if e["interpolated"] else "no"]
+    levels = list(summary["leaderboard"][0]["pb"]) if summary["leaderboard"] else []
+    lines += ["## Speed at mean accuracy", "",
+              "PBx: the most answer tokens per forward at >= x% mean accuracy (ParallelBench's "
+              "leaderboard rule on the answer-token axis); AUP: d3LLM's accuracy under "
+              "parallelism on the same axis; last columns: ParallelBench's own figure on canvas "
+              "tokens per step.", ""]
+    lines += _table(["sweep", "swept", *(f"PB{lv}" for lv in levels), "AUP",
+                     *(f"canvas >= {lv}%" for lv in levels), "interpolated"], [
+        [e["label"], ", ".join(e["swept"]) or "–", *(_num(e["pb"][lv], 2) for lv in levels),
+         _num(e["aup"], 1), *(_num(e["max_tokens_per_step"][lv], 2) for lv in levels),
+         "yes" if e["interpolated"] else "no"]
         for e in summary["leaderboard"]])
     lines += ["", "## Configurations", ""]
-    lines += _table(["scheduler", "params", "mean accuracy", "tokens/step", "NFE", "s/sample"], [
-        [c["scheduler"], _params(c["params"]), _num(c["mean_accuracy"]), _num(c["tokens_per_step"], 2),
-         _num(c["nfe"]), _num(c["seconds"], 3)] for c in summary["configurations"]])
+    lines += _table(["scheduler", "params", "mean accuracy", "answer tok/fwd", "canvas tok/step",
+                     "NFE", "s/sample"], [
+        [c["scheduler"], _params(c["params"]), _num(c["mean_accuracy"]),
+         _num(c["answer_tokens_per_step"], 2), _num(c["tokens_per_step"], 2), _num(c["nfe"]),
+         _num(c["seconds"], 3)] for c in summary["configurations"]])
     if summary.get("oracle"):
         lines += ["", "## Oracle (best sweep point per sample, ParallelBench App. G.2)", ""]
-        lines += _table(["sweep", "mean accuracy", "tokens/step"], [
-            [o["label"], _num(o["mean_accuracy"]), _num(o["tokens_per_step"], 2)]
-            for o in summary["oracle"]])
+        lines += _table(["sweep", "mean accuracy", "answer tok/fwd", "canvas tok/step"], [
+            [o["label"], _num(o["mean_accuracy"]), _num(o["answer_tokens_per_step"], 2),
+             _num(o["tokens_per_step"], 2)] for o in summary["oracle"]])
     theory = any(c.get("theory_accuracy") is not None for c in summary["results"])
     lines += ["", "## Per task", ""]
-    header = ["task", "scheduler", "params", "accuracy", "tokens/step", "NFE", "s/sample"]
-    lines += _table(header + (["ideal (theory)"] if theory else []), [
+    header = ["task", "scheduler", "params", "accuracy", "answer tok/fwd", "canvas tok/step", "NFE",
+              "s/sample"]
+    lines += _table(header + (["ideal (theory)", "theory kind"] if theory else []), [
         [c["task"], c["scheduler"], _params(c["params"]), _num(c["accuracy"]),
-         _num(c["tokens_per_step"], 2), _num(c["nfe"]), _num(c["seconds"], 3),
-         *([_num(c.get("theory_accuracy"))] if theory else [])] for c in summary["results"]])
+         _num(c["answer_tokens_per_step"], 2), _num(c["tokens_per_step"], 2), _num(c["nfe"]),
+         _num(c["seconds"], 3),
+         *([_num(c.get("theory_accuracy")), c.get("theory_kind") or "–"] if theory else [])]
+        for c in summary["results"]])
     lines += ["", "## Tasks: conditional total correlation C(Y|X)", ""]
     lines += _table(["task", "examples", "C(Y|X) bits"], [
         [task, str(info["examples"]), _num(info["total_correlation_bits"], 3)]

@@ -59,9 +59,10 @@ answer_tokens_per_step; seconds for the batch)."""
 
 
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
-                chat_template: bool = True) -> tuple[Decoder, Any]:
+                chat_template: bool = True, trust_remote_code: bool = False) -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
+    `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default).
 
     Raises:
         ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
@@ -75,11 +76,11 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
         from dllm_decode.speculative.models import load_causal_lm
 
-        target = load_causal_lm(spec.name, device=device)
+        target = load_causal_lm(spec.name, device=device, trust_remote_code=trust_remote_code)
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
         return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
             target.tokenizer
-    model = load_diffusion(spec, device=device, dtype=dtype)
+    model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
 
 
@@ -120,11 +121,14 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
                chat_template: bool = True) -> Decoder:
     """The AR baseline: `dllm_decode.speculative` (target verifies `drafter`'s proposals; plain AR
     without one), the setting's scheduler choosing each round's draft length. Batch size 1 per
-    call. NFE counts target forwards, so tokens per step is the mean tokens appended per target
-    forward (Spec-Bench's mean accepted tokens), the AR counterpart of a dLLM's tokens per step."""
-    from dllm_decode.speculative import Sampling, SpecConfig, speculative_generate
+    call. NFE counts target forwards. `answer_tokens_per_step` is the answer tokens (up to the
+    first end-of-text, as for a dLLM) per target forward, the unit dLLM points are drawn in;
+    `tokens_per_step` counts every appended token, the end-of-text included (Spec-Bench's mean
+    accepted tokens)."""
+    from dllm_decode.speculative import Sampling, SpecConfig, eos_ids_of, speculative_generate
 
     tokenizer = getattr(target, "tokenizer", None)
+    eos = set(eos_ids_of(target, tokenizer))
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
@@ -135,11 +139,13 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
         for prompt in prompts:
             result = speculative_generate(target, chat_prompt(tokenizer, prompt, chat_template), config,
                                           drafter, generator=generator)
-            per_forward = len(result.tokens) / max(1, result.target_forwards)
+            tokens = result.tokens.tolist()
+            answer = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+            forwards = max(1, result.target_forwards)
             rows.append({"output": result.text if result.text is not None else
-                         " ".join(map(str, result.tokens.tolist())),
-                         "nfe": result.target_forwards, "tokens_per_step": per_forward,
-                         "answer_tokens_per_step": per_forward,
+                         " ".join(map(str, tokens)),
+                         "nfe": result.target_forwards, "tokens_per_step": len(tokens) / forwards,
+                         "answer_tokens_per_step": answer / forwards,
                          "draft_forwards": result.draft_forwards})
             seconds += result.seconds
         return rows, seconds

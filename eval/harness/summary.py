@@ -1,10 +1,22 @@
 """`summary.json` from the per-sample records: per (configuration, task) accuracy and speed, per
-configuration means, and ParallelBench's leaderboard figure "max tokens per step at >= X% mean
-accuracy" (spec parallelbench.md §3.1).
+configuration means, and the speed-quality figures of each sweep (spec parallelbench.md §3.1).
 
 Every number here is recomputed from `samples.jsonl`, so a summary never disagrees with its samples.
-Accuracy is in percent; tokens per step is the canvas length / NFE, averaged over samples (per
-task) and then over tasks (per configuration), like ParallelBench's average curve.
+Accuracy is in percent. Speed has two units, each averaged over samples (per task) and then over
+tasks (per configuration), like ParallelBench's average curve:
+
+* answer tokens per forward (`answer_tokens_per_step`, the primary axis): tokens up to the first
+  end-of-text divided by the forward passes (NFE). An AR run's tokens per target forward are the
+  same unit, so dLLM and AR points share every combined axis.
+* canvas tokens per step (`tokens_per_step`): ParallelBench's figure, the canvas length / NFE,
+  end-of-text padding included (dLLMs only; threshold 0.9 at gen 32 may show 19 canvas tokens per
+  step for 3 answer tokens).
+
+Per sweep: PBx, the most answer tokens per forward at >= x% mean accuracy (ParallelBench's
+leaderboard rule, Kang et al. 2025, arXiv 2510.04767, on the answer-token axis), the same on the
+canvas axis (`max_tokens_per_step`, ParallelBench's own number), and d3LLM's AUP (Qian et al.
+2026, arXiv 2601.07568): the quality-weighted area under accuracy against answer tokens per
+forward.
 """
 
 from __future__ import annotations
@@ -13,14 +25,17 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dllm_decode.eval.theory.formulas import (THEORY_TASKS, fixed_step_partition, ideal_accuracy, task_total_correlation,
-                         threshold_partition)
+from dllm_decode.eval.theory.formulas import task_total_correlation
+from dllm_decode.eval.theory.overlay import record_point
 
 LEVELS = (80.0, 75.0, 70.0)
 DISCRETE_KEYS = ("tokens_per_step", "steps_per_block")
 """Sweeps over these are top-k style: the leaderboard reports the largest tested point that holds
 the level (ParallelBench: "top-k entries are reported at the largest tested k"); other sweeps are
 interpolated linearly along the mean-accuracy curve, as its adaptive-method entries are."""
+AUP_ALPHA = 3.0
+AUP_OFFSET = 5.0
+"""d3LLM's AUP defaults: the weight's penalty factor and the accuracy drop (points) kept."""
 
 
 def _mean(values: Iterable[float]) -> float:
@@ -29,7 +44,7 @@ def _mean(values: Iterable[float]) -> float:
 
 
 def max_tps_at(points: Sequence[tuple[float, float]], level: float, interpolate: bool) -> float:
-    """Largest tokens per step whose accuracy is >= `level` along a curve of (tps, accuracy %).
+    """Largest speed whose accuracy is >= `level` along a curve of (speed, accuracy %).
 
     With `interpolate`, a segment that falls through the level contributes its linear crossing,
     e.g. (3.42, 83.8) -> (4.53, 77.5) gives 4.09 at 80%. 0 when no point reaches the level.
@@ -43,30 +58,34 @@ def max_tps_at(points: Sequence[tuple[float, float]], level: float, interpolate:
     return best
 
 
+def aup(points: Sequence[tuple[float, float]], y_max: float, alpha: float = AUP_ALPHA,
+        offset: float = AUP_OFFSET) -> float:
+    """d3LLM's Accuracy Under Parallelism of a curve of (parallelism, accuracy %) points.
+
+    Sorted by parallelism rho, with y_1 the accuracy of the least parallel point, the points with
+    accuracy >= y_1 - `offset` are kept; AUP = rho_1 y_1 + sum_i (rho_i - rho_{i-1}) (y_i W(y_i) +
+    y_{i-1} W(y_{i-1})) / 2 with W(y) = min(exp(-alpha (1 - y / y_max)), 1), `y_max` the best
+    accuracy among the methods compared. 0 for an empty curve or y_max <= 0.
+    """
+    if not points or y_max <= 0:
+        return 0.0
+    ordered = sorted(points, key=lambda p: p[0])
+    kept = [(r, y) for r, y in ordered if y >= ordered[0][1] - offset]
+
+    def weighted(y: float) -> float:
+        return y * min(math.exp(-alpha * (1 - y / y_max)), 1.0)
+
+    total = kept[0][0] * kept[0][1]
+    for (r0, y0), (r1, y1) in zip(kept, kept[1:]):
+        total += 0.5 * (r1 - r0) * (weighted(y1) + weighted(y0))
+    return total
+
+
 def theory_point(record: dict[str, Any]) -> tuple[float, float] | None:
-    """(tokens per step, accuracy 0-1) of the paper's ideal model for this sample's setting, or
-    None without a closed form: the task must be Shuffle or Replace Random, the canvas exactly the
-    n answer items in one block, the scheduler fixed-step (any ranking) or a greedy threshold.
-    Shuffle is scored as ParallelBench scores it (a permutation other than the input)."""
-    task = record["task"].removeprefix("released/")
-    n, gen = record.get("n"), record["gen_length"]
-    if task not in THEORY_TASKS or n is None or gen != n or record["block_length"] != gen:
-        return None
-    scheduler, sampled = record["config"]["scheduler"], record["config"]["temperature"] > 0
-    if "tokens_per_step" in scheduler:
-        partition = fixed_step_partition(n, math.ceil(gen / scheduler["tokens_per_step"]))
-    elif "steps_per_block" in scheduler:
-        partition = fixed_step_partition(n, scheduler["steps_per_block"] or gen)
-    elif scheduler["name"] == "threshold" and not sampled:
-        partition = threshold_partition(task, n, scheduler["threshold"])
-    else:
-        return None
-    accuracy = ideal_accuracy(task, partition, sampled)
-    if accuracy is not None and task == "shuffle":
-        # ParallelBench's scorer rejects the identity; by symmetry a decoded permutation is
-        # uniform, so it is the identity 1/n! of the time.
-        accuracy *= 1 - 1 / math.factorial(n)
-    return None if accuracy is None else (gen / len(partition), accuracy)
+    """(answer tokens per forward, accuracy 0-1) of the ideal model for this sample's setting, or
+    None (see `dllm_decode.eval.theory.overlay.record_point`)."""
+    point = record_point(record)
+    return None if point is None else (point.tokens_per_step, point.accuracy)
 
 
 def summarize(records: Sequence[dict[str, Any]], *, theory: bool = False,
@@ -76,7 +95,8 @@ def summarize(records: Sequence[dict[str, Any]], *, theory: bool = False,
 
     Args:
         records: samples, in plan order (`dllm_decode.eval.harness.runner.evaluate`).
-        theory: add the ideal model's closed-form accuracy where one exists (ideal model runs).
+        theory: add the ideal model's accuracy where it is known, closed form or exact
+            (`dllm_decode.eval.theory.overlay`; ideal model runs).
         skipped: messages about tasks left out.
         levels: accuracy levels (percent) of the leaderboard figure.
         meta: extra top-level fields (model, command, ...).
@@ -111,10 +131,11 @@ def _cell(rows: list[dict[str, Any]], theory: bool) -> dict[str, Any]:
         "seconds": _mean(r["seconds"] for r in rows),
     }
     if theory:
-        points = [theory_point(r) for r in rows]
+        points = [record_point(r) for r in rows]
         ok = all(p is not None for p in points)
-        cell["theory_accuracy"] = 100 * _mean(p[1] for p in points) if ok else None
-        cell["theory_tokens_per_step"] = _mean(p[0] for p in points) if ok else None
+        cell["theory_accuracy"] = 100 * _mean(p.accuracy for p in points) if ok else None
+        cell["theory_tokens_per_step"] = _mean(p.tokens_per_step for p in points) if ok else None
+        cell["theory_kind"] = " + ".join(sorted({p.kind for p in points})) if ok else None
     return cell
 
 
@@ -143,16 +164,24 @@ def _leaderboard(configurations: list[dict[str, Any]], levels: Sequence[float]) 
     groups: dict[str, list[dict[str, Any]]] = {}
     for config in configurations:
         groups.setdefault(config["group"], []).append(config)
+    y_max = max((c["mean_accuracy"] for c in configurations if not math.isnan(c["mean_accuracy"])),
+                default=0.0)
     out = []
     for group, configs in groups.items():
         swept = configs[0]["swept"]
         interpolate = not any(k in DISCRETE_KEYS for k in swept)
-        points = [(c["tokens_per_step"], c["mean_accuracy"]) for c in configs]
+        configs = sorted(configs, key=lambda c: (c["answer_tokens_per_step"], c["tokens_per_step"]))
+        answer = [(c["answer_tokens_per_step"], c["mean_accuracy"]) for c in configs]
+        canvas = [(c["tokens_per_step"], c["mean_accuracy"]) for c in configs]
         out.append({
             "group": group, "scheduler": configs[0]["scheduler"], "label": configs[0]["label"],
             "model": configs[0]["model"], "swept": swept, "interpolated": interpolate,
-            "points": [{"tokens_per_step": t, "mean_accuracy": a} for t, a in sorted(points)],
-            "max_tokens_per_step": {f"{level:g}": max_tps_at(points, level, interpolate)
+            "points": [{"answer_tokens_per_step": c["answer_tokens_per_step"],
+                        "tokens_per_step": c["tokens_per_step"], "mean_accuracy": c["mean_accuracy"],
+                        "params": {k: c["params"].get(k) for k in swept}} for c in configs],
+            "pb": {f"{level:g}": max_tps_at(answer, level, interpolate) for level in levels},
+            "aup": aup(answer, y_max),
+            "max_tokens_per_step": {f"{level:g}": max_tps_at(canvas, level, interpolate)
                                     for level in levels},
         })
     return out
@@ -160,7 +189,7 @@ def _leaderboard(configurations: list[dict[str, Any]], levels: Sequence[float]) 
 
 def _oracles(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """ParallelBench's oracle (App. G.2) along each sweep: per sample, the sweep point with the best
-    score and, among those, the most tokens per step; then averaged like a configuration."""
+    score and, among those, the fewest forward passes; then averaged like a configuration."""
     groups: dict[str, dict[tuple[str, int], list[dict[str, Any]]]] = {}
     for record in records:
         if record["swept"]:
@@ -172,13 +201,16 @@ def _oracles(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         per_task: dict[str, list[dict[str, Any]]] = {}
         for (task, _), rows in samples.items():
-            per_task.setdefault(task, []).append(max(rows, key=lambda r: (r["score"], r["tokens_per_step"])))
+            per_task.setdefault(task, []).append(max(rows, key=lambda r: (r["score"], -r["nfe"])))
         tasks = {task: {"accuracy": 100 * _mean(r["score"] for r in best),
+                        "answer_tokens_per_step": _mean(r["answer_tokens_per_step"] for r in best),
                         "tokens_per_step": _mean(r["tokens_per_step"] for r in best)}
                  for task, best in per_task.items()}
         first = next(iter(samples.values()))[0]
         out.append({"group": group, "label": first["label"], "scheduler": first["scheduler"],
-                    "tasks": tasks, "mean_accuracy": _mean(t["accuracy"] for t in tasks.values()),
+                    "model": first["model"], "tasks": tasks,
+                    "mean_accuracy": _mean(t["accuracy"] for t in tasks.values()),
+                    "answer_tokens_per_step": _mean(t["answer_tokens_per_step"] for t in tasks.values()),
                     "tokens_per_step": _mean(t["tokens_per_step"] for t in tasks.values())})
     return out
 

@@ -13,10 +13,15 @@ Two row layouts are read. The shipped one (ParallelBench at 72de8f7) keeps the r
 * Sudoku: `{"input": {"context": "4 lines of 4 digits"} | "4 lines", "label": "4 lines"}`.
 
 Prompts are rendered in this package's compact format with the items as a JSON-style list
-(`copy : ["Billy Ramos", "Alan Wells"]`); answers and outputs are parsed as ParallelBench's
-lenient `_parse_list` does (text after the last `[` up to the next `]`, split on commas, quotes
-stripped). Sort: the released labels are sorted by the full "First Last" string, i.e. by first
-name, while the prompt says last name; `sort_by` picks the order that is scored.
+(`copy : ["Billy Ramos", "Alan Wells"]`). Sort: the released labels are sorted by the full
+"First Last" string, i.e. by first name, while the prompt says last name; `sort_by` picks the
+order that is scored.
+
+Scoring (`SCORING`): `parallelbench` (the default) is ParallelBench's own `score`, rule for rule
+(`parallelbench_metrics`); `parallelbench_strict` its `score_strict`; `lenient` is this package's
+older, more forgiving reading (text cut at the first end-of-text, single quotes stripped from
+list items too, every digit of the output read as the Sudoku grid), which scores some answers
+ParallelBench rejects: `['Billy Ramos', 'Alan Wells']` and a one-line Sudoku.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dllm_decode.eval.tasks import parallelbench_metrics as pb
 from dllm_decode.eval.tasks.base import Example, EOS_TEXT
 from dllm_decode.eval.tasks.puzzles import CELLS, SIZE, is_latin
 from dllm_decode.eval.tasks.waiting_line import OPS
 
 PUZZLE_FILES = {"latin_square": "puzzle/latin_square_n4.jsonl", "sudoku": "puzzle/sudoku_n4_12.jsonl"}
 SORT_ORDERS = ("first", "last")
+SCORING = ("parallelbench", "parallelbench_strict", "lenient")
+"""How released outputs are scored; the first is the default (see the module docstring)."""
 
 
 def list_to_str(items: list[str]) -> str:
@@ -39,7 +47,8 @@ def list_to_str(items: list[str]) -> str:
 
 
 def parse_list(text: str) -> list[str]:
-    """Lenient list parse: after the last `[`, up to the next `]`, comma-split, quotes stripped."""
+    """The `lenient` mode's list reading: cut at the first end-of-text, after the last `[`, up to
+    the next `]`, comma-split, single and double quotes and whitespace stripped."""
     text = text.split(EOS_TEXT, 1)[0]
     start = text.rfind("[")
     body = text[start + 1:] if start >= 0 else text
@@ -78,16 +87,18 @@ def _documented_row(name: str, row: dict[str, Any]) -> dict[str, Any]:
         return {"input": {"context": inp.get("sudoku", inp.get("context", ""))}, "label": answer}
     if name == "latin_square":
         symbols = inp.get("symbols")
-        inp["symbols"] = parse_list(symbols) if isinstance(symbols, str) else symbols
+        inp["symbols"] = pb.parse_list(symbols) if isinstance(symbols, str) else symbols
+        if isinstance(answer, dict) and answer.get("first_row") is not None:
+            inp["first_row"] = answer["first_row"]
         return {"input": inp, "label": answer.get("example") if isinstance(answer, dict) else answer}
     if isinstance(inp.get("context"), str):
-        inp["context"] = parse_list(inp["context"])
+        inp["context"] = pb.parse_list(inp["context"])
     if isinstance(answer, dict):
-        label = {**answer, "example": parse_list(answer["example"])
+        label = {**answer, "example": pb.parse_list(answer["example"])
                  if isinstance(answer.get("example"), str) else answer.get("example")}
     else:
-        label = parse_list(answer) if isinstance(answer, str) else answer
-    return {"input": inp, "label": label}
+        label = pb.parse_list(answer) if isinstance(answer, str) else answer
+    return {"input": inp, "label": label, "label_text": answer if isinstance(answer, str) else None}
 
 
 def _list_example(task: str, row: dict[str, Any], sort_by: str) -> Example:
@@ -100,11 +111,12 @@ def _list_example(task: str, row: dict[str, Any], sort_by: str) -> Example:
         reference = list(label["example"])
     else:
         reference = list(label)
+    answer = row.get("label_text") or list_to_str(reference)   # the released text, as scored there
     if task == "sort" and sort_by == "last":
         reference = sorted(items, key=lambda name: (name.split()[-1], name))
+        answer = list_to_str(reference)
     head = OPS[task].head(word, index)
-    return Example(f"released/{task}", " ".join([*head, ":", list_to_str(items)]),
-                   list_to_str(reference),
+    return Example(f"released/{task}", " ".join([*head, ":", list_to_str(items)]), answer,
                    {"items": items, "word": word, "index": index, "format": "json",
                     "sort_by": sort_by if task == "sort" else None})
 
@@ -113,7 +125,7 @@ def _latin(task: str, row: dict[str, Any], sort_by: str) -> Example:
     inp = row["input"]
     symbols = [str(s) for s in (inp.get("symbols") or inp.get("context"))]
     return Example("released/latin_square", "latin : " + " ".join(symbols), str(row["label"]),
-                   {"symbols": symbols, "format": "csv"})
+                   {"symbols": symbols, "first_row": inp.get("first_row"), "format": "csv"})
 
 
 def _sudoku(task: str, row: dict[str, Any], sort_by: str) -> Example:
@@ -125,8 +137,8 @@ def _sudoku(task: str, row: dict[str, Any], sort_by: str) -> Example:
 
 
 def latin_csv_cells(text: str, symbols: list[str]) -> list[str]:
-    """ParallelBench's Latin-square reading: keep the lines whose cell set is the symbol set,
-    take the first `SIZE` of them, return their cells row-major."""
+    """The `lenient` mode's Latin-square reading: keep the lines of `SIZE` non-empty cells whose
+    set is the symbol set, take the first `SIZE` of them, return their cells row-major."""
     rows = []
     for line in text.split(EOS_TEXT, 1)[0].splitlines():
         cells = [c.strip() for c in line.split(",") if c.strip()]
@@ -135,9 +147,36 @@ def latin_csv_cells(text: str, symbols: list[str]) -> list[str]:
     return [c for row in rows[:SIZE] for c in row]
 
 
-def score_released(example: Example, output_text: str) -> float:
-    """ParallelBench's metric for a released example: exact list match, the random-op and shuffle
-    validity checkers, the Latin-square checker, or exact Sudoku match. Never raises."""
+def score_released(example: Example, output_text: str, mode: str = "parallelbench") -> float:
+    """A released example's score in one of the `SCORING` modes (default: ParallelBench's own
+    `score`): exact list match, the random-op and shuffle validity checkers, the Latin-square
+    checker, or exact Sudoku match. Never raises on any output text.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in SCORING:
+        raise ValueError(f"released scoring must be one of {SCORING}, got {mode!r}")
+    if mode == "lenient":
+        return _score_lenient(example, output_text)
+    strict = mode == "parallelbench_strict"
+    task, meta = example.task.removeprefix("released/"), example.meta
+    if task == "latin_square":
+        return pb.latin_square(output_text, meta["symbols"], meta.get("first_row"))
+    if task == "sudoku":
+        return pb.sudoku(output_text, example.answer, strict)
+    if task == "shuffle":
+        return pb.list_shuffle(output_text, meta["items"], strict)
+    if task == "insert_random":
+        return pb.random_insert(output_text, meta["items"], meta["word"], strict)
+    if task == "remove_random":
+        return pb.random_remove(output_text, meta["items"], strict)
+    if task == "replace_random":
+        return pb.random_replace(output_text, meta["items"], meta["word"], strict)
+    return pb.list_match(output_text, example.answer, strict)
+
+
+def _score_lenient(example: Example, output_text: str) -> float:
     task = example.task.removeprefix("released/")
     if task == "latin_square":
         return float(is_latin(latin_csv_cells(output_text, example.meta["symbols"]),

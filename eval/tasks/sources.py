@@ -4,17 +4,19 @@ A selection is a comma list of built-in task names (`copy`, `sudoku`, ...), grou
 `waiting_line`, `puzzles`), and `released:DIR` (every ParallelBench task file found in the
 released `output/test` directory DIR) or `released:DIR#copy+sudoku` (some of them). Built-in
 tasks draw `limit` (default 100, ParallelBench's size) seeded test-split examples; released
-tasks take the first `limit` lines of their file.
+tasks take the first `limit` lines of their file and are scored as ParallelBench scores them
+unless another `released.SCORING` mode is asked for.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dllm_decode.eval.tasks import TASKS, WAITING_LINE, Example, load_released, score_released
-from dllm_decode.eval.tasks.released import PUZZLE_FILES
+from dllm_decode.eval.tasks.released import PUZZLE_FILES, SCORING
 from dllm_decode.eval.tasks.text import TEXT_FILES, load_text_task, missing_scorers, text_scorer
 
 DEFAULT_PER_TASK = 100
@@ -44,7 +46,8 @@ def released_files(directory: Path) -> dict[str, Path]:
 
 
 def select_tasks(selection: str, limit: int | None = None, seed: int = 0,
-                 sort_by: str = "first") -> tuple[list[TaskRun], list[str]]:
+                 sort_by: str = "first", released_scoring: str = SCORING[0]
+                 ) -> tuple[list[TaskRun], list[str]]:
     """Parse a selection into task runs, plus one message per skipped task.
 
     Args:
@@ -52,16 +55,21 @@ def select_tasks(selection: str, limit: int | None = None, seed: int = 0,
         limit: examples per task (None: 100 for built-in tasks, the whole file for released ones).
         seed: the built-in generators' seed.
         sort_by: released Sort labels, "first" (as released) or "last" name (as the prompt says).
+        released_scoring: how released list and puzzle outputs are scored (`released.SCORING`;
+            default ParallelBench's own `score`).
     Raises:
-        ValueError: an unknown name, a missing released directory or task, a bad limit.
+        ValueError: an unknown name or scoring mode, a missing released directory or task, a
+            bad limit.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
+    if released_scoring not in SCORING:
+        raise ValueError(f"released scoring must be one of {SCORING}, got {released_scoring!r}")
     runs: list[TaskRun] = []
     skipped: list[str] = []
     for token in filter(None, (part.strip() for part in selection.split(","))):
         if token.startswith(RELEASED_PREFIX):
-            more, why = _released(token[len(RELEASED_PREFIX):], limit, sort_by)
+            more, why = _released(token[len(RELEASED_PREFIX):], limit, sort_by, released_scoring)
             runs += more
             skipped += why
         elif token in GROUPS or token in TASKS:
@@ -80,7 +88,8 @@ def select_tasks(selection: str, limit: int | None = None, seed: int = 0,
     return runs, skipped
 
 
-def _released(spec: str, limit: int | None, sort_by: str) -> tuple[list[TaskRun], list[str]]:
+def _released(spec: str, limit: int | None, sort_by: str,
+              scoring: str) -> tuple[list[TaskRun], list[str]]:
     path_text, _, wanted_text = spec.partition("#")
     directory = Path(path_text).expanduser()
     if not directory.is_dir():
@@ -103,6 +112,7 @@ def _released(spec: str, limit: int | None, sort_by: str) -> tuple[list[TaskRun]
                 continue
             examples, score = load_text_task(directory, name), text_scorer(name)
         else:
-            examples, score = load_released(directory, name, sort_by=sort_by), score_released
+            examples = load_released(directory, name, sort_by=sort_by)
+            score = functools.partial(score_released, mode=scoring)
         runs.append(TaskRun(f"released/{name}", tuple(examples[:limit]), score))
     return runs, skipped

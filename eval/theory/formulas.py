@@ -143,13 +143,22 @@ def shuffle_accuracy(partition: Sequence[int]) -> float:
     return acc
 
 
-def replace_random_accuracy(partition: Sequence[int], sampled: bool) -> float:
+def replace_random_accuracy(partition: Sequence[int], sampled: bool,
+                            confidence_ranked: bool = False) -> float:
     """Replace Random under a partition (§4.2).
 
     Greedy: with m > 2 positions left every argmax is "keep", so the word is only placed when the
     last step has one position (success), or two with tied 0.5/0.5 marginals (0.5, random ties).
-    Sampled: a step with m left and s drawn succeeds at once if exactly one draw is the word and
-    continues if none is; the one-step case is ((n-1)/n)^(n-1) -> 1/e.
+    Sampled (temperature 1), a step with m left drawing for s positions, each drawing the word
+    with chance 1/m:
+
+    * positions chosen independently of the draws (random, margin and entropy ranking: the last
+      two score every position alike): success at once if exactly one of the s draws is the word,
+      continue if none is; the one-step case is ((n-1)/n)^(n-1) -> 1/e (§4.2);
+    * confidence ranking (`low_confidence`): a "keep" draw has confidence (m-1)/m > 1/m, so keeps
+      win the ranks (for m > 2; at m = 2 all tie). With K ~ Binomial(m, (m-1)/m) keep draws the
+      step continues if K >= s, succeeds if K = s - 1 (exactly one word committed) and fails
+      otherwise. At n = 4, two per step: 0.5215, where the independent formula gives 0.656.
     """
     if not sampled:
         last = partition[-1] if partition else 0
@@ -157,8 +166,13 @@ def replace_random_accuracy(partition: Sequence[int], sampled: bool) -> float:
     left, reach, acc = sum(partition), 1.0, 0.0
     for size in partition:
         keep = (left - 1) / left
-        acc += reach * size * (1 / left) * keep ** (size - 1)
-        reach *= keep ** size
+        if confidence_ranked and left > 2:
+            keeps = [math.comb(left, k) * keep ** k * (1 - keep) ** (left - k) for k in range(left + 1)]
+            acc += reach * keeps[size - 1]
+            reach *= sum(keeps[size:])
+        else:
+            acc += reach * size * (1 / left) * keep ** (size - 1)
+            reach *= keep ** size
         left -= size
     return acc
 
@@ -183,11 +197,15 @@ def threshold_partition(task: str, n: int, threshold: float) -> tuple[int, ...] 
     return tuple(sizes)
 
 
-def ideal_accuracy(task: str, partition: Sequence[int], sampled: bool) -> float | None:
-    """Ideal-model accuracy (0-1) of `task` under `partition`; None when there is no closed form."""
+def ideal_accuracy(task: str, partition: Sequence[int], sampled: bool,
+                   confidence_ranked: bool = False) -> float | None:
+    """Ideal-model accuracy (0-1) of `task` under `partition`; None when there is no closed form.
+
+    `confidence_ranked`: the committed positions are the most confident draws (matters only for
+    sampled Replace Random; Shuffle's confidences are equal whatever a position drew)."""
     name = task.removeprefix("released/")
     if name == "shuffle":
         return shuffle_accuracy(partition)
     if name == "replace_random":
-        return replace_random_accuracy(partition, sampled)
+        return replace_random_accuracy(partition, sampled, confidence_ranked)
     return None

@@ -15,11 +15,17 @@ every position is EOS with probability 1. Committed tokens that no answer agrees
 Canvas layout: `[left padding][prompt][answer canvas of gen_length]`, padding marked by
 `attention_mask`; the model needs `gen_length` to know where the prompt ends, because committed
 answer tokens are the same words as the prompt's items.
+
+The model reads only the built-in tasks' compact prompts (`copy : alice bob`): one-token names
+from the task vocabulary, no list punctuation. Any other prompt, ParallelBench's released files
+with their two-word names and JSON-style lists included, is refused with a one-line ValueError
+(`prompt_problem`, `check_prompts`) instead of being decoded into a meaningless 0%.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
@@ -27,7 +33,7 @@ from torch import Tensor, nn
 from dllm_decode.eval.tasks.parse import parse_prompt
 from dllm_decode.eval.tasks.puzzles import all_latin_squares, solutions
 from dllm_decode.eval.tasks.waiting_line import OPS
-from dllm_decode.eval.tasks.tokenizer import EOS, MASK, vocabulary
+from dllm_decode.eval.tasks.tokenizer import EOS, MASK, PUNCTUATION, UNK, build_tokenizer, vocabulary
 
 LOG_ZERO = -1e4
 """Log-probability of impossible tokens: exp() underflows to exactly 0 in float32."""
@@ -95,8 +101,15 @@ class IdealModel(nn.Module):
         return logits.to(input_ids.device)
 
     def answer_marginals(self, prompt: tuple[int, ...], canvas: tuple[int, ...]) -> Tensor:
-        """(G, V) probabilities of each canvas position given the prompt and committed tokens."""
-        name, meta = parse_prompt(" ".join(self.words.get(t, "[UNK]") for t in prompt))
+        """(G, V) probabilities of each canvas position given the prompt and committed tokens.
+
+        Raises:
+            ValueError: a prompt outside the model's vocabulary or format (`prompt_problem`).
+        """
+        words = [self.words.get(t, UNK) for t in prompt]
+        if problem := _words_problem(words):
+            raise ValueError(f"the ideal model cannot read this prompt: {problem}")
+        name, meta = parse_prompt(" ".join(words))
         g = len(canvas)
         canvas_t = torch.tensor(canvas)
         masked = canvas_t == self.mask_token_id
@@ -147,6 +160,44 @@ class IdealModel(nn.Module):
         return self._candidates_cached(name, key, g)
 
 
+
+
+def _words_problem(tokens: list[str], shown: list[str] | None = None) -> str | None:
+    """Why a prompt of these tokens (`shown`: the same words as written, when known) is unreadable."""
+    if shown is None and UNK in tokens:
+        return f"its prompt holds {tokens.count(UNK)} word(s) outside its vocabulary"
+    unknown = list(dict.fromkeys(w for t, w in zip(tokens, shown or tokens) if t == UNK))
+    if unknown:
+        listed = ", ".join(repr(w) for w in unknown[:4]) + (", ..." if len(unknown) > 4 else "")
+        return (f"{listed} {'is' if len(unknown) == 1 else 'are'} not in its vocabulary (it knows "
+                f"the built-in tasks' one-token names, not e.g. the released files' two-word ones)")
+    if any(t in PUNCTUATION for t in tokens):
+        return ("it reads the compact prompt format `<op> ... : item item ...`, not JSON-style "
+                "lists like the released ParallelBench files")
+    try:
+        parse_prompt(" ".join(tokens))
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def prompt_problem(prompt: str) -> str | None:
+    """Why the ideal model cannot read the prompt text `prompt` (None when it can)."""
+    words = [w for w, _ in build_tokenizer().pre_tokenizer.pre_tokenize_str(prompt)]
+    vocab = vocabulary()
+    return _words_problem([w if w in vocab else UNK for w in words], words)
+
+
+def check_prompts(task: str, prompts: Iterable[str]) -> None:
+    """Refuse a task the ideal model cannot read, before anything is decoded.
+
+    Raises:
+        ValueError: one line naming the task, the first unreadable prompt's problem, and the way out.
+    """
+    for prompt in prompts:
+        if problem := prompt_problem(prompt):
+            raise ValueError(f"the ideal model cannot run task {task!r}: {problem}; it would "
+                             f"score 0% without meaning it (use the built-in tasks, or a real model)")
 
 
 IDEAL_OPTIONS = {"noise": float}

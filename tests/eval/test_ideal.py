@@ -176,3 +176,28 @@ def test_threshold_above_one_half_solves_shuffle(gamma):
     examples = TASKS["shuffle"].examples("test", 40, 2, lengths=(3, 6))
     outputs = _decode([e.prompt for e in examples], 8, ThresholdScheduler(threshold=gamma))
     assert all(sorted(out) == sorted(e.meta["items"]) for e, out in zip(examples, outputs))
+
+
+def test_prompts_outside_the_vocabulary_are_refused_not_scored_zero():
+    from dllm_decode.eval.theory.ideal import check_prompts, prompt_problem
+
+    assert prompt_problem("replace with dan : alice bob carol") is None
+    assert "'Billy', 'Ramos'" in prompt_problem('copy : ["Billy Ramos", "Alan Wells"]')
+    assert "JSON-style" in prompt_problem('copy : ["alice", "bob"]')     # known names, released format
+    with pytest.raises(ValueError, match="released/copy.*Billy"):
+        check_prompts("released/copy", ["copy : alice", 'copy : ["Billy Ramos"]'])
+    model = IdealModel(3)
+    unk = model.vocab["[UNK]"]
+    ids = torch.tensor([encode("copy : alice") + [unk] + [model.mask_token_id] * 3])
+    with pytest.raises(ValueError, match="outside its vocabulary"):
+        model(ids)
+
+
+def test_decode_cli_refuses_an_unreadable_ideal_prompt():
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["--model", "ideal", "--gen-length", "4", "--block-length", "4",
+                                       "--prompt", "copy : Billy Ramos"])
+    assert result.exit_code == 2 and "vocabulary" in result.output, result.output

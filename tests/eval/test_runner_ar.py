@@ -68,3 +68,24 @@ def test_the_ar_baseline_refuses_a_cache_or_filter_it_would_ignore(tmp_path):
                                            "--limit", "1", "--out", str(tmp_path / "out"), *extra])
         assert result.exit_code == 2 and "apply to diffusion models" in result.output
         assert not (tmp_path / "out" / "samples.jsonl").exists()
+
+
+def test_ar_rows_count_answer_tokens_per_forward_like_a_dllm(monkeypatch):
+    """The AR point's primary speed is answer tokens (before the first end-of-text) per target
+    forward, the dLLM unit; every appended token, the end-of-text too, is its tokens_per_step."""
+    import types
+
+    import dllm_decode.speculative as speculative
+    from dllm_decode.eval.harness.grid import expand_grid
+    from dllm_decode.eval.harness.runner import ar_decoder
+    from dllm_decode.speculative import SpecResult
+
+    def fake_generate(target, prompt, config, drafter, generator=None):
+        return SpecResult(tokens=torch.tensor([5, 6, 7, 2]), appended=[3, 1], drafted=[2, 0],
+                          matched=[2, 0], target_forwards=2, draft_forwards=2, seconds=0.01,
+                          text="a b c")
+    monkeypatch.setattr(speculative, "speculative_generate", fake_generate)
+    target = types.SimpleNamespace(tokenizer=None, config=types.SimpleNamespace(eos_token_id=2))
+    (setting,) = expand_grid([("low_confidence", {})], {}, [], gen_length=8)
+    (row,), _ = ar_decoder(target)(["copy : a b c"], setting, 8, torch.Generator())
+    assert row["answer_tokens_per_step"] == 1.5 and row["tokens_per_step"] == 2.0 and row["nfe"] == 2

@@ -30,7 +30,8 @@ def test_ideal_grid_with_theory(tmp_path):
     assert cells["copy", 1]["theory_accuracy"] is None
     assert summary["tasks"]["shuffle"]["total_correlation_bits"] > 0
     (entry,) = summary["leaderboard"]
-    assert set(entry["max_tokens_per_step"]) == {"80", "75", "70"}
+    assert set(entry["max_tokens_per_step"]) == set(entry["pb"]) == {"80", "75", "70"}
+    assert entry["aup"] > 0
     assert len(read_records(tmp_path / "samples.jsonl")) == 16
     again = _run("--model", "ideal", "--tasks", "shuffle,copy", "--scheduler", "random",
                  "--sweep", "tokens_per_step=1,6", "--limit", "4", "--gen-length", "answer",
@@ -77,3 +78,31 @@ def test_plots_and_report_links(tmp_path):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000
         assert f"]({name})" in report
+
+
+def test_ideal_refuses_released_prompts_before_decoding(tmp_path):
+    released = tmp_path / "released" / "waiting_line"
+    released.mkdir(parents=True)
+    (released / "copy.jsonl").write_text(json.dumps(
+        {"input": {"context": '["Billy Ramos", "Alan Wells"]'}, "answer": '["Billy Ramos", "Alan Wells"]'}) + "\n")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["eval", "--model", "ideal", "--tasks", f"released:{tmp_path / 'released'}",
+                                       "--out", str(out), "--no-plots"])
+    assert result.exit_code == 2, result.output
+    assert "'Billy', 'Ramos'" in result.output and "released/copy" in result.output
+    assert "Traceback" not in result.output and not (out / "samples.jsonl").exists()
+
+
+def test_leaderboard_lines_speak_answer_tokens_per_forward(tmp_path):
+    result = _run("--model", "ideal", "--tasks", "copy", "--scheduler", "low_confidence",
+                  "--sweep", "tokens_per_step=1,2", "--limit", "2", "--gen-length", "8",
+                  "--out", str(tmp_path), "--no-plots")
+    assert result.exit_code == 0, result.output
+    line = result.output.splitlines()[0]
+    assert "answer tokens/forward PB80" in line and "AUP" in line and "canvas tokens/step" in line
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    (entry,) = summary["leaderboard"]
+    # copy of 3-6 names on a canvas of 8: the canvas counts EOS padding, the answer does not
+    for point in entry["points"]:
+        assert point["answer_tokens_per_step"] < point["tokens_per_step"]
+    assert entry["pb"]["80"] == max(p["answer_tokens_per_step"] for p in entry["points"])

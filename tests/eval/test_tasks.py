@@ -165,7 +165,7 @@ def test_released_list_tasks_load_and_score(released_dir):
     (copy,) = load_released(released_dir, "copy")
     assert copy.prompt == 'copy : ["Ann Lee", "Bo Park"]'
     assert score_released(copy, 'Sure! ["Ann Lee", "Bo Park"]') == 1.0
-    assert score_released(copy, "['Ann Lee', 'Bo Park']<|endoftext|>") == 1.0
+    assert score_released(copy, "['Ann Lee', 'Bo Park']<|endoftext|>", mode="lenient") == 1.0
     assert score_released(copy, '["Bo Park", "Ann Lee"]') == 0.0
     (rep,) = load_released(released_dir, "replace_random")
     assert score_released(rep, '["Di Wu", "Bo Park", "Cy Diaz"]') == 1.0
@@ -197,6 +197,75 @@ def test_released_puzzles_load_and_score(released_dir):
     assert score_released(sudoku, "1234\n3412\n2143\n4321") == 1.0
     assert score_released(sudoku, "1234\n3412\n2143\n4312") == 0.0
     assert score_released(sudoku, "garbage") == 0.0
+
+
+def test_released_default_scoring_is_parallelbenchs_own(released_dir):
+    """The issue's cases: ParallelBench strips only double quotes and spaces from list items and
+    reads a Sudoku only from lines of exactly 4 digits; the lenient mode keeps the old reading."""
+    (copy,) = load_released(released_dir, "copy")
+    single = "['Ann Lee', 'Bo Park']"
+    assert score_released(copy, single) == 0.0
+    assert score_released(copy, single, mode="lenient") == 1.0
+    assert score_released(copy, '["Ann Lee",\n"Bo Park"]') == 0.0       # a newline is not stripped
+    assert score_released(copy, '["Ann Lee","Bo Park"]') == 1.0
+    assert score_released(copy, '["Ann Lee","Bo Park"]', mode="parallelbench_strict") == 0.0
+    assert score_released(copy, '["Ann Lee", "Bo Park"]', mode="parallelbench_strict") == 1.0
+    (sudoku,) = load_released(released_dir, "sudoku")
+    one_line = "1234 3412 2143 4321"
+    assert score_released(sudoku, one_line) == 0.0
+    assert score_released(sudoku, one_line, mode="lenient") == 1.0
+    sentence = "The 4x4 grid:\n1234\n3412\n2143\n4321"
+    assert score_released(sudoku, sentence) == 1.0
+    assert score_released(sudoku, sentence, mode="lenient") == 0.0
+    assert score_released(sudoku, sentence, mode="parallelbench_strict") == 0.0
+    assert score_released(sudoku, "1 2 3 4\n3,4,1,2\n2143\n4321") == 1.0
+    (latin,) = load_released(released_dir, "latin_square")
+    trailing = "A,B,C,D,\nB,C,D,A\nC,D,A,B\nD,A,B,C"       # "" is a cell there: the line is dropped
+    assert score_released(latin, trailing) == 0.0
+    assert score_released(latin, trailing, mode="lenient") == 1.0
+    with pytest.raises(ValueError, match="lenient"):
+        score_released(copy, "[]", mode="loose")
+
+
+def test_released_shipped_layout_is_scored_against_its_own_label_text(tmp_path):
+    # Rows as ParallelBench ships them (72de8f7): lists as JSON-style strings, the reference under
+    # `answer`, Latin symbols as "[H, 4, C, A]" and the Sudoku under `input.sudoku`.
+    rows = {
+        "waiting_line/copy.jsonl": {"input": {"context": '["Billy Ramos", "Alan Wells"]'},
+                                    "answer": '["Billy Ramos", "Alan Wells"]'},
+        "waiting_line/remove_random.jsonl": {
+            "input": {"context": '["Ann Lee", "Bo Park", "Cy Diaz"]'},
+            "answer": {"input": ["Ann Lee", "Bo Park", "Cy Diaz"], "example": '["Ann Lee", "Cy Diaz"]'}},
+        "puzzle/latin_square_n4.jsonl": {"input": {"size": 4, "symbols": "[H, 4, C, A]"},
+                                         "answer": {"symbols": ["H", "4", "C", "A"],
+                                                    "example": "H,4,A,C\n4,C,H,A\nC,A,4,H\nA,H,C,4"}},
+        "puzzle/sudoku_n4_12.jsonl": {"input": {"sudoku": "0042\n2031\n4023\n3214"},
+                                      "answer": "1342\n2431\n4123\n3214"},
+    }
+    for rel, row in rows.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(json.dumps(row) + "\n")
+    (copy,) = load_released(tmp_path, "copy")
+    assert copy.answer == '["Billy Ramos", "Alan Wells"]'
+    assert score_released(copy, 'Output: ["Billy Ramos", "Alan Wells"]') == 1.0
+    assert score_released(copy, "['Billy Ramos', 'Alan Wells']") == 0.0
+    (remove,) = load_released(tmp_path, "remove_random")
+    assert score_released(remove, '["Bo Park", "Cy Diaz"]') == 1.0
+    assert score_released(remove, '["Cy Diaz", "Bo Park"]') == 0.0
+    (latin,) = load_released(tmp_path, "latin_square")
+    assert latin.meta["symbols"] == ["H", "4", "C", "A"]
+    assert score_released(latin, "4,C,H,A\nH,4,A,C\nA,H,C,4\nC,A,4,H") == 1.0
+    (sudoku,) = load_released(tmp_path, "sudoku")
+    assert score_released(sudoku, "1342\n2431\n4123\n3214") == 1.0
+    assert score_released(sudoku, "1342243141233214") == 0.0
+
+
+def test_cli_scoring_choices_are_the_released_modes():
+    from dllm_decode.cli.evaluate import eval_command
+    from dllm_decode.eval.tasks.released import SCORING
+
+    option = next(p for p in eval_command.params if p.name == "released_scoring")
+    assert tuple(option.type.choices) == SCORING and option.default == SCORING[0]
 
 
 def test_released_unknown_task_raises(released_dir):
