@@ -344,3 +344,27 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, sock: A
     state.server = server
     server.run(sockets=[sock] if sock is not None else None)
 
+
+
+@contextlib.contextmanager
+def background(state: ServerState, host: str = "127.0.0.1", startup_timeout: float = 60.0) -> Any:
+    """Run the server in a thread on a free port of `host`; yields its base URL and shuts it down
+    (gracefully, as on a signal) on exit. For tests, benchmarks and notebooks."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    ready = threading.Event()
+    thread = threading.Thread(target=serve, args=(state,), daemon=True, name="dllm-serve",
+                              kwargs={"sock": sock, "log_level": "warning", "ready": ready})
+    thread.start()
+    try:
+        if not ready.wait(startup_timeout):
+            raise RuntimeError(f"the server did not start within {startup_timeout:g} s")
+        yield f"http://{host}:{port}"
+    finally:
+        state.stop()
+        thread.join(state.limits.shutdown_timeout + 15)
+        sock.close()

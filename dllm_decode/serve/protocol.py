@@ -11,6 +11,7 @@ with a 400 naming the parameter, never ignored.
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -247,7 +248,8 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     cut at `max_tokens`), else the server's. A `scheduler` / `cache` given as a name or with a
     `name` replaces the default; an object without `name` changes fields of the default one.
     """
-    dllm = body.get("dllm") or {}
+    dllm = body.get("dllm")
+    dllm = {} if dllm is None else dllm
     if not isinstance(dllm, Mapping):
         raise APIError(400, "dllm must be an object", param="dllm")
     unknown = sorted(set(dllm) - set(DLLM_KEYS))
@@ -276,7 +278,8 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     try:
         config = settings.prepare(DecodeConfig.from_dict(data))
     except (ValueError, TypeError) as err:
-        raise APIError(400, _line(err), param=_param_of(_line(err))) from None
+        sent = {*dllm, *(n for n in ("temperature", "seed") if body.get(n) is not None)}
+        raise APIError(400, _line(err), param=_param_of(_line(err), sent)) from None
     if config.gen_length > settings.max_tokens:
         raise APIError(400, f"the canvas of {config.gen_length} tokens exceeds this server's limit "
                             f"of {settings.max_tokens} (max_tokens / dllm.gen_length)",
@@ -302,12 +305,15 @@ def _line(err: Exception) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
-def _param_of(message: str) -> str:
-    """The parameter a decode-record error is about (its message names it first)."""
-    for name in (*DLLM_KEYS, "temperature", "seed"):
-        if message.startswith((name, f"unknown {name.rstrip('s')}")) or f" {name} " in f" {message} ":
-            return name if name in ("temperature", "seed") else f"dllm.{name}"
-    return "dllm"
+def _param_of(message: str, sent: set[str]) -> str:
+    """The parameter a decode-record error is about: of the names the message mentions, one the
+    request set, else the first."""
+    words = set(re.findall(r"[a-z_]+", message))
+    named = [n for n in (*DLLM_KEYS, "temperature", "seed") if n in words or n.rstrip("s") in words]
+    pick = next((n for n in named if n in sent), named[0] if named else None)
+    if pick is None:
+        return "dllm"
+    return pick if pick in ("temperature", "seed") else f"dllm.{pick}"
 
 
 class StopText:
