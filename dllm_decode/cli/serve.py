@@ -60,6 +60,9 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     if spec.kind == "ar":
         record = {**record, "scheduler": _rule(record)}
     config = decode_record(**record)
+    if config.gen_length > max_tokens:
+        raise click.BadParameter(f"--gen-length {config.gen_length} exceeds --max-tokens {max_tokens}",
+                                 param_hint="--gen-length")
     with usage_errors():
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout)
@@ -71,9 +74,6 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     settings = Settings(model_id=served_model_name or str(spec), config=for_model(config, tokenizer),
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, tokenizer), scheduler_kinds=kinds)
-    if settings.config.gen_length > max_tokens:
-        raise click.BadParameter(f"--gen-length {config.gen_length} exceeds --max-tokens {max_tokens}",
-                                 param_hint="--gen-length")
     engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
     state = ServerState(EngineWorker(engine, threads), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)

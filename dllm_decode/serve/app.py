@@ -331,6 +331,9 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, sock: A
         def handle_exit(self, sig: int, frame: Any) -> None:
             state.drain()
             super().handle_exit(sig, frame)
+            # uvicorn re-raises a captured signal after its shutdown (a traceback for SIGINT);
+            # the shutdown here is complete, so the command exits 0 instead.
+            self._captured_signals.clear()
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
