@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -175,30 +176,38 @@ def test_a_client_disconnect_frees_its_row(embedded):
         assert not state.worker.engine.lives and state.worker.engine.steps < 32
 
 
-def test_shutdown_finishes_in_flight_requests_then_refuses(embedded):
-    state, running = _slow_server(embedded, shutdown_timeout=20)
+def _shut_down_during_a_request(embedded, **kwargs):
+    """Leave the server's block (a shutdown, as on SIGTERM) while LONG runs; its reply and state."""
+    state, running = _slow_server(embedded, **kwargs)
     results = []
     with running as url:
         worker = threading.Thread(target=lambda: results.append(post(url, "/v1/completions", LONG)))
         worker.start()
         assert wait_until(lambda: state.worker.engine.lives)
-    # leaving the block shut the server down (as SIGTERM does) while the request ran
     worker.join()
-    assert results[0][0] == 200 and results[0][1]["choices"][0]["finish_reason"] == "stop"
     assert not state.worker.thread.is_alive()
+    return results[0]
+
+
+def test_shutdown_finishes_in_flight_requests(embedded):
+    status, body = _shut_down_during_a_request(embedded, shutdown_timeout=20)
+    assert status == 200 and body["choices"][0]["finish_reason"] == "stop"
 
 
 def test_shutdown_cancels_what_outlives_the_grace_period(embedded):
-    state, running = _slow_server(embedded, delay=0.2, shutdown_timeout=0.3)
-    results = []
-    with running as url:
-        worker = threading.Thread(target=lambda: results.append(post(url, "/v1/completions", LONG)))
-        worker.start()
-        assert wait_until(lambda: state.worker.engine.lives)
-    worker.join()
-    status, body = results[0]
+    status, body = _shut_down_during_a_request(embedded, delay=0.2, shutdown_timeout=0.3)
     assert status == 503 and body["error"]["code"] == "shutting_down"
-    assert not state.worker.thread.is_alive()
+
+
+def test_draining_refuses_new_requests(embedded):
+    state, running = _slow_server(embedded)
+    with running as url:
+        state.draining = True
+        status, body = post(url, "/v1/completions", LONG)
+        assert status == 503 and body["error"]["code"] == "shutting_down"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url + "/health")
+        assert err.value.code == 503 and json.loads(err.value.read())["status"] == "draining"
 
 
 @pytest.mark.slow
