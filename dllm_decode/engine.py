@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dllm_decode.config import DecodeConfig
+from dllm_decode.models.checkpoint import first_line
 from dllm_decode.registry import component_dict
 from dllm_decode.sampler import Decoding
 
@@ -261,10 +262,9 @@ class Engine:
                 updates += group.poll(self)
             except Exception as err:              # one group's failure must not stop the others
                 log.exception("decoding group failed")
-                message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 for live in group.lives:
                     if not live.done:
-                        updates.append(self._finish(live, (), "error", nfe=0, error=message))
+                        updates.append(self._finish(live, (), "error", nfe=0, error=first_line(err)))
             if all(live.done for live in group.lives):
                 self.groups.remove(group)
         self.steps += 1
@@ -304,8 +304,9 @@ class Engine:
         for lives in batches.values():
             try:
                 group = (_SpeculativeGroup if self.speculative else _DiffusionGroup)(self, lives)
-            except (ValueError, TypeError) as err:
-                updates += [self._finish(live, (), "error", nfe=0, error=str(err)) for live in lives]
+            except Exception as err:              # a bad batch fails its requests, not the engine
+                log.exception("starting a decoding group failed")
+                updates += [self._finish(live, (), "error", nfe=0, error=first_line(err)) for live in lives]
                 continue
             self.groups.append(group)
 

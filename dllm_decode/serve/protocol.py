@@ -20,6 +20,7 @@ from typing import Any
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
+from dllm_decode.models.checkpoint import first_line
 from dllm_decode.prompts import chat_prompt
 from dllm_decode.registry import component, component_dict, registry
 
@@ -262,7 +263,7 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
     except (ValueError, TypeError) as err:
         part = "scheduler" if "scheduler" in str(err) else "cache"
-        raise APIError(400, _line(err), param=f"dllm.{part}") from None
+        raise APIError(400, first_line(err), param=f"dllm.{part}") from None
     for name in ("filters", "block_length", "stop_at_eos"):
         if name in dllm:
             data[name] = dllm[name]
@@ -279,7 +280,7 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         config = settings.prepare(DecodeConfig.from_dict(data))
     except (ValueError, TypeError) as err:
         sent = {*dllm, *(n for n in ("temperature", "seed") if body.get(n) is not None)}
-        raise APIError(400, _line(err), param=_param_of(_line(err), sent)) from None
+        raise APIError(400, first_line(err), param=_param_of(first_line(err), sent)) from None
     if config.gen_length > settings.max_tokens:
         raise APIError(400, f"the canvas of {config.gen_length} tokens exceeds this server's limit "
                             f"of {settings.max_tokens} (max_tokens / dllm.gen_length)",
@@ -299,10 +300,6 @@ def _part(kinds: tuple[str, ...], default: Any, given: Any) -> Any:
         raise ValueError(f"{kinds[0]} must be a name or an object with `name`, got {given!r}")
     kind = next((k for k in kinds if name in registry(k)), kinds[0])
     return component(kind, given)
-
-
-def _line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
 
 
 def _param_of(message: str, sent: set[str]) -> str:

@@ -161,6 +161,9 @@ def test_a_timeout_gets_504_and_frees_the_row(embedded):
         assert wait_until(lambda: not state.worker.engine.has_work and state.in_flight == 0)
         events = sse(url, "/v1/completions", {**LONG, "stream": True})
         assert "error" in events[-2] and events[-1] == "[DONE]"
+        with pytest.raises(openai.APIError, match="longer than"):      # a mid-stream error
+            list(client(url).completions.create(model="embedded", prompt=LONG["prompt"], stream=True,
+                                                extra_body={"dllm": LONG["dllm"]}))
 
 
 def test_a_client_disconnect_frees_its_row(embedded):
