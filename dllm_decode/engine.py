@@ -272,7 +272,7 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """Counts for health and metrics endpoints."""
-        return {"waiting": len(self.waiting), "running": sum(not l.done for g in self.groups for l in g.lives),
+        return {"waiting": len(self.waiting), "running": sum(not live.done for g in self.groups for live in g.lives),
                 "rows": self.rows_in_use, "groups": len(self.groups), "steps": self.steps,
                 "max_batch_size": self.max_batch_size}
 

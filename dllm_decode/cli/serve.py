@@ -83,10 +83,12 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
 def _causal(spec: Any, device: Any, max_draft: int) -> Any:
     """`ar:TARGET[+DRAFT][@RUNTIME]` -> a `SpeculativeModel` (load errors are usage errors)."""
     from dllm_decode.cli.options import usage_errors
+    from dllm_decode.cli.spec import _quiet_transformers
     from dllm_decode.engine import SpeculativeModel
     from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
     from dllm_decode.speculative.models import load_causal_lm
 
+    _quiet_transformers()
     with usage_errors("--model"):
         target = load_causal_lm(spec.name, device=device)
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
