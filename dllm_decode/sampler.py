@@ -87,6 +87,7 @@ class Decoding:
         if not isinstance(cache, Cache):
             raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
         self.model, self.cache, self.trace = model, cache, trace
+        cache.init_state(model)              # a cache that cannot serve this model says so now
         self.device = _device_of(model)
         self.mask_id = model.mask_token_id
         self.eos_ids = tuple(model.eos_token_ids)
@@ -170,7 +171,10 @@ class Decoding:
         """A request's generation region as it stands, on the CPU: (n, G) tokens ([MASK] where
         undecided) and (n,) the length of each row's final prefix, the answer tokens no later
         step can change (up to its first masked column). Servers stream that prefix."""
-        request = self.results.get(key) or next(r for r in self.requests if r.key == key)
+        request = self.results.get(key) or next(
+            (r for r in [*self.requests, *(p[0] for p in self.pending)] if r.key == key), None)
+        if request is None:
+            raise KeyError(f"no request {key!r} in this batch")
         canvas = request.out.clone()
         if key not in self.results and self.rows is not None:
             mine = [i for i, r in enumerate(self.bounds.request) if self.requests[r] is request]
@@ -182,6 +186,11 @@ class Decoding:
         masked = tokens == self.mask_id
         final = torch.where(masked.any(-1), masked.int().argmax(-1), tokens.shape[1])
         return tokens, final
+
+    def nfe_of(self, key: Hashable) -> int:
+        """Forwards a request still decoding has taken part in with work to do (its most busy row)."""
+        request = next(r for r in self.requests if r.key == key)
+        return int(request.nfe.max())
 
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""

@@ -25,3 +25,11 @@ def tiny_mlm():
     config = BertConfig(vocab_size=37, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=37, max_position_embeddings=64)
     return HFMaskedLM(BertForMaskedLM(config), mask_token_id=4, eos_token_ids=(3,)).eval()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The shipped embedded dLLM (loaded once per session; tests must not change it)."""
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+
+    return load_diffusion(ModelSpec.parse("embedded"))

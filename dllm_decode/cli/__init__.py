@@ -1,6 +1,6 @@
 """`dllm-decode`: the command line. The group's own options decode one prompt; subcommands do the
-rest, one module each (`decode`, `listing`, `evaluate`, `spec`, `bench`, `train_filter`, `fetch`),
-with the parsing they share in `options`.
+rest, one module each (`decode` with `batch`, `listing`, `evaluate`, `spec`, `bench`,
+`train_filter`, `fetch`, `serve`), with the parsing they share in `options`.
 
 This package is the edge where names become objects. Its modules import only click at load time
 (torch, transformers and the registries inside the commands), so `--help` and `--version` answer
@@ -19,6 +19,7 @@ from dllm_decode.cli.decode import decode_options, run_decode
 from dllm_decode.cli.evaluate import eval_command
 from dllm_decode.cli.fetch import fetch_command
 from dllm_decode.cli.listing import list_command
+from dllm_decode.cli.serve import serve_command
 from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
 
@@ -37,5 +38,5 @@ def main(ctx: click.Context, **options: Any) -> None:
 
 
 for _command in (list_command, eval_command, spec_command, bench_command, train_filter_command,
-                 fetch_command):
+                 fetch_command, serve_command):
     main.add_command(_command)

@@ -1,4 +1,5 @@
-"""The main command: decode one prompt (`dllm-decode --prompt ...`), the group's own options."""
+"""The main command: decode one prompt (`dllm-decode --prompt ...`), the group's own options;
+`--input`/`--output` (a JSONL file of requests) and `--stream` hand over to `cli.batch`."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ MODEL_HELP = ("A checkpoint directory, an HF repo id in the local cache, a shipp
               "(`embedded`), `ideal[:noise=X]` or `tiny`.")
 
 
-def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The decoding options (the same on the group as `dllm-decode` takes them)."""
-    options = [
-        click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True, help=MODEL_HELP),
+def _apply(command: Callable[..., Any], options: list[Any]) -> Callable[..., Any]:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) -> Callable[..., Any]:
+    """The model and decode-record options (`dllm-decode` and `dllm-decode serve` share them)."""
+    return _apply(command, [
+        click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True, help=model_help),
         click.option("--scheduler", default=DEFAULT_SCHEDULER, show_default=True,
                      help="Unmasking policy (`dllm-decode list` shows every one with its fields)."),
         click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
@@ -39,50 +46,99 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Semi-AR block [32; a block-diffusion model's own block size]."),
         click.option("--temperature", type=float, default=0.0, show_default=True),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted."),
         click.option("--chat-template/--no-chat-template", default=True, show_default=True,
                      help="Apply the tokenizer's chat template when it has one."),
         click.option("--device", default=None, help="torch device (default: cpu)."),
         click.option("--dtype", type=click.Choice(DTYPES), default=None),
         trust_option,
+    ])
+
+
+def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The decoding options (the same on the group as `dllm-decode` takes them)."""
+    return _apply(record_options(command), [
+        click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+        click.option("--stream", is_flag=True,
+                     help="Print the answer as it becomes final (committed up to the first masked "
+                          "position), not at the end."),
+        click.option("--input", "input_path", type=click.Path(dir_okay=False), default=None,
+                     help="A JSONL file of requests, one a line: {\"id\", \"prompt\"} plus optional "
+                          "max_tokens, temperature, seed and a `dllm` object as the server takes it."),
+        click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
+                     help="With --input: append one JSON result a line; a re-run skips ids already there."),
+        click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True,
+                     help="With --input: requests decoded at once (continuous batching)."),
+    ])
 
 
-def run_decode(*, model_name: str, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
-               cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
-               block_length: int | None, temperature: float, seed: int, prompt: str | None,
-               chat_template: bool, device: str | None, dtype: str | None, as_json: bool,
-               trust_remote_code: bool = False) -> None:
-    """Decode one prompt and print the answer (or one JSON object)."""
-    import torch
+def decode_record(*, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
+                  cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
+                  block_length: int | None, temperature: float, seed: int) -> Any:
+    """The `DecodeConfig` the record options describe (bad parts are usage errors). An unset
+    block length is 32 (or the whole canvas when shorter) until `for_model` sees the model."""
+    from dllm_decode.cli.options import decode_config
 
-    from dllm_decode.cli.options import (decode_config, device_option, load_diffusion_model,
-                                         model_spec, read_prompt, usage_errors)
-    from dllm_decode.prompts import chat_prompt
-    from dllm_decode.sampler import generate
+    return decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
+                         cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
+                         block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
+                         temperature=temperature, seed=seed)
+
+
+def for_model(config: Any, model: Any, block_given: bool = True) -> Any:
+    """The record fitted to the loaded model: a block-diffusion model's own block when the user
+    gave none, and AdaBlock's delimiters (tokenizer ids) filled from its tokenizer."""
+    from dllm_decode.cli.options import usage_errors
     from dllm_decode.schedulers import with_delimiters
 
-    spec = model_spec(model_name)
-    config = decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
-                           cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
-                           block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
-                           temperature=temperature, seed=seed)
-    text = read_prompt(prompt)
-    where = device_option(device)
-    model = load_diffusion_model(spec, where, dtype, gen_length, trust_remote_code=trust_remote_code)
-    tokenizer = getattr(model, "tokenizer", None)
-    if block_length is None and getattr(model, "block_size", None):      # block diffusion: its block
+    if not block_given and getattr(model, "block_size", None):
         with usage_errors("--block-length"):
             config = dataclasses.replace(config, block_length=model.block_size)
-    # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` from this model's.
-    config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
+    tokenizer = getattr(model, "tokenizer", None)
+    return dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
+
+
+def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, device: str | None,
+               dtype: str | None, as_json: bool, stream: bool, input_path: str | None,
+               output_path: str | None, batch_size: int, trust_remote_code: bool = False,
+               **record: Any) -> None:
+    """Decode one prompt and print the answer (or one JSON object); or run a requests file."""
+    import torch
+
+    from dllm_decode.cli import batch
+    from dllm_decode.cli.options import (device_option, load_diffusion_model, model_spec,
+                                         read_prompt, usage_errors)
+    from dllm_decode.prompts import chat_prompt
+    from dllm_decode.sampler import generate
+
+    if (input_path is None) != (output_path is None):
+        raise click.UsageError("--input and --output go together")
+    if input_path is not None and (stream or as_json or prompt is not None):
+        raise click.UsageError("--input takes no --prompt, --stream or --json (results go to --output)")
+    if stream and as_json:
+        raise click.UsageError("--stream prints text; drop --json")
+    spec = model_spec(model_name)
+    config = decode_record(**record)
+    if input_path is not None:
+        requests = batch.read_requests(input_path, output_path)
+        text = None
+    else:
+        text = read_prompt(prompt)
+    where = device_option(device)
+    model = load_diffusion_model(spec, where, dtype, config.gen_length,
+                                 trust_remote_code=trust_remote_code)
+    tokenizer = getattr(model, "tokenizer", None)
+    config = for_model(config, model, block_given=record["block_length"] is not None)
+    if input_path is not None:
+        batch.run_requests(model, config, requests, output_path, chat_template, batch_size, str(spec))
+        return
+    wrapped = chat_prompt(tokenizer, text, chat_template)
+    if stream:
+        batch.stream_one(model, config, wrapped)
+        return
     with usage_errors():
-        result = generate(model, [chat_prompt(tokenizer, text, chat_template)], config,
-                          generator=torch.Generator(device=where).manual_seed(seed))
+        result = generate(model, [wrapped], config,
+                          generator=torch.Generator(device=where).manual_seed(config.seed))
     answer = result.text[0] if result.text is not None else " ".join(map(str, result.tokens[0].tolist()))
     if not as_json:
         click.echo(answer)

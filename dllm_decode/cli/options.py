@@ -60,16 +60,17 @@ def usage_errors(hint: str | None = None) -> Iterator[None]:
         raise click.ClickException(str(err)) from None
 
 
-def decode_config(*, scheduler: str, scheduler_options: Mapping[str, str], cache: str = "none",
+def decode_config(*, scheduler: Any, scheduler_options: Mapping[str, str], cache: str = "none",
                   cache_options: Mapping[str, str] | None = None, filters: Sequence[str] = (),
                   **fields: Any) -> Any:
-    """The `DecodeConfig` the decoding options describe; each bad part is a usage error naming
-    its option."""
+    """The `DecodeConfig` the decoding options describe (`scheduler`: a registry name, or an
+    already built scheduler); each bad part is a usage error naming its option."""
     from dllm_decode.config import DecodeConfig
     from dllm_decode.registry import component
 
     with usage_errors("--scheduler / -o"):
-        scheduler_obj = component("scheduler", {"name": scheduler, **scheduler_options})
+        scheduler_obj = scheduler if not isinstance(scheduler, str) else \
+            component("scheduler", {"name": scheduler, **scheduler_options})
     with usage_errors("--cache / -c"):
         cache_obj = component("cache", {"name": cache, **(cache_options or {})})
     with usage_errors("--filter"):

@@ -16,9 +16,23 @@ A task's `max_gen_toks` (32 for the local tasks) sets the canvas. Scores are lm-
 `exact_match` against the one reference answer: `dllm-decode eval` scores the same outputs alike,
 except that its scorer compares words and so forgives spacing.
 
+Multiple-choice and perplexity tasks (`loglikelihood`, `loglikelihood_rolling`) are scored with
+LLaDA's Monte-Carlo ELBO (`dllm_decode.likelihood`; model args `mc_num`, `mc_batch`, `cfg`): a
+lower bound on the log-likelihood, so perplexities are upper bounds. The local multiple-choice
+tasks `dllm_sort_mc` and `dllm_copy_mc` (the answer among three other orders of its words, chance
+25%) run the same way:
+
+    HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 dllm-lm-eval --model dllm_decode \
+        --model_args model=embedded,mc_num=32,mc_batch=32 --tasks dllm_sort_mc \
+        --include_path eval/harness/lm_eval_tasks --device cpu
+
+`dllm-lm-eval` is lm-eval's own command line with this model registered (the same as
+`python -m dllm_decode.eval.harness.lm_eval_adapter`). lm-eval 0.4.13 (the newest release) finds
+models only in its own registry; the package also declares the `lm_eval.models` entry point for
+releases that discover model plugins.
+
 `lm_eval` is optional (`pip install lm_eval`); without it this module still imports, and
-`DllmDecodeLM` works on any object with lm-eval's `Instance.args`. Only `generate_until` is
-supported: a masked diffusion LM has no cheap exact log-likelihood.
+`DllmDecodeLM` works on any object with lm-eval's `Instance.args`.
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ import torch
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.eval.harness.runner import generate_rows
+from dllm_decode.likelihood import loglikelihood
 from dllm_decode.modelspec import ModelSpec, load_diffusion, parse_options
 from dllm_decode.prompts import chat_prompt
 
@@ -49,7 +64,8 @@ else:
     import lm_eval.models  # noqa: F401
 
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
-"""Local generation tasks `dllm_copy` and `dllm_sort` (pass as `--include_path`)."""
+"""Local tasks (pass as `--include_path`): generation `dllm_copy`, `dllm_sort`; multiple choice
+`dllm_copy_mc`, `dllm_sort_mc`."""
 
 
 def _device(device: str | None) -> str | None:
@@ -92,9 +108,12 @@ class DllmDecodeLM(_LMBase):
         max_batch_size: accepted for lm-eval's `--max_batch_size` and ignored (no auto batching).
         device, dtype: where and in what to load a named model; a CUDA device without CUDA (lm-eval's
             command line defaults to `cuda:0`) falls back to the CPU with a warning.
-        chat_template: wrap each context in the tokenizer's chat template when it has one.
+        chat_template: wrap each generation context in the tokenizer's chat template when it has
+            one (log-likelihood contexts are scored as given, as LLaDA's evaluation does).
         trust_remote_code: let a named checkpoint run its own tokenizer code (Dream-v0's
             `DreamTokenizer`); `trust_remote_code=True` in `--model_args`. Off by default.
+        mc_num, mc_batch, cfg: the log-likelihood estimator (`dllm_decode.likelihood`): noisy
+            copies per (context, continuation), copies per forward, classifier-free guidance.
     Raises:
         ValueError: unknown names or options, bad values.
     """
@@ -104,7 +123,8 @@ class DllmDecodeLM(_LMBase):
                  temperature: float | str = 0.0, seed: int | str = 0, batch_size: int | str = 1,
                  chat_template: bool | str = True, device: str | None = None,
                  dtype: str | None = None, max_batch_size: int | None = None,
-                 trust_remote_code: bool | str = False, **options: Any):
+                 trust_remote_code: bool | str = False, mc_num: int | str = 128,
+                 mc_batch: int | str = 32, cfg: float | str = 0.0, **options: Any):
         super().__init__()
         bad = [k for k in options if not k.startswith(("scheduler.", "cache."))]
         if bad:
@@ -128,6 +148,12 @@ class DllmDecodeLM(_LMBase):
         self.batch_size = int(batch_size)
         self.chat_template = _as_bool(chat_template)
         self.generator = torch.Generator().manual_seed(int(seed))
+        self.seed = int(seed)
+        self.mc_num, self.mc_batch, self.cfg = int(mc_num), int(mc_batch), float(cfg)
+        if self.mc_batch < 1 or self.mc_num < self.mc_batch or self.mc_num % self.mc_batch:
+            raise ValueError(f"mc_num ({mc_num}) must be a positive multiple of mc_batch ({mc_batch})")
+        if not self.cfg >= 0:
+            raise ValueError(f"cfg must be >= 0, got {cfg}")
 
     def _canvas(self, max_tokens: Any) -> DecodeConfig:
         """A request's decode record: its `max_gen_toks` rounded up to whole blocks (the
@@ -156,10 +182,50 @@ class DllmDecodeLM(_LMBase):
         return [text or "" for text in outputs]
 
     def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
-        raise NotImplementedError("dllm_decode runs generation tasks only (generate_until)")
+        """Each request's `args` is `(context, continuation)`: the ELBO estimate of
+        `log p(continuation | context)`, and False for "is greedy" (not computed: LLaDA's own
+        evaluation turns that check off for multiple-choice tasks)."""
+        return [(self._score(*self._encode_pair(*request.args)), False) for request in requests]
 
     def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
-        raise NotImplementedError("dllm_decode runs generation tasks only (generate_until)")
+        """Each request's `args` is `(text,)`: the summed ELBO over lm-eval's disjoint rolling
+        windows of the model's context, the first conditioned on one end-of-text token."""
+        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+        limit = getattr(self.model, "max_length", None) or 4096
+        scores = []
+        for request in requests:
+            (text,) = request.args
+            windows = get_rolling_token_windows(token_list=self._encode(text),
+                                                prefix_token=self.model.eos_token_ids[0],
+                                                max_seq_len=limit, context_len=1)
+            scores.append(sum(self._score(*make_disjoint_window(w)) for w in windows))
+        return scores
+
+    def _score(self, context: list[int], continuation: list[int]) -> float:
+        """The estimate, the context cut from the left to fit the model's context (lm-eval's HF
+        models do the same)."""
+        limit = getattr(self.model, "max_length", None)
+        if limit is not None:
+            context = context[max(0, len(context) + len(continuation) - limit):]
+        return loglikelihood(self.model, context, continuation, mc_num=self.mc_num,
+                             mc_batch=self.mc_batch, cfg=self.cfg, seed=self.seed)
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("log-likelihood requests are text: the model needs a tokenizer")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """lm-eval's convention: trailing spaces of the context move to the continuation, and
+        the pair is tokenised whole and split after the context's tokens (so a merge across
+        the boundary is scored as part of the continuation)."""
+        spaces = len(context) - len(context.rstrip())
+        if spaces:
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        whole = self._encode(context + continuation)
+        head = len(self._encode(context)) if context else 0
+        return whole[:head], whole[head:]
 
 
 def _cut(text: str, until: Any) -> str:

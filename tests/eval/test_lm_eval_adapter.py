@@ -1,4 +1,5 @@
-"""The lm-eval adapter's `generate_until`, on a stub of lm-eval's `Instance` (lm_eval optional)."""
+"""The lm-eval adapter's `generate_until` and log-likelihoods, on a stub of lm-eval's `Instance`
+(lm_eval optional)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ def test_max_gen_toks_rounds_up_to_blocks_and_bad_args_fail():
         DllmDecodeLM(model=AnswerKeyModel({}, 8), top_p="0.9")
     with pytest.raises(ValueError, match="threshold"):
         DllmDecodeLM(model=AnswerKeyModel({}, 8), **{"scheduler.threshold": "3"})
-    with pytest.raises(NotImplementedError):
-        lm.loglikelihood([])
+    for bad in ({"mc_num": "10", "mc_batch": "4"}, {"cfg": "-1"}):
+        with pytest.raises(ValueError, match="mc_num|cfg"):
+            DllmDecodeLM(model=AnswerKeyModel({}, 8), **bad)
 
 
 def test_cuda_without_cuda_falls_back_to_cpu_and_lm_eval_flags_are_accepted(monkeypatch):
@@ -55,3 +57,26 @@ def test_cuda_without_cuda_falls_back_to_cpu_and_lm_eval_flags_are_accepted(monk
             DllmDecodeLM(model=AnswerKeyModel({}, 8), batch_size=bad)
     with pytest.raises(ValueError, match="dtype"):
         lm_eval_adapter._load("embedded", None, "float8")
+
+
+def test_loglikelihood_scores_the_continuation_after_lm_evals_split(embedded):
+    from dllm_decode.likelihood import loglikelihood
+
+    lm = DllmDecodeLM(model=embedded, mc_num="8", mc_batch="8", seed="3")
+    encode = lambda text: embedded.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert lm._encode_pair("sort : mia ella ", "hank") == (encode("sort : mia ella"), encode("hank"))
+    requests = [Request(("sort : mia ella hank", " ella hank mia")), Request(("sort : mia ella hank", " mia hank ella"))]
+    (right, greedy), (wrong, _) = lm.loglikelihood(requests)
+    assert greedy is False and right > wrong
+    assert right == loglikelihood(embedded, encode("sort : mia ella hank"), encode("ella hank mia"),
+                                  mc_num=8, mc_batch=8, seed=3)
+
+
+def test_loglikelihood_rolling_is_the_elbo_after_one_end_of_text(embedded):
+    pytest.importorskip("lm_eval")
+    from dllm_decode.likelihood import loglikelihood
+
+    lm = DllmDecodeLM(model=embedded, mc_num="8", mc_batch="8")
+    tokens = embedded.tokenizer("mia ella hank tom", add_special_tokens=False)["input_ids"]
+    (score,) = lm.loglikelihood_rolling([Request(("mia ella hank tom",))])
+    assert score == loglikelihood(embedded, [embedded.eos_token_ids[0]], tokens, mc_num=8, mc_batch=8)

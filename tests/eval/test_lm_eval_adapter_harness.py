@@ -28,6 +28,47 @@ def test_task_documents_are_the_suites_test_examples():
     assert [(d["prompt"], d["answer"]) for d in docs] == [(e.prompt, e.answer) for e in examples]
 
 
+def test_multiple_choice_documents_hold_the_answer_among_other_orders():
+    pytest.importorskip("datasets")
+    docs = _load_docs().load_mc(dllm_task="sort", dllm_n=30, dllm_seed=1)["test"]
+    examples = {e.prompt: e for e in TASKS["sort"].examples("test", 30, 1)}
+    assert len(docs) >= 20
+    for doc in docs:
+        answer = examples[doc["prompt"]].answer
+        assert len(set(doc["choices"])) == 4 and doc["choices"][doc["label"]] == answer
+        assert all(sorted(c.split()) == sorted(answer.split()) for c in doc["choices"])
+    assert len({doc["label"] for doc in docs}) > 1         # the answer's place varies
+
+
+def _random_like(model):
+    """The model with seeded random weights: same vocabulary and tokenizer, no knowledge."""
+    import copy
+
+    random = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in random.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+    return random
+
+
+@pytest.mark.slow
+def test_multiple_choice_by_log_likelihood_beats_chance_only_with_a_trained_model(monkeypatch, embedded):
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    manager = TaskManager(include_path=str(lm_eval_adapter.TASKS_DIR), include_defaults=False)
+    scores = {}
+    for name, model in (("embedded", embedded), ("random", _random_like(embedded))):
+        lm = lm_eval_adapter.DllmDecodeLM(model=model, mc_num=8, mc_batch=8)
+        out = lm_eval.simple_evaluate(model=lm, tasks=["dllm_sort_mc"], task_manager=manager, limit=60)
+        scores[name] = out["results"]["dllm_sort_mc"]["acc,none"]
+    # chance is 25%: 60 questions put a random model within 0.25 +- 3 x 0.056
+    assert scores["embedded"] >= 0.7 and scores["random"] <= 0.42, scores
+
+
 @pytest.mark.slow
 def test_simple_evaluate_scores_the_embedded_model_high_and_a_random_one_low(monkeypatch):
     lm_eval = pytest.importorskip("lm_eval")

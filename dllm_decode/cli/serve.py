@@ -1,0 +1,109 @@
+"""`dllm-decode serve`: the OpenAI-compatible HTTP server (`dllm_decode.serve`; needs the
+`[serve]` extra: FastAPI and uvicorn)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from dllm_decode.cli.decode import MODEL_HELP, record_options
+
+SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` (a causal LM, plain " \
+    "or speculative, one request at a time each)."
+
+
+@click.command("serve")
+@lambda command: record_options(command, SERVE_MODEL_HELP)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--served-model-name", default=None, help="The model id clients send [--model].")
+@click.option("--max-concurrent", type=click.IntRange(1), default=8, show_default=True,
+              help="Requests decoded at once (batch rows); more wait in the queue.")
+@click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
+              help="Requests that may wait for a row; beyond that a request gets 429.")
+@click.option("--max-tokens", type=click.IntRange(1), default=1024, show_default=True,
+              help="The largest canvas (gen_length) a request may ask for.")
+@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0,
+              show_default=True, help="Seconds per request, queueing included (then 504).")
+@click.option("--shutdown-timeout", type=click.FloatRange(0, min_open=True), default=30.0,
+              show_default=True, help="On SIGINT/SIGTERM, seconds in-flight requests get to finish "
+              "before they are cancelled.")
+@click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="ar: models: most tokens drafted per round.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="torch threads of the engine (default: torch's).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+def serve_command(model_name: str, chat_template: bool, device: str | None, dtype: str | None,
+                  host: str, port: int, served_model_name: str | None, max_concurrent: int,
+                  max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
+                  max_draft: int, threads: int | None, log_level: str, trust_remote_code: bool = False,
+                  **record: Any) -> None:
+    """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
+    "stream": true), /v1/models, /health. The decoding options are the server's defaults; a
+    request changes them in its `dllm` object (see the README)."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise click.ClickException("serving needs FastAPI and uvicorn: pip install 'dllm-decode[serve]'") \
+            from None
+    from dllm_decode.cli.decode import decode_record, for_model
+    from dllm_decode.cli.options import device_option, load_diffusion_model, model_spec, usage_errors
+    from dllm_decode.engine import Engine
+    from dllm_decode.serve.app import Limits, ServerState, serve
+    from dllm_decode.serve.protocol import Settings
+    from dllm_decode.serve.worker import EngineWorker
+
+    spec = model_spec(model_name)
+    where = device_option(device)
+    if spec.kind == "ar":
+        record = {**record, "scheduler": _rule(record)}
+    config = decode_record(**record)
+    if config.gen_length > max_tokens:
+        raise click.BadParameter(f"--gen-length {config.gen_length} exceeds --max-tokens {max_tokens}",
+                                 param_hint="--gen-length")
+    with usage_errors():
+        limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
+                        shutdown_timeout=shutdown_timeout)
+    if spec.kind == "ar":
+        model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
+    else:
+        model = load_diffusion_model(spec, where, dtype, config.gen_length,
+                                     trust_remote_code=trust_remote_code)
+        kinds = ("scheduler",)
+    tokenizer = getattr(model, "tokenizer", None)
+    block_given = record["block_length"] is not None
+    settings = Settings(model_id=served_model_name or str(spec),
+                        config=for_model(config, model, block_given),
+                        max_tokens=max_tokens, chat_template=chat_template,
+                        prepare=lambda c: for_model(c, model), scheduler_kinds=kinds)
+    engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
+    state = ServerState(EngineWorker(engine, threads), settings, limits)
+    click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
+    serve(state, host=host, port=port, log_level=log_level)
+
+
+def _causal(spec: Any, device: Any, max_draft: int) -> Any:
+    """`ar:TARGET[+DRAFT][@RUNTIME]` -> a `SpeculativeModel` (load errors are usage errors)."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.cli.spec import _quiet_transformers
+    from dllm_decode.engine import SpeculativeModel
+    from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
+    from dllm_decode.speculative.models import load_causal_lm
+
+    _quiet_transformers()
+    with usage_errors("--model"):
+        target = load_causal_lm(spec.name, device=device)
+        drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
+        return SpeculativeModel(with_runtime(target, spec.runtime), drafter, max_draft)
+
+
+def _rule(record: dict[str, Any]) -> Any:
+    """The scheduler of a causal LM: a diffusion scheduler or an AR draft-length rule (`heuristic`)."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.speculative.schedule import draft_length_rule
+
+    with usage_errors("--scheduler / -o"):
+        return draft_length_rule({"name": record["scheduler"], **record["scheduler_opts"]})

@@ -1,0 +1,373 @@
+"""The HTTP server: FastAPI routes over an `EngineWorker`, run by uvicorn (the `[serve]` extra;
+importing this module needs FastAPI).
+
+Routes: `GET /health`, `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`
+(streamed as server-sent events with `"stream": true`). Every error is OpenAI's JSON with a
+4xx/5xx status: 400 bad request, 404 unknown model or route, 429 queue full, 503 shutting down,
+504 request timeout, 500 a failed decode.
+
+What a streamed chunk carries: the answer text that became *final* since the previous chunk,
+i.e. the newly committed tokens before the first still-masked position (`Decoding.snapshot`).
+A dLLM commits out of order inside a block, so text arrives in bursts, often a block at a time;
+it is never revised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fastapi import Request as HTTPRequest   # module level: FastAPI reads the route annotations
+
+from dllm_decode.engine import Output, Request, Update
+from dllm_decode.serve.protocol import APIError, Job, Settings, StopText, chunk, parse_job, reply
+from dllm_decode.serve.worker import EngineWorker
+
+log = logging.getLogger("dllm_decode.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admission limits of the server.
+
+    Attributes:
+        max_queue: requests that may wait for a free row; one more gets 429.
+        request_timeout: seconds a request may take, queueing included (then 504 / an error
+            event, and its row is freed).
+        shutdown_timeout: seconds in-flight requests get to finish after a shutdown signal;
+            the rest are cancelled (503 / an error event).
+    """
+
+    max_queue: int = 64
+    request_timeout: float = 600.0
+    shutdown_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        for name in ("request_timeout", "shutdown_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+
+class ServerState:
+    """The worker, the settings, and the counters the routes share (event-loop side only)."""
+
+    def __init__(self, worker: EngineWorker, settings: Settings, limits: Limits):
+        self.worker, self.settings, self.limits = worker, settings, limits
+        self.tokenizer = worker.engine.tokenizer
+        self.in_flight = 0
+        self.draining = False
+        self.served = 0
+        self.started = time.time()
+        self.server: Any = None             # the uvicorn server, once `serve` runs
+
+    def stop(self) -> None:
+        """Shut down as a signal would (tests, embedding applications)."""
+        self.drain()
+        if self.server is not None:
+            self.server.should_exit = True
+
+    @property
+    def capacity(self) -> int:
+        return self.worker.engine.max_batch_size + self.limits.max_queue
+
+    def drain(self) -> None:
+        """Refuse new requests; cancel what still runs after `shutdown_timeout`."""
+        if self.draining:
+            return
+        self.draining = True
+        timer = threading.Timer(self.limits.shutdown_timeout, self.worker.cancel_all)
+        timer.daemon = True
+        timer.start()
+
+
+def create_app(state: ServerState) -> Any:
+    """The FastAPI application (the worker starts and stops with the app's lifespan)."""
+    from fastapi import FastAPI
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        if not state.worker.thread.is_alive():
+            state.worker.start()
+        yield
+        state.draining = True
+        await asyncio.to_thread(state.worker.stop)
+
+    app = FastAPI(title="dllm-decode", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.serve = state
+
+    def error(err: APIError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(APIError)
+    async def api_error(_: Any, err: APIError) -> JSONResponse:
+        return error(err)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Any, err: HTTPException) -> JSONResponse:
+        return error(APIError(err.status_code, str(err.detail)))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Any, err: RequestValidationError) -> JSONResponse:
+        first = (err.errors() or [{}])[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return error(APIError(400, f"{where}: {first.get('msg', 'invalid request')}"))
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Any, err: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error(APIError(500, f"internal error: {type(err).__name__}"))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = state.worker.alive and not state.draining
+        body = {"status": "ok" if ok else ("draining" if state.draining else "failed"),
+                "model": state.settings.model_id, "in_flight": state.in_flight,
+                "served": state.served, "uptime_seconds": round(time.time() - state.started, 3)}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.settings.model_id, "object": "model",
+                                            "created": int(state.started), "owned_by": "dllm-decode"}]}
+
+    async def handle(kind: str, http: HTTPRequest) -> Any:
+        job = parse_job(kind, await _json(http), state.settings, state.tokenizer)
+        _admit(state, job)
+        updates = _submit(state, job)
+        if job.stream:
+            return StreamingResponse(_sse(state, job, updates), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            text, output, reason = await _collect(state, job, updates, http)
+        finally:
+            state.in_flight -= 1
+        if reason in ("error", "cancelled"):
+            raise _failure(output, reason, state)
+        return JSONResponse(reply(job, state.settings.model_id, output, text, reason))
+
+    @app.post("/v1/completions")
+    async def completions(http: HTTPRequest) -> Any:
+        return await handle("completion", http)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: HTTPRequest) -> Any:
+        return await handle("chat", http)
+
+    return app
+
+
+async def _json(http: Any) -> Any:
+    raw = await http.body()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise APIError(400, f"the request body is not valid JSON ({err})") from None
+
+
+def _admit(state: ServerState, job: Job) -> None:
+    """Refuse when draining or full; check the prompt against the model; count it in."""
+    if state.draining or not state.worker.alive:
+        raise APIError(503, "the server is shutting down", code="shutting_down")
+    if state.in_flight >= state.capacity:
+        raise APIError(429, f"the server is full ({state.in_flight} requests in flight); retry later",
+                       code="queue_full")
+    try:
+        state.worker.engine.check(_request(job))
+    except ValueError as err:
+        raise APIError(400, str(err), param="prompt", code="context_length_exceeded") from None
+    state.in_flight += 1
+
+
+def _request(job: Job) -> Request:
+    return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens)
+
+
+class _Updates:
+    """A request's updates as they arrive from the worker thread."""
+
+    def __init__(self, state: ServerState, job: Job):
+        self.state, self.job = state, job
+        self.queue: asyncio.Queue[Update] = asyncio.Queue()
+        self.loop = asyncio.get_running_loop()
+        self.done = False
+        self.tokens: list[int] = []
+
+    def put(self, update: Update) -> None:                # called on the worker thread
+        with contextlib.suppress(RuntimeError):           # the loop is gone (shutdown)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+
+    async def next(self, timeout: float) -> Update:
+        update = await asyncio.wait_for(self.queue.get(), timeout)
+        self.tokens += update.tokens
+        self.done = update.finished
+        return update
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.done = True
+            self.state.worker.cancel(self.job.id)
+
+
+def _submit(state: ServerState, job: Job) -> _Updates:
+    updates = _Updates(state, job)
+    state.worker.submit(_request(job), updates.put)
+    return updates
+
+
+async def _events(state: ServerState, job: Job, updates: _Updates,
+                  http: Any = None) -> AsyncIterator[tuple[str, Output | None, str | None]]:
+    """(new text, None, None) while the answer grows; finally ("", output, finish_reason).
+
+    Enforces the request timeout and the stop strings (both cancel the engine request), and,
+    given the HTTP request, polls for a client disconnect (streams learn it from the server)."""
+    deadline = time.monotonic() + state.limits.request_timeout
+    stops = StopText(job.stops)
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                updates.cancel()
+                raise APIError(504, f"the request took longer than {state.limits.request_timeout:g} s",
+                               code="timeout")
+            try:
+                update = await updates.next(min(left, 0.5))
+            except asyncio.TimeoutError:
+                if http is not None and await http.is_disconnected():
+                    updates.cancel()
+                    return
+                continue
+            text = stops.feed(update.text) if job.stops else update.text
+            if stops.hit:
+                updates.cancel()
+                output = update.output or Output(stops.text, (), len(job.prompt), 0, 0.0, 0.0, "stop")
+                yield text, replace(output, text=stops.text, tokens=tuple(updates.tokens)), "stop"
+                return
+            if update.output is None:
+                if text:
+                    yield text, None, None
+                continue
+            yield text + stops.flush(), update.output, update.output.finish_reason
+            return
+    finally:
+        updates.cancel()
+
+
+async def _collect(state: ServerState, job: Job, updates: _Updates, http: Any) -> tuple[str, Output, str]:
+    parts: list[str] = []
+    async for text, output, reason in _events(state, job, updates, http):
+        parts.append(text)
+        if output is not None:
+            state.served += 1
+            final = "".join(parts)
+            return (output.text if output.text is not None and not job.stops else final), output, reason
+    raise APIError(499, "the client disconnected")
+
+
+def _failure(output: Output, reason: str, state: ServerState) -> APIError:
+    if reason == "cancelled":
+        return APIError(503, "the request was cancelled: the server is shutting down",
+                        code="shutting_down")
+    return APIError(500, f"decoding failed: {output.error}", code="decode_error")
+
+
+async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator[str]:
+    """The stream: a role chunk (chat), text chunks, the finish chunk, a usage chunk when asked,
+    `[DONE]`. A failure mid-stream is an `{"error": ...}` event followed by `[DONE]`."""
+    model = state.settings.model_id
+    try:
+        if job.kind == "chat":
+            yield _event(chunk(job, model, text="", role=True))
+        async for text, output, reason in _events(state, job, updates):
+            if output is None:
+                yield _event(chunk(job, model, text=text))
+                continue
+            if reason in ("error", "cancelled"):
+                yield _event(_failure(output, reason, state).body())
+                break
+            if text:
+                yield _event(chunk(job, model, text=text))
+            yield _event(chunk(job, model, text=None if job.kind == "chat" else "", finish_reason=reason))
+            if job.include_usage:
+                yield _event(chunk(job, model, output=output))
+            state.served += 1
+        yield "data: [DONE]\n\n"
+    except APIError as err:
+        yield _event(err.body())
+        yield "data: [DONE]\n\n"
+    finally:
+        updates.cancel()
+        state.in_flight -= 1
+
+
+def _event(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, sock: Any = None,
+          log_level: str = "info", ready: threading.Event | None = None) -> None:
+    """Run the server until SIGINT/SIGTERM (or `state.server.should_exit`): on the signal it
+    stops accepting connections, refuses new requests on open ones (503), lets in-flight requests
+    finish for `shutdown_timeout` seconds, cancels the rest, and stops the worker.
+
+    Args:
+        sock: an already bound socket (tests bind port 0); else `host` and `port`.
+        ready: set once the server accepts connections.
+    """
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state.drain()
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises a captured signal after its shutdown (a traceback for SIGINT);
+            # the shutdown here is complete, so the command exits 0 instead.
+            self._captured_signals.clear()
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if ready is not None:
+                ready.set()
+
+    config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=state.limits.shutdown_timeout + 5,
+                            access_log=log_level == "debug")
+    server = _Server(config)
+    state.server = server
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+
+@contextlib.contextmanager
+def background(state: ServerState, host: str = "127.0.0.1", startup_timeout: float = 60.0) -> Any:
+    """Run the server in a thread on a free port of `host`; yields its base URL and shuts it down
+    (gracefully, as on a signal) on exit. For tests, benchmarks and notebooks."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    ready = threading.Event()
+    thread = threading.Thread(target=serve, args=(state,), daemon=True, name="dllm-serve",
+                              kwargs={"sock": sock, "log_level": "warning", "ready": ready})
+    thread.start()
+    try:
+        if not ready.wait(startup_timeout):
+            raise RuntimeError(f"the server did not start within {startup_timeout:g} s")
+        yield f"http://{host}:{port}"
+    finally:
+        state.stop()
+        thread.join(state.limits.shutdown_timeout + 15)
+        sock.close()

@@ -1,0 +1,85 @@
+"""Load-test clients: N concurrent HTTP clients sending a list of request bodies to a server.
+
+Standard library only, so it runs in its own process (the benchmark starts it that way, keeping
+the clients off the server's interpreter lock):
+
+    python -m dllm_decode.serve.loadtest http://127.0.0.1:8000 --clients 64 < bodies.json > results.json
+
+Input: a JSON list of `/v1/completions` bodies. Output: a JSON object with `wall_seconds` and, per
+body in input order, `status`, `seconds` (latency), and `text` / `completion_tokens` (or the error).
+Each client keeps one HTTP/1.1 connection and takes the next body when its reply is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import threading
+import time
+import urllib.parse
+from typing import Any
+
+
+def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
+                path: str = "/v1/completions", timeout: float = 600.0) -> dict[str, Any]:
+    """Send every body once, `clients` at a time. A request that never gets a reply is reported
+    with status 0 (lost)."""
+    if clients < 1:
+        raise ValueError(f"clients must be >= 1, got {clients}")
+    target = urllib.parse.urlsplit(url)
+    results: list[dict[str, Any] | None] = [None] * len(bodies)
+    lock = threading.Lock()
+    cursor = iter(range(len(bodies)))
+
+    def client() -> None:
+        connection = http.client.HTTPConnection(target.hostname, target.port, timeout=timeout)
+        while True:
+            with lock:
+                index = next(cursor, None)
+            if index is None:
+                break
+            started = time.perf_counter()
+            try:
+                connection.request("POST", path, json.dumps(bodies[index]),
+                                   {"Content-Type": "application/json"})
+                response = connection.getresponse()
+                status, raw = response.status, response.read()
+            except (OSError, http.client.HTTPException) as err:
+                connection.close()
+                connection = http.client.HTTPConnection(target.hostname, target.port, timeout=timeout)
+                results[index] = {"status": 0, "seconds": time.perf_counter() - started, "error": repr(err)}
+                continue
+            seconds = time.perf_counter() - started
+            body = json.loads(raw)
+            if status == 200:
+                results[index] = {"status": status, "seconds": seconds, "text": body["choices"][0]["text"],
+                                  "completion_tokens": body["usage"]["completion_tokens"]}
+            else:
+                results[index] = {"status": status, "seconds": seconds, "error": body.get("error")}
+        connection.close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(min(clients, len(bodies)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    return {"wall_seconds": wall, "clients": clients,
+            "results": [r if r is not None else {"status": 0, "error": "no reply"} for r in results]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--path", default="/v1/completions")
+    args = parser.parse_args(argv)
+    bodies = json.load(sys.stdin)
+    json.dump(run_clients(args.url, bodies, args.clients, args.path), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

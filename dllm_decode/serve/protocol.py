@@ -1,0 +1,397 @@
+"""The OpenAI-compatible request and response bodies (spec serving.md §2), with no web framework.
+
+A request body becomes a `Job` (prompt tokens, the decode record, limits, stream flags) or an
+`APIError` whose `body()` is OpenAI's error JSON. dLLM knobs travel in one namespaced object,
+`"dllm": {"scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos"}`, over
+the server's default record; `temperature` and `seed` are the OpenAI fields. Unknown keys and
+OpenAI features this server does not implement (n > 1, logprobs, penalties, ...) are refused
+with a 400 naming the parameter, never ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.engine import Output
+from dllm_decode.models.checkpoint import first_line
+from dllm_decode.prompts import chat_prompt
+from dllm_decode.registry import component, component_dict, registry
+
+DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos")
+"""Keys of the `dllm` extension object."""
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
+           "stream_options", "user", "presence_penalty", "frequency_penalty", "logit_bias",
+           "logprobs", "dllm"}
+KEYS = {"completion": _COMMON | {"prompt", "echo", "best_of", "suffix"},
+        "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
+"""Accepted top-level keys per endpoint."""
+
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1),
+    "top_p": lambda v: v is None or (isinstance(v, (int, float)) and v == 1),
+    "presence_penalty": lambda v: v in (None, 0), "frequency_penalty": lambda v: v in (None, 0),
+    "logit_bias": lambda v: not v, "logprobs": lambda v: v in (None, False),
+    "top_logprobs": lambda v: v in (None, 0), "echo": lambda v: v in (None, False),
+    "suffix": lambda v: not v,
+}
+"""OpenAI parameters accepted only at their neutral value (the check says which values pass)."""
+
+MAX_STOPS = 4
+
+
+class APIError(Exception):
+    """An error reply: HTTP status and OpenAI's `{"error": {message, type, param, code}}`."""
+
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
+             429: "rate_limit_error", 500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the server applies to every request.
+
+    Attributes:
+        model_id: the name `/v1/models` lists; a request naming another model gets a 404.
+        config: the default decode record (a request's `dllm` object changes parts of it).
+        max_tokens: the largest canvas (`gen_length`) a request may ask for.
+        chat_template: wrap chat messages in the tokenizer's chat template when it has one.
+        prepare: completes a request's record for this model (e.g. AdaBlock's delimiter ids from
+            the tokenizer); identity by default.
+        scheduler_kinds: registries a request's scheduler name is looked up in, in order (a
+            causal LM also takes the AR-only draft-length rules: `("scheduler", "draft_length")`).
+    """
+
+    model_id: str
+    config: DecodeConfig
+    max_tokens: int = 1024
+    chat_template: bool = True
+    prepare: Callable[[DecodeConfig], DecodeConfig] = field(default=lambda config: config)
+    scheduler_kinds: tuple[str, ...] = ("scheduler",)
+
+    def __post_init__(self) -> None:
+        if not self.model_id:
+            raise ValueError("model_id must be a non-empty name")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request.
+
+    Attributes:
+        kind: `chat` or `completion`.
+        prompt: token ids.
+        config: the request's decode record.
+        max_tokens: the answer cut (None: the canvas).
+        stream, include_usage: SSE streaming, and a usage chunk at its end.
+        stops: stop strings (the answer ends before the first one).
+        id, created: the response's id and creation time (int seconds).
+    """
+
+    kind: str
+    prompt: tuple[int, ...]
+    config: DecodeConfig
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    stops: tuple[str, ...]
+    id: str
+    created: int
+
+
+def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
+    """A request body -> a `Job`.
+
+    Raises:
+        APIError: 400 for anything malformed, unknown, unsupported or out of range (naming the
+            parameter), 404 for another model's name.
+    """
+    if not isinstance(body, Mapping):
+        raise APIError(400, "the request body must be a JSON object")
+    unknown = sorted(set(body) - KEYS[kind])
+    if unknown:
+        raise APIError(400, f"unrecognized request argument(s) {unknown}; dLLM options go in the "
+                            f"`dllm` object ({', '.join(DLLM_KEYS)})", param=unknown[0])
+    for name, neutral in UNSUPPORTED.items():
+        if name in body and not neutral(body[name]):
+            raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
+    model = body.get("model")
+    if model is not None and model != settings.model_id:
+        raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                            f"{settings.model_id!r}", param="model", code="model_not_found")
+    text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body)
+    prompt = _encode(text_or_ids, tokenizer)
+    max_tokens = _max_tokens(body, kind)
+    config = _config(body, settings, max_tokens)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
+        raise APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
+    include_usage = _flag(options or {}, "include_usage")
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
+               include_usage=include_usage, stops=_stops(body.get("stop")),
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()))
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
+    return value
+
+
+def _prompt(body: Mapping[str, Any]) -> str | list[int]:
+    """`prompt`: a string, a token-id list, or a one-element list of either."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(400, "one prompt per request (send several requests to batch)", param="prompt")
+    raise APIError(400, "prompt must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> str:
+    """The messages as one prompt: the tokenizer's chat template, or the lone user message's
+    text when there is no template (or it is turned off)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "messages must be a non-empty list", param="messages")
+    plain = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in ("system", "user", "assistant",
+                                                                            "developer"):
+            raise APIError(400, f"messages[{i}] must be an object with a role of system, developer, "
+                                f"user or assistant", param=f"messages[{i}]")
+        plain.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    has_template = settings.chat_template and getattr(tokenizer, "chat_template", None)
+    if len(plain) == 1 and plain[0]["role"] == "user":
+        return chat_prompt(tokenizer, plain[0]["content"], settings.chat_template)
+    if not has_template:
+        raise APIError(400, "this model has no chat template: send a single user message",
+                       param="messages")
+    return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+
+
+def _content(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise APIError(400, f"messages[{i}].content must be text (a string or text parts)",
+                   param=f"messages[{i}].content")
+
+
+def _encode(prompt: str | list[int], tokenizer: Any) -> tuple[int, ...]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: send the prompt as token ids", param="prompt")
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt.strip() else []
+    else:
+        ids = prompt
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if min(ids) < 0:
+        raise APIError(400, f"token ids must be >= 0, got {min(ids)}", param="prompt")
+    return tuple(ids)
+
+
+def _max_tokens(body: Mapping[str, Any], kind: str) -> int | None:
+    names = ["max_tokens"] + (["max_completion_tokens"] if kind == "chat" else [])
+    given = [(n, body[n]) for n in names if body.get(n) is not None]
+    if not given:
+        return None
+    name, value = given[-1]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise APIError(400, f"{name} must be an integer >= 1, got {value!r}", param=name)
+    return value
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else stop
+    if stops is None:
+        return ()
+    if (not isinstance(stops, list) or len(stops) > MAX_STOPS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise APIError(400, f"stop must be a non-empty string or a list of up to {MAX_STOPS}", param="stop")
+    return tuple(stops)
+
+
+def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None) -> DecodeConfig:
+    """The server's record with the request's `dllm` object, `temperature` and `seed` applied.
+
+    The canvas is `dllm.gen_length`, else `max_tokens` rounded up to whole blocks (the answer is
+    cut at `max_tokens`), else the server's. A `scheduler` / `cache` given as a name or with a
+    `name` replaces the default; an object without `name` changes fields of the default one.
+    """
+    dllm = body.get("dllm")
+    dllm = {} if dllm is None else dllm
+    if not isinstance(dllm, Mapping):
+        raise APIError(400, "dllm must be an object", param="dllm")
+    unknown = sorted(set(dllm) - set(DLLM_KEYS))
+    if unknown:
+        raise APIError(400, f"unknown dllm option(s) {unknown}; valid: {list(DLLM_KEYS)}",
+                       param=f"dllm.{unknown[0]}")
+    data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
+    try:
+        data["scheduler"] = _part(settings.scheduler_kinds, settings.config.scheduler, dllm.get("scheduler"))
+        data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
+    except (ValueError, TypeError) as err:
+        part = "scheduler" if "scheduler" in str(err) else "cache"
+        raise APIError(400, first_line(err), param=f"dllm.{part}") from None
+    for name in ("filters", "block_length", "stop_at_eos"):
+        if name in dllm:
+            data[name] = dllm[name]
+    for name in ("temperature", "seed"):
+        if body.get(name) is not None:
+            data[name] = body[name]
+    if "gen_length" in dllm:
+        data["gen_length"] = dllm["gen_length"]
+    elif max_tokens is not None:
+        block = data["block_length"]
+        data["gen_length"] = math.ceil(max_tokens / block) * block if type(block) is int and block > 0 \
+            else max_tokens
+    try:
+        config = settings.prepare(DecodeConfig.from_dict(data))
+    except (ValueError, TypeError) as err:
+        sent = {*dllm, *(n for n in ("temperature", "seed") if body.get(n) is not None)}
+        raise APIError(400, first_line(err), param=_param_of(first_line(err), sent)) from None
+    if config.gen_length > settings.max_tokens:
+        raise APIError(400, f"the canvas of {config.gen_length} tokens exceeds this server's limit "
+                            f"of {settings.max_tokens} (max_tokens / dllm.gen_length)",
+                       param="max_tokens" if "gen_length" not in dllm else "dllm.gen_length")
+    return config
+
+
+def _part(kinds: tuple[str, ...], default: Any, given: Any) -> Any:
+    """A scheduler or cache: the default object, a named one, or the default with some fields
+    changed (an object without `name`). The first registry kind that has the name builds it."""
+    if given is None:
+        return default
+    if isinstance(given, Mapping) and "name" not in given:
+        given = {**component_dict(default), **given}
+    name = given if isinstance(given, str) else given.get("name") if isinstance(given, Mapping) else None
+    if not isinstance(name, str):
+        raise ValueError(f"{kinds[0]} must be a name or an object with `name`, got {given!r}")
+    kind = next((k for k in kinds if name in registry(k)), kinds[0])
+    return component(kind, given)
+
+
+def _param_of(message: str, sent: set[str]) -> str:
+    """The parameter a decode-record error is about: of the names the message mentions, one the
+    request set, else the first."""
+    words = set(re.findall(r"[a-z_]+", message))
+    named = [n for n in (*DLLM_KEYS, "temperature", "seed") if n in words or n.rstrip("s") in words]
+    pick = next((n for n in named if n in sent), named[0] if named else None)
+    if pick is None:
+        return "dllm"
+    return pick if pick in ("temperature", "seed") else f"dllm.{pick}"
+
+
+class StopText:
+    """Cuts a growing answer at the first stop string, holding back text that may begin one.
+
+    `feed(delta)` returns the text safe to send; `hit` turns True once a stop string appeared
+    (the text after it is never sent); `flush()` returns the held-back rest at the end.
+    """
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.text = ""
+        self.sent = 0
+        self.hit = False
+
+    def feed(self, delta: str) -> str:
+        if self.hit:
+            return ""
+        self.text += delta
+        found = [i for i in (self.text.find(s, max(0, self.sent - len(s) + 1)) for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            self.text = self.text[:min(found)]
+            return self._send(len(self.text))
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        return self._send(len(self.text) - hold)
+
+    def flush(self) -> str:
+        return self._send(len(self.text))
+
+    def _send(self, end: int) -> str:
+        out = self.text[self.sent:end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return out
+
+
+# -- response bodies --------------------------------------------------------------------------
+
+def usage(output: Output) -> dict[str, int]:
+    """Token counts: the prompt, and the answer without the canvas's end-of-text padding."""
+    return {"prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.tokens),
+            "total_tokens": output.prompt_tokens + len(output.tokens)}
+
+
+def extension(job: Job, output: Output) -> dict[str, Any]:
+    """The `dllm` object of a reply: the resolved decode record and the request's figures."""
+    return {"config": job.config.to_dict(), "nfe": output.nfe, "seconds": round(output.seconds, 6),
+            "queued_seconds": round(output.queued, 6)}
+
+
+def reply(job: Job, model_id: str, output: Output, text: str, finish_reason: str) -> dict[str, Any]:
+    """A non-streamed `chat.completion` or `text_completion`."""
+    if job.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+            "created": job.created, "model": model_id, "choices": [choice], "usage": usage(output),
+            "dllm": extension(job, output)}
+
+
+def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str | None = None,
+          role: bool = False, output: Output | None = None) -> dict[str, Any]:
+    """One streamed chunk: new text, the opening role (chat), the finish reason, or (with
+    `output` and no text) the closing usage chunk with `choices: []`."""
+    body: dict[str, Any] = {"id": job.id, "object": "chat.completion.chunk" if job.kind == "chat"
+                            else "text_completion", "created": job.created, "model": model_id}
+    if output is not None:
+        body.update(choices=[], usage=usage(output), dllm=extension(job, output))
+        return body
+    if job.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    body["choices"] = [choice]
+    if job.include_usage:
+        body["usage"] = None
+    return body

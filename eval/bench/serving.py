@@ -1,0 +1,141 @@
+"""Load-test `dllm-decode serve`: many concurrent clients against the same requests one at a time.
+
+    python -m dllm_decode.eval.bench.serving [--requests 320] [--clients 64] [--max-batch 32] [--json FILE]
+
+One run, side by side: every request is first decoded offline, alone (`generate`, the reference
+answers and the no-server baseline); then a server on 127.0.0.1 (in this process, the engine in
+its worker thread) gets the same requests from one client at a time, then from `--clients`
+concurrent clients (`dllm_decode.serve.loadtest`, in a child process so the clients do not compete
+for this interpreter's lock). Reported per phase: requests answered, failed (non-200), lost (no
+reply), answers differing from the offline one, wall time, requests/s, answer tokens/s, p50/p99
+latency; and the concurrent/sequential throughput ratio. Greedy decoding (threshold 0.9), prompts
+from the task suite (`dllm_decode.eval.tasks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.engine import Engine
+from dllm_decode.eval.bench.cache import load_bench_model, task_examples
+from dllm_decode.registry import component
+from dllm_decode.sampler import generate
+from dllm_decode.serve.app import Limits, ServerState, background
+from dllm_decode.serve.protocol import Settings
+from dllm_decode.serve.worker import EngineWorker
+
+
+def run(model_name: str = "embedded", requests: int = 320, clients: int = 64, max_batch: int = 32,
+        gen: int = 32, block: int = 8, threshold: float = 0.9, seed: int = 0,
+        progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """The benchmark (see the module docstring); returns the report as a dict."""
+    torch.set_num_threads(1)
+    bench = load_bench_model(model_name)
+    if bench.tasks is None:
+        raise ValueError(f"{bench.label}: the load test needs the task suite's vocabulary (the embedded model)")
+    model, tokenizer = bench.model, bench.model.tokenizer
+    prompts = [e.prompt for e in task_examples(bench.tasks, requests, seed)]
+    config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": threshold}),
+                          gen_length=gen, block_length=block)
+    progress(f"offline: {requests} requests one at a time ...")
+    started = time.perf_counter()
+    reference = [generate(model, [tokenizer(p, add_special_tokens=False)["input_ids"]], config).text[0]
+                 for p in prompts]
+    offline_wall = time.perf_counter() - started
+    settings = Settings(model_id=model_name, config=config, max_tokens=max(gen, 1024))
+    state = ServerState(EngineWorker(Engine(model, tokenizer, max_batch_size=max_batch), threads=1),
+                        settings, Limits(max_queue=requests))
+    bodies = [{"model": model_name, "prompt": p} for p in prompts]
+    phases = {}
+    with background(state) as url:
+        _clients(url, bodies[:2], 1)                         # warm-up
+        for name, n in (("sequential", 1), ("concurrent", clients)):
+            progress(f"{name}: {requests} requests from {n} client(s) ...")
+            steps = state.worker.engine.steps
+            phases[name] = _summary(_clients(url, bodies, n), reference)
+            phases[name]["engine_steps"] = state.worker.engine.steps - steps
+    report = {
+        "model": bench.label, "requests": requests, "clients": clients, "max_batch": max_batch,
+        "config": config.to_dict(), "offline_wall_seconds": round(offline_wall, 3),
+        "offline_requests_per_second": round(requests / offline_wall, 3), **phases,
+        "throughput_ratio": round(phases["concurrent"]["requests_per_second"]
+                                  / phases["sequential"]["requests_per_second"], 3),
+    }
+    return report
+
+
+def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "dllm_decode.serve.loadtest", url, "--clients", str(clients)],
+                          input=json.dumps(bodies), capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _summary(run: dict[str, Any], reference: list[str]) -> dict[str, Any]:
+    results = run["results"]
+    ok = [r for r in results if r["status"] == 200]
+    latencies = sorted(r["seconds"] for r in ok)
+    wall = run["wall_seconds"]
+    return {
+        "answered": len(ok), "failed": sum(r["status"] not in (0, 200) for r in results),
+        "lost": sum(r["status"] == 0 for r in results),
+        "different_from_offline": sum(r["status"] == 200 and r["text"] != ref for r, ref in zip(results, reference)),
+        "wall_seconds": round(wall, 3), "requests_per_second": round(len(ok) / wall, 3),
+        "answer_tokens_per_second": round(sum(r["completion_tokens"] for r in ok) / wall, 1),
+        "latency_p50": round(_quantile(latencies, 0.5), 4), "latency_p99": round(_quantile(latencies, 0.99), 4),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if len(values) > 1 \
+        else values[0]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"serving load test: {report['model']}, {report['requests']} requests, "
+             f"{report['clients']} clients, max batch {report['max_batch']}",
+             f"offline one at a time: {report['offline_wall_seconds']} s "
+             f"({report['offline_requests_per_second']} req/s)",
+             f"{'phase':<11} {'ok':>4} {'fail':>4} {'lost':>4} {'diff':>4} {'wall s':>8} {'req/s':>7} "
+             f"{'tok/s':>7} {'p50 s':>7} {'p99 s':>7} {'steps':>6}"]
+    for name in ("sequential", "concurrent"):
+        p = report[name]
+        lines.append(f"{name:<11} {p['answered']:>4} {p['failed']:>4} {p['lost']:>4} "
+                     f"{p['different_from_offline']:>4} {p['wall_seconds']:>8} {p['requests_per_second']:>7} "
+                     f"{p['answer_tokens_per_second']:>7} {p['latency_p50']:>7} {p['latency_p99']:>7} "
+                     f"{p['engine_steps']:>6}")
+    lines.append(f"throughput concurrent / sequential: {report['throughput_ratio']}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Load-test dllm-decode serve (see the module docstring).")
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--requests", type=int, default=320)
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--gen", type=int, default=32)
+    parser.add_argument("--block", type=int, default=8)
+    parser.add_argument("--json", default=None, help="Also write the report here.")
+    args = parser.parse_args(argv)
+    report = run(args.model, args.requests, args.clients, args.max_batch, args.gen, args.block,
+                 progress=lambda line: print(line, file=sys.stderr))
+    print(format_report(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
