@@ -168,8 +168,27 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         from dllm_decode.models.hf import load_masked_lm
 
         model = load_masked_lm(directory, tokenizer, trust_remote_code)
+    check_token_ids(directory, model)
     model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
     model.tokenizer = tokenizer
     model.eos_token_ids = model.eos_token_ids + turn_end_ids(tokenizer, model.eos_token_ids)
     model.name_or_path = str(path)
     return model
+
+
+def check_token_ids(directory: Path, model: nn.Module) -> None:
+    """The special ids a decode relies on exist in the vocabulary, and [MASK] is not an end of
+    text (padding is masked out of attention, so padding may share the EOS id).
+
+    Raises:
+        ModelLoadError: naming the directory's config.json, the key and the vocabulary size.
+    """
+    vocab = int(model.vocab_size)
+    named = [("mask_token_id", model.mask_token_id), *(("eos_token_id", e) for e in model.eos_token_ids)]
+    for key, value in named:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
+            raise ModelLoadError(f"{directory / 'config.json'}: {key} {value!r} is outside the "
+                                 f"vocabulary [0, {vocab})")
+    if model.mask_token_id in model.eos_token_ids:
+        raise ModelLoadError(f"{directory / 'config.json'}: mask_token_id {model.mask_token_id} is "
+                             f"also an eos_token_id; [MASK] must be its own token")

@@ -275,3 +275,23 @@ def test_generic_fallback_reads_architectures_then_model_type(tmp_path, architec
         assert "is a causal (autoregressive) LM" in load_error(tmp_path)
     else:
         assert isinstance(load_model(tmp_path), HFMaskedLM)
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("mask_token_id", 999, "mask_token_id 999 is outside the vocabulary [0, 37)"),
+    ("eos_token_id", -1, "eos_token_id -1 is outside the vocabulary"),
+    ("eos_token_id", 36, "also an eos_token_id"),
+])
+def test_special_ids_outside_the_vocabulary_are_named_load_errors(tmp_path, key, value, fragment):
+    import json
+
+    from dllm_decode.models import ModelLoadError, load_model
+    from dllm_decode.testing import tiny_llada
+
+    tiny_llada().save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config[key] = value
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="config.json") as raised:
+        load_model(tmp_path / "m")
+    assert fragment in str(raised.value)
