@@ -168,10 +168,14 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         from dllm_decode.models.hf import load_masked_lm
 
         model = load_masked_lm(directory, tokenizer, trust_remote_code)
-    check_token_ids(directory, model)
     model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
     model.tokenizer = tokenizer
-    model.eos_token_ids = model.eos_token_ids + turn_end_ids(tokenizer, model.eos_token_ids)
+    # config.json may leave EOS to the tokenizer (Qwen-based checkpoints): take what it defines
+    eos = tuple(e for e in model.eos_token_ids if e is not None)
+    if not eos and getattr(tokenizer, "eos_token_id", None) is not None:
+        eos = (int(tokenizer.eos_token_id),)
+    model.eos_token_ids = eos + turn_end_ids(tokenizer, eos)
+    check_token_ids(directory, model)
     model.name_or_path = str(path)
     return model
 
@@ -184,6 +188,9 @@ def check_token_ids(directory: Path, model: nn.Module) -> None:
         ModelLoadError: naming the directory's config.json, the key and the vocabulary size.
     """
     vocab = int(model.vocab_size)
+    if not model.eos_token_ids:
+        raise ModelLoadError(f"{directory / 'config.json'}: no eos_token_id, and the tokenizer "
+                             f"defines none; set eos_token_id in config.json")
     named = [("mask_token_id", model.mask_token_id), *(("eos_token_id", e) for e in model.eos_token_ids)]
     for key, value in named:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:

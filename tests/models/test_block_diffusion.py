@@ -70,7 +70,7 @@ def reference_logits(reference, ids, mask, block=BLOCK):
 def tiny_reference(kind: str, tied: bool = False, seed: int = 3):
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-                  max_position_embeddings=64, tie_word_embeddings=tied,
+                  max_position_embeddings=64, tie_word_embeddings=tied, eos_token_id=EOS,
                   rope_parameters={"rope_type": "default", "rope_theta": 1e6})
     if kind == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))
