@@ -84,10 +84,10 @@ def test_loop_samples_the_target_joint(case):
 
 def test_wrong_rule_fails_the_same_test(monkeypatch):
     """Negative control: always accepting drafts (bonus from the last row) must be detected."""
-    def always_accept(drafts, q, p, generator):
-        return torch.cat([drafts, p[-1].multinomial(1, generator=generator)]), drafts.shape[0]
+    def always_accept(drafts, parents, q, p, generator):
+        return list(range(drafts.shape[0])), torch.cat([drafts, p[-1].multinomial(1, generator=generator)])
 
-    monkeypatch.setattr(loop_module, "speculative_verify", always_accept)
+    monkeypatch.setattr(loop_module, "sample_tree", always_accept)
     make, sampling, scheduler, gamma = CASES["draft model, gamma 2"]
     counts = empirical(make(), sampling, scheduler, gamma)
     assert joint_p_value(counts, exact_joint(sampling, first=0)) < 1e-6
