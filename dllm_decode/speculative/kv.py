@@ -111,7 +111,9 @@ def keep_path(kv: KV, start: int, path: list[int]) -> KV:
     if path != list(range(len(path))):
         rows = torch.tensor(path, dtype=torch.long, device=kv.ids.device) + start
         _gather(kv.cache, start, rows)
-        kv.ids = torch.cat([kv.ids[:start], kv.ids[rows]])
+        ids = kv.ids.clone()
+        ids[start:start + len(path)] = kv.ids[rows]
+        kv.ids = ids
     return rollback(kv, start + len(path))
 
 
