@@ -88,6 +88,12 @@ class DraftLengthScheduler(Scheduler):
         by greedy verification (BiLD's rollback threshold; not exact), or None: exact."""
         return None
 
+    def continue_drafting(self, confidence: float) -> bool | None:
+        """Fast early-stop test on the newest drafted token's confidence (the spec's
+        `DraftLengthPolicy.continue_drafting`, speculative-2.md §4.3): False stops drafting,
+        True continues, None asks `select` (through `EarlyStop`)."""
+        return None
+
 
 @dataclass(frozen=True)
 class HeuristicScheduler(DraftLengthScheduler):
@@ -185,6 +191,9 @@ class BildScheduler(DraftLengthScheduler):
 
     def lenience(self) -> float | None:
         return self.rollback
+
+    def continue_drafting(self, confidence: float) -> bool:
+        return confidence >= self.fallback
 
 
 SPEC_SCHEDULERS: dict[str, type[Scheduler]] = {
@@ -302,6 +311,10 @@ class EarlyStop:
         if drafted >= self.width:
             return False
         newest = float(partial.confidence[-1])           # one host sync per drafted token
+        fast = self.scheduler.continue_drafting(newest) if isinstance(
+            self.scheduler, DraftLengthScheduler) else None
+        if fast is not None:
+            return not fast
         if newest < self.floor:
             self.floor = newest
             state = self.scheduler.init_state(1, partial.tokens.device)

@@ -16,6 +16,7 @@ compacted, so cached keys need no re-rotation (§2.5).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,23 +33,37 @@ class TreeShape:
     nodes per depth add alternatives, and `budget` caps the nodes the target verifies per round.
     So at equal depth (equal draft forwards) a tree verifies a superset of the chain.
 
+    A node off the spine is expanded or verified only if its path probability under the
+    drafter (the product of the draft probabilities along it: the chance, for a calibrated draft,
+    that the target walks there) is at least `min_prob`: each verified node costs target compute,
+    and a node is worth about its path probability in accepted tokens.
+
     Attributes:
         branch: children proposed per expanded node, and nodes expanded per depth (1: a chain).
         budget: most nodes verified per round (the spine first, then the most probable others).
+        min_prob: smallest path probability of a node off the spine, in [0, 1).
     """
 
     branch: int = 2
     budget: int = 24
+    min_prob: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.branch <= 16:
             raise ValueError(f"tree branch must be in [1, 16], got {self.branch}")
         if not 1 <= self.budget <= 512:
             raise ValueError(f"tree budget must be in [1, 512], got {self.budget}")
+        if not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"tree min_prob must be in [0, 1), got {self.min_prob}")
 
     @property
     def is_chain(self) -> bool:
         return self.branch == 1
+
+    @property
+    def min_value(self) -> float:
+        """`min_prob` as a log-probability (the builder's node values)."""
+        return math.log(self.min_prob) if self.min_prob > 0 else -math.inf
 
 
 def depths(parents: Sequence[int]) -> list[int]:
@@ -138,6 +153,8 @@ class TreeBuilder:
         self.depth: list[int] = []
         self.value: list[float] = []
         self.kids: dict[int, list[int]] = {-1: []}
+        self.levels: list[list[int]] = []           # depth -> its nodes
+        self._spine: list[int] = []
 
     def __len__(self) -> int:
         return len(self.token)
@@ -145,29 +162,33 @@ class TreeBuilder:
     def add(self, parent: int, token: int, logq: float) -> int:
         """A new child of `parent` (-1: the root), after its existing children."""
         node = len(self.token)
+        depth = 0 if parent < 0 else self.depth[parent] + 1
         self.token.append(token)
         self.parent.append(parent)
-        self.depth.append(0 if parent < 0 else self.depth[parent] + 1)
+        self.depth.append(depth)
         self.value.append(logq + (self.value[parent] if parent >= 0 else 0.0))
-        self.kids.setdefault(parent, []).append(node)
+        siblings = self.kids[parent]
+        siblings.append(node)
         self.kids[node] = []
+        if depth == len(self.levels):
+            self.levels.append([])
+        self.levels[depth].append(node)
+        if len(siblings) == 1 and parent == (self._spine[-1] if self._spine else -1):
+            self._spine.append(node)                # the first child of the spine's end
         return node
 
     def spine(self) -> list[int]:
-        out, kids = [], self.kids[-1]
-        while kids:
-            out.append(kids[0])
-            kids = self.kids[kids[0]]
-        return out
+        return self._spine
 
-    def select(self, budget: int, max_depth: int) -> list[int]:
-        """The nodes to verify: the spine (up to `max_depth` levels) and then the best others."""
-        chosen = [node for node in self.spine() if self.depth[node] < max_depth][:budget]
+    def select(self, budget: int, max_depth: int, min_value: float = -math.inf) -> list[int]:
+        """The nodes to verify: the spine (up to `max_depth` levels), then the best others whose
+        value is at least `min_value`."""
+        chosen = [node for node in self._spine if self.depth[node] < max_depth][:budget]
         taken = set(chosen)
         heap: list[tuple[float, int]] = []
 
         def offer(node: int) -> None:          # `node` may be taken once its parent and elder sibling are
-            if node not in taken and self.depth[node] < max_depth:
+            if node not in taken and self.depth[node] < max_depth and self.value[node] >= min_value:
                 heapq.heappush(heap, (-self.value[node], node))
 
         for node in [-1, *chosen]:

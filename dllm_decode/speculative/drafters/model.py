@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from dllm_decode.speculative.drafters.base import Draft, Drafter
 from dllm_decode.speculative.kv import KV, extend, feed, new_kv, rollback
 from dllm_decode.speculative.sampling import Sampling
-from dllm_decode.speculative.tree import TreeBuilder, TreeShape, path_to
+from dllm_decode.speculative.tree import TreeBuilder, TreeShape
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,17 +51,16 @@ class ModelDrafter(Drafter):
     def propose(self, context: Tensor, width: int, sampling: Sampling,
                 generator: torch.Generator | None, eos_ids: tuple[int, ...], state: Any,
                 stop: Callable[[Draft], bool] | None = None) -> tuple[Draft, Any]:
-        branch = 1 if self.tree is None else self.tree.branch
+        shape = self.tree or CHAIN
         base = context.shape[0]
         logits, state = extend(self.model, state, context, 1)
         grow = _Growth(sampling, generator)
         frontier, fed, forwards = [-1], [], 1
         for depth in range(width):                # one forward per depth: autoregressive
-            grow.expand(frontier, logits, branch)
-            spine = grow.tree.spine()
-            if depth + 1 == width or (stop is not None and stop(grow.draft(spine, None))):
+            grow.expand(frontier, logits, shape.branch)
+            if depth + 1 == width or (stop is not None and stop(grow.draft(grow.tree.spine(), None))):
                 break
-            frontier = grow.next_frontier(depth, branch, eos_ids)
+            frontier = grow.next_frontier(depth, shape, eos_ids)
             if not frontier:                      # the spine drafted end-of-text
                 break
             logits, state = self._feed(state, base, fed, frontier, grow.tree)
@@ -74,8 +73,8 @@ class ModelDrafter(Drafter):
         while linear < len(fed) and fed[linear] == spine[linear]:
             linear += 1
         state = rollback(state, base + linear)
-        budget = len(grow.tree) if self.tree is None else self.tree.budget
-        order, parents = grow.tree.layout(grow.tree.select(budget, width))
+        budget = len(grow.tree) if self.tree is None else shape.budget
+        order, parents = grow.tree.layout(grow.tree.select(budget, width, shape.min_value))
         if not order:
             return Draft.empty(context.device, forwards), state
         draft = grow.draft(order, parents)
@@ -85,19 +84,29 @@ class ModelDrafter(Drafter):
               tree: TreeBuilder) -> tuple[Tensor, KV]:
         """One draft forward over the frontier nodes, whose rows then follow the fed ones: each
         attends to the context, its fed ancestors and itself, at position base + depth."""
-        tokens = torch.tensor([tree.token[node] for node in frontier], dtype=torch.long,
-                              device=state.ids.device)
-        paths = [path_to(node, tree.parent) for node in frontier]
-        if len(frontier) == 1 and paths[0][:-1] == fed:          # a chain: plain causal feed
-            return feed(self.model, state, tokens, 1)
-        rows = []
-        for i, path in enumerate(paths):
-            inside = set(path)
-            rows.append([True] * base + [node in inside for node in fed] +
-                        [j == i for j in range(len(frontier))])
-        mask = torch.tensor(rows, dtype=torch.bool, device=tokens.device)
-        positions = torch.tensor([base + tree.depth[node] for node in frontier], device=tokens.device)
+        device = state.ids.device
+        tokens = torch.tensor([tree.token[node] for node in frontier], dtype=torch.long, device=device)
+        if len(frontier) == 1 and tree.parent[frontier[0]] == (fed[-1] if fed else -1) \
+                and all(tree.parent[a] == (fed[i - 1] if i else -1) for i, a in enumerate(fed)):
+            return feed(self.model, state, tokens, 1)          # a chain: plain causal feed
+        row_of = {node: base + i for i, node in enumerate(fed)}
+        rows, cols = [], []
+        for i, node in enumerate(frontier):
+            ancestor = tree.parent[node]
+            while ancestor >= 0:
+                rows.append(i)
+                cols.append(row_of[ancestor])
+                ancestor = tree.parent[ancestor]
+            rows.append(i)
+            cols.append(base + len(fed) + i)
+        mask = torch.zeros(len(frontier), base + len(fed) + len(frontier), dtype=torch.bool, device=device)
+        mask[:, :base] = True
+        mask[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = True
+        positions = torch.tensor([base + tree.depth[node] for node in frontier], device=device)
         return feed(self.model, state, tokens, len(frontier), positions, mask)
+
+
+CHAIN = TreeShape(branch=1, budget=512)
 
 
 class _Growth:
@@ -117,39 +126,46 @@ class _Growth:
         is the argmax (greedy) or, on the spine, a sample from q; the others are the most
         probable remaining tokens."""
         q = self.sampling.probs(logits)
-        first = logits.argmax(-1)                              # first index on ties, as greedy AR
         spine = self.tree.spine()
         anchor = spine[-1] if spine else -1                    # the node the spine grows from
         spine_row = frontier.index(anchor) if anchor in frontier else None
-        if not self.sampling.greedy and spine_row is not None:
-            drawn, _ = self.sampling.draw(logits[spine_row:spine_row + 1], self.generator)
-            first = first.clone()
-            first[spine_row] = drawn[0]
-        picks = first.unsqueeze(-1)
-        if branch > 1:
-            others = q.scatter(-1, picks, -1.0).topk(branch - 1, dim=-1).indices
-            picks = torch.cat([picks, others], -1)              # (m, branch)
-        tokens, conf = picks.tolist(), q.gather(-1, picks).tolist()   # one host sync per depth
+        sampled_row = None
+        if branch == 1 or not self.sampling.greedy:
+            picks = logits.argmax(-1, keepdim=True)            # first index on ties, as greedy AR
+            if not self.sampling.greedy and spine_row is not None:
+                drawn, _ = self.sampling.draw(logits[spine_row:spine_row + 1], self.generator)
+                picks[spine_row, 0] = drawn[0]
+                sampled_row = spine_row
+            if branch > 1:                                     # the most probable others
+                others = q.scatter(-1, picks, -1.0).topk(branch - 1, dim=-1).indices
+                picks = torch.cat([picks, others], -1)
+            conf = q.gather(-1, picks)
+        else:
+            conf, picks = q.topk(branch, dim=-1)
+        tokens, conf_list = picks.tolist(), conf.tolist()      # one host sync per depth
         for row, node in enumerate(frontier):
-            for rank, (token, c) in enumerate(zip(tokens[row], conf[row])):
+            for rank, (token, c) in enumerate(zip(tokens[row], conf_list[row])):
                 if c <= 0.0:                                    # outside top-k/top-p: no child
                     continue
                 self.tree.add(node, token, math.log(c))
                 self.q.append(q[row])
-                self.sampled.append(rank == 0 and row == spine_row and not self.sampling.greedy)
+                self.sampled.append(rank == 0 and row == sampled_row)
                 self.confidence.append(c)
 
-    def next_frontier(self, depth: int, branch: int, eos_ids: tuple[int, ...]) -> list[int]:
-        """Nodes at `depth` to expand next: the spine's, then the most probable others (none
-        once the spine drafted end-of-text: nothing after it is verified)."""
+    def next_frontier(self, depth: int, shape: TreeShape, eos_ids: tuple[int, ...]) -> list[int]:
+        """Nodes at `depth` to expand next: the spine's, then the most probable others above
+        `shape.min_prob` (none once the spine drafted end-of-text: nothing after it is verified)."""
         tree = self.tree
         spine = tree.spine()
         if len(spine) <= depth or tree.token[spine[depth]] in eos_ids:
             return []
-        others = [n for n in range(len(tree)) if tree.depth[n] == depth and n != spine[depth]
+        if shape.branch == 1:
+            return [spine[depth]]
+        floor = shape.min_value
+        others = [n for n in tree.levels[depth] if n != spine[depth] and tree.value[n] >= floor
                   and tree.token[n] not in eos_ids]
         others.sort(key=lambda n: -tree.value[n])
-        return [spine[depth]] + others[:branch - 1]
+        return [spine[depth]] + others[:shape.branch - 1]
 
     def draft(self, nodes: list[int], parents: tuple[int, ...] | None) -> Draft:
         """A `Draft` of the builder's `nodes` laid out with `parents` (forwards not counted)."""
