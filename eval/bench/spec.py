@@ -69,6 +69,7 @@ class Config:
 class Row:
     config: Config
     seconds: list[float] = field(default_factory=list)      # per repeat, summed over prompts
+    cpu_seconds: list[float] = field(default_factory=list)  # the same in process CPU time
     results: list[SpecResult] = field(default_factory=list)  # repeat 0, one per prompt
     target_time: float = 0.0                                 # seconds inside target forwards
     target_calls: int = 0
@@ -96,6 +97,7 @@ def measure(target: Any, prompts: Sequence[list[int]], configs: Sequence[Config]
     rows = [Row(c) for c in configs]
     for repeat in range(repeats):
         totals = [0.0] * len(rows)
+        cpu = [0.0] * len(rows)
         for i, prompt in enumerate(prompts):
             shift = (repeat * len(prompts) + i) % len(rows)
             for j in [(k + shift) % len(rows) for k in range(len(rows))]:   # rotated order
@@ -103,17 +105,19 @@ def measure(target: Any, prompts: Sequence[list[int]], configs: Sequence[Config]
                 spec = SpecConfig(row.config.scheduler, max_new_tokens=max_new_tokens,
                                   max_draft=row.config.max_draft)
                 with forward_timer(target) as t_spent, _maybe_timer(row.config.draft_model) as d_spent:
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     result = speculative_generate(target, prompt, spec, row.config.drafter)
                     totals[j] += time.perf_counter() - started
+                    cpu[j] += time.process_time() - cpu_started
                 row.target_time += t_spent[0]
                 row.target_calls += t_spent[1]
                 row.draft_time += d_spent[0]
                 row.draft_calls += d_spent[1]
                 if repeat == 0:
                     row.results.append(result)
-        for row, total in zip(rows, totals):
+        for row, total, spent in zip(rows, totals, cpu):
             row.seconds.append(total)
+            row.cpu_seconds.append(spent)
         log(f"  repeat {repeat + 1}/{repeats}: " + ", ".join(
             f"{r.config.label} {s:.1f}s" for r, s in zip(rows, totals)))
     return rows
@@ -164,6 +168,8 @@ def summarize(rows: list[Row], scores: Callable[[list[SpecResult]], float] | Non
             "seconds": statistics.median(row.seconds),
             "seconds_per_repeat": row.seconds,
             "speedup": base_seconds / statistics.median(row.seconds),
+            # CPU time of the process: on a loaded shared machine a steadier proxy of wall-clock.
+            "cpu_speedup": statistics.median(baseline.cpu_seconds) / statistics.median(row.cpu_seconds),
             "exact": [r.tokens.tolist() for r in results] == base_tokens,
             "new_tokens": tokens,
         }

@@ -47,7 +47,7 @@ from dllm_decode.speculative import (BildScheduler, HeuristicScheduler, LookupDr
                                      SpecResult, StagedDrafter, TreeShape, with_runtime)
 from dllm_decode.speculative.models import load_causal_lm
 from dllm_decode.speculative.selfspec import self_speculative_generate
-from dllm_decode.eval.bench.spec import Config, measure, print_table, summarize
+from dllm_decode.eval.bench.spec import Config, measure, summarize
 
 DEFAULT_ROLLBACKS = (None, 1.0, 2.0, 3.0, 5.0)
 
@@ -132,15 +132,17 @@ def ar_suite(loaded: Any, draft_hf: Any, runtime: str, per_task: int, repeats: i
         entry["nodes_per_call"] = sum(sum(r.nodes) for r in row.results) / calls
         entry["identical_rate"] = statistics.fmean(
             r.tokens.tolist() == ref for r, ref in zip(row.results, reference))
-    print_table(f"AR pair, target runtime {runtime}, {len(prompts)} prompts", entries, log)
+    log(f"\nAR pair, target runtime {runtime}, {len(prompts)} prompts")
+    table(entries, [("tok/call", "mean_accepted_tokens", "{:.2f}"), ("alpha", "acceptance_rate", "{:.2f}"),
+                    ("nodes", "nodes_per_call", "{:.1f}"), ("D fwd/tok", "draft_forwards_per_token", "{:.2f}"),
+                    ("wall", "speedup", "{:.2f}x"), ("cpu", "cpu_speedup", "{:.2f}x"),
+                    ("ident.", "identical_rate", "{:.0%}"), ("acc", "accuracy", "{:.1%}")], log)
     by_label = {e["label"]: e for e in entries}
     name = f"tree {tree.branch}/{tree.budget}"
     ratios = {schedule: by_label[f"{name}, {schedule}"]["mean_accepted_tokens"]
               / by_label[f"chain, {schedule}"]["mean_accepted_tokens"]
               for schedule in ("heuristic", "constant k=16")}
     log("  tokens per target call, tree / chain: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    log("  nodes per call and identical rate: " + ", ".join(
-        f"{e['label']} {e['nodes_per_call']:.1f} / {e['identical_rate']:.0%}" for e in entries[1:]))
     return {"target_runtime": runtime, "prompts": len(prompts), "rows": entries,
             "tree_over_chain_tokens_per_call": ratios}
 
@@ -163,13 +165,14 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
     ]
     log(f"dLLM self-speculation: {len(examples)} task prompts, gen 32, {repeats} repeats")
     seconds = [[0.0] * len(plans) for _ in range(repeats)]
+    cpu = [[0.0] * len(plans) for _ in range(repeats)]
     outcome: list[list[dict[str, Any]]] = [[] for _ in plans]
     for repeat in range(repeats):
         for i, example in enumerate(examples):
             shift = (repeat * len(examples) + i) % len(plans)
             for j in [(k + shift) % len(plans) for k in range(len(plans))]:    # rotated order
                 label, config, steps, width = plans[j]
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 if steps is None:
                     result = generate(model, [example.prompt], config)
                     record = {"tokens": result.tokens[0].tolist(), "forwards": int(result.nfe[0]),
@@ -180,6 +183,7 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
                     record = {"tokens": spec.result.tokens[0].tolist(), "forwards": spec.forwards,
                               "rows": spec.rows, "text": spec.result.text[0]}
                 seconds[repeat][j] += time.perf_counter() - started
+                cpu[repeat][j] += time.process_time() - cpu_started
                 if repeat == 0:
                     outcome[j].append(record)
         log(f"  repeat {repeat + 1}/{repeats}: " + ", ".join(
@@ -189,27 +193,41 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
         reference = outcome[0 if config is stepwise else 3]
         median = statistics.median(seconds[r][j] for r in range(repeats))
         base = statistics.median(seconds[r][0] for r in range(repeats))
+        cpu_ratio = (statistics.median(cpu[r][0] for r in range(repeats))
+                     / statistics.median(cpu[r][j] for r in range(repeats)))
         entries.append({
             "label": label, "draft_steps": steps, "branch": width,
             "forwards": statistics.fmean(o["forwards"] for o in outcome[j]),
             "rows": statistics.fmean(o["rows"] for o in outcome[j]),
             "seconds": median, "speedup_vs_one_per_step": base / median,
+            "cpu_speedup_vs_one_per_step": cpu_ratio,
             "identical_rate": statistics.fmean(o["tokens"] == ref["tokens"]
                                                for o, ref in zip(outcome[j], reference)),
             "accuracy": statistics.fmean(TASKS[e.task].score(e, o["text"] or "")
                                          for e, o in zip(examples, outcome[j])),
         })
-    base_forwards = entries[0]["forwards"]
-    head = f"{'configuration':<52} {'NFE':>6} {'rows':>6} {'NFE cut':>7} {'speedup':>7} {'ident.':>6} {'acc':>5}"
-    log(head)
-    log("-" * len(head))
     for e in entries:
-        log(f"{e['label']:<52} {e['forwards']:>6.2f} {e['rows']:>6.1f} "
-            f"{base_forwards / e['forwards']:>6.2f}x {e['speedup_vs_one_per_step']:>6.2f}x "
-            f"{e['identical_rate']:>6.0%} {e['accuracy']:>5.0%}")
+        e["forward_reduction"] = entries[0]["forwards"] / e["forwards"]
+    table(entries, [("NFE", "forwards", "{:.2f}"), ("rows", "rows", "{:.1f}"),
+                    ("NFE cut", "forward_reduction", "{:.2f}x"), ("wall", "speedup_vs_one_per_step", "{:.2f}x"),
+                    ("cpu", "cpu_speedup_vs_one_per_step", "{:.2f}x"), ("ident.", "identical_rate", "{:.0%}"),
+                    ("acc", "accuracy", "{:.1%}")], log)
     log("  (identical: to one token per step for its self-speculation, to threshold decoding for "
         "threshold's)")
     return {"prompts": len(examples), "gen_length": 32, "rows": entries}
+
+
+def table(entries: list[dict[str, Any]], columns: list[tuple[str, str, str]],
+          log: Callable[[str], None]) -> None:
+    """One row per entry: its label, then (heading, key, format) columns."""
+    width = max(len("configuration"), *(len(e["label"]) for e in entries)) + 1
+    cells = [[fmt.format(e[key]) for _, key, fmt in columns] for e in entries]
+    sizes = [max(len(heading), *(len(row[i]) for row in cells)) for i, (heading, _, _) in enumerate(columns)]
+    head = f"{'configuration':<{width}}" + " ".join(f"{h:>{n}}" for (h, _, _), n in zip(columns, sizes))
+    log(head)
+    log("-" * len(head))
+    for e, row in zip(entries, cells):
+        log(f"{e['label']:<{width}}" + " ".join(f"{c:>{n}}" for c, n in zip(row, sizes)))
 
 
 def _rollbacks(text: str) -> list[float | None]:
