@@ -172,7 +172,7 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
             draft, draft_state = drafter.propose(context, width, sampling, generator, eos,
                                                  draft_state, stop)
             draft_forwards += draft.forwards
-            if len(draft):
+            if len(draft) and (not adaptive or scheduler.cuts):
                 state = sched_state if adaptive else scheduler.init_state(1, device)
                 spine = draft.spine()
                 g, state = draft_length(scheduler, spine, state, vocab, width, generator, eos)

@@ -71,9 +71,12 @@ class DraftLengthScheduler(Scheduler):
         early_stops: a drafter that drafts token by token stops as soon as `select` (on a fresh
             state) would cut before its newest token (`EarlyStop`); off for rules whose `select`
             cuts nothing (the width already is their choice).
+        cuts: `select` may verify fewer tokens than were drafted; False (the width already is
+            the choice) lets the loop skip asking it each round.
     """
 
     early_stops: ClassVar[bool] = False
+    cuts: ClassVar[bool] = True
 
     def propose_length(self, state: Any) -> int | None:
         """Tokens to draft this round (the loop caps it at `max_draft`), or None for the cap."""
@@ -112,6 +115,8 @@ class HeuristicScheduler(DraftLengthScheduler):
         minimum: lower bound of the draft length.
         maximum: upper bound (the loop's `max_draft` caps it too).
     """
+
+    cuts: ClassVar[bool] = False
 
     initial: int = 5
     increase: int = 2

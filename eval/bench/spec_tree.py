@@ -8,10 +8,11 @@ runtime (transformers `hf`, `compact`); every configuration decodes the same pro
 rotated order within each repeat (`spec.measure`), so load drifts hit all alike:
 
 * plain AR greedy (the baseline of every speed-up);
-* chain: the distilled draft (compact runtime), HF's heuristic draft length (k <= 16), and a
-  constant k = 16 (the node budget the trees get);
-* tree: the same draft and the same schedules, `--tree-branch` / `--tree-budget` (a tree holds
-  the chain plus alternatives, one draft forward per depth, as the chain);
+* chain: the distilled draft (compact runtime), HF's heuristic draft length (k <= 16), a
+  constant k = 16 (the node budget the trees get) and the threshold rule at 0.4;
+* tree: the same draft and the same schedules, `--tree-branch` / `--tree-budget` /
+  `--tree-min-prob` (a tree holds the chain plus alternatives, one draft forward per depth, as
+  the chain; at most as many nodes as the constant chain's k);
 * staged: `staged:ar_draft>lookup` (the draft's own drafting speculated by prompt lookup), as a
   chain and with free sibling leaves;
 * BiLD: fallback alpha_fb (N = 10) with exact verification and with rollback at alpha_rb nats.
@@ -54,7 +55,7 @@ DEFAULT_ROLLBACKS = (None, 1.0, 2.0, 3.0, 5.0)
 
 def run(*, target: str = "ar_target", draft: str = "ar_draft", dllm: str = "embedded",
         per_task: int = 4, repeats: int = 3, max_new_tokens: int = 48,
-        runtimes: Sequence[str] = ("hf", "compact"), tree: TreeShape = TreeShape(4, 16),
+        runtimes: Sequence[str] = ("hf", "compact"), tree: TreeShape = TreeShape(4, 16, 0.05),
         bild_fallback: float = 0.6, bild_rollbacks: Sequence[float | None] = DEFAULT_ROLLBACKS,
         self_per_task: int = 2, self_repeats: int = 2, draft_steps: int = 8, self_branch: int = 2,
         threads: int = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -94,6 +95,8 @@ def ar_configs(draft: Any, tree: TreeShape, bild_fallback: float,
         Config(f"{name}, heuristic", ModelDrafter(draft, tree), heuristic, 16, draft),
         Config("chain, constant k=16", ModelDrafter(draft), constant, 16, draft),
         Config(f"{name}, constant k=16", ModelDrafter(draft, tree), constant, 16, draft),
+        Config("chain, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 16, draft),
+        Config(f"{name}, threshold 0.4", ModelDrafter(draft, tree), ThresholdScheduler(0.4), 16, draft),
         Config("staged >lookup, heuristic", StagedDrafter(ModelDrafter(draft), lookup), heuristic, 16, draft),
         Config(f"staged >lookup + leaves {tree.branch}/{tree.budget}, heur.",
                StagedDrafter(ModelDrafter(draft, tree), lookup), heuristic, 16, draft),
@@ -141,7 +144,7 @@ def ar_suite(loaded: Any, draft_hf: Any, runtime: str, per_task: int, repeats: i
     name = f"tree {tree.branch}/{tree.budget}"
     ratios = {schedule: by_label[f"{name}, {schedule}"]["mean_accepted_tokens"]
               / by_label[f"chain, {schedule}"]["mean_accepted_tokens"]
-              for schedule in ("heuristic", "constant k=16")}
+              for schedule in ("heuristic", "constant k=16", "threshold 0.4")}
     log("  tokens per target call, tree / chain: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     return {"target_runtime": runtime, "prompts": len(prompts), "rows": entries,
             "tree_over_chain_tokens_per_call": ratios}
@@ -249,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runtimes", default="hf,compact", help="target runtimes, comma list")
     parser.add_argument("--tree-branch", type=int, default=4)
     parser.add_argument("--tree-budget", type=int, default=16)
+    parser.add_argument("--tree-min-prob", type=float, default=0.05)
     parser.add_argument("--bild-fallback", type=float, default=0.6)
     parser.add_argument("--bild-rollbacks", type=_rollbacks, default=list(DEFAULT_ROLLBACKS),
                         help="comma list of alpha_rb in nats, `none` = exact (default none,1,2,3,5)")
@@ -264,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     runtimes = [part.strip() for part in args.runtimes.split(",") if part.strip()]
     report = run(target=args.target, draft=args.draft, dllm=args.dllm, per_task=args.per_task,
                  repeats=args.repeats, max_new_tokens=args.max_new_tokens, runtimes=runtimes,
-                 tree=TreeShape(args.tree_branch, args.tree_budget), bild_fallback=args.bild_fallback,
+                 tree=TreeShape(args.tree_branch, args.tree_budget, args.tree_min_prob),
+                 bild_fallback=args.bild_fallback,
                  bild_rollbacks=args.bild_rollbacks, self_per_task=args.self_per_task,
                  self_repeats=args.self_repeats, draft_steps=args.draft_steps,
                  self_branch=args.self_branch, threads=args.threads,

@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
         grow = _Growth(sampling, generator)
         frontier, fed, forwards = [-1], [], 1
         for depth in range(width):                # one forward per depth: autoregressive
-            grow.expand(frontier, logits, shape.branch)
+            grow.expand(frontier, logits, shape)
             if depth + 1 == width or (stop is not None and stop(grow.draft(grow.tree.spine(), None))):
                 break
             frontier = grow.next_frontier(depth, shape, eos_ids)
@@ -121,10 +121,12 @@ class _Growth:
         self.sampled: list[bool] = []
         self.confidence: list[float] = []
 
-    def expand(self, frontier: list[int], logits: Tensor, branch: int) -> None:
+    def expand(self, frontier: list[int], logits: Tensor, shape: TreeShape) -> None:
         """Children of every frontier node from its row of (m, V) next-token logits: the first
         is the argmax (greedy) or, on the spine, a sample from q; the others are the most
-        probable remaining tokens."""
+        probable remaining tokens, in decreasing probability, kept while their path probability
+        reaches `shape.min_prob` (the spine's child always)."""
+        branch, floor = shape.branch, shape.min_value
         q = self.sampling.probs(logits)
         spine = self.tree.spine()
         anchor = spine[-1] if spine else -1                    # the node the spine grows from
@@ -143,11 +145,15 @@ class _Growth:
         else:
             conf, picks = q.topk(branch, dim=-1)
         tokens, conf_list = picks.tolist(), conf.tolist()      # one host sync per depth
+        tree = self.tree
         for row, node in enumerate(frontier):
+            above = tree.value[node] if node >= 0 else 0.0
             for rank, (token, c) in enumerate(zip(tokens[row], conf_list[row])):
-                if c <= 0.0:                                    # outside top-k/top-p: no child
-                    continue
-                self.tree.add(node, token, math.log(c))
+                if c <= 0.0 or (rank and above + math.log(c) < floor):
+                    break                      # outside top-k/top-p, or too improbable to verify
+                if not rank and above + math.log(c) < floor and row != spine_row:
+                    break
+                tree.add(node, token, math.log(c))
                 self.q.append(q[row])
                 self.sampled.append(rank == 0 and row == sampled_row)
                 self.confidence.append(c)

@@ -108,7 +108,7 @@ class StagedDrafter(Drafter):
                     tree.add(parent, alt, math.log(a))
                     source.append((depth, alt))
             parent = node
-        order, parents = tree.layout(tree.select(shape.budget, width))
+        order, parents = tree.layout(tree.select(shape.budget, width, shape.min_value))
         if parents is None:
             return chain.head(len(order))
         depth_rows = torch.tensor([source[n][0] for n in order], device=q.device)
