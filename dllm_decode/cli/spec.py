@@ -16,12 +16,22 @@ RUNTIME_CHOICES = ("hf", "compact")
               help="Causal LM: `ar_target`, `smollm2`, a directory, a .gguf or an HF cache id.")
 @click.option("--draft", "draft_spec", default="ar_draft", show_default=True,
               help="A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf), `lookup[:MAX_NGRAM]`, "
-                   "`layerskip:N` or `layerskip:0,2,3`, `dllm[:MODEL]`, or `none` (plain AR).")
+                   "`layerskip:N` or `layerskip:0,2,3`, `dllm[:MODEL]`, `staged:FIRST>SECOND` "
+                   "(FIRST's own drafting speculated by SECOND, e.g. `staged:ar_draft>lookup`), "
+                   "or `none` (plain AR).")
 @click.option("--scheduler", default="heuristic", show_default=True,
-              help="Decides each round's draft length: `heuristic` or any diffusion scheduler "
-                   "(see `dllm_decode.speculative.schedule`).")
+              help="Decides each round's draft length: `heuristic`, `bild` (BiLD: -o fallback=0.6 "
+                   "-o rollback=5|none -o max_small=10; rollback is lossy, greedy only) or any "
+                   "diffusion scheduler (see `dllm_decode.speculative.schedule`).")
 @click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
               callback=key_values, help="Override a scheduler field; repeatable.")
+@click.option("--tree-branch", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="Token tree: candidates per expanded node and nodes expanded per depth "
+                   "(1: a chain). For model, layerskip, lookup and staged drafts.")
+@click.option("--tree-budget", type=click.IntRange(1, 512), default=16, show_default=True,
+              help="Most tree nodes the target verifies per round (the chain first).")
+@click.option("--tree-min-prob", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+              show_default=True, help="Smallest draft path probability of a node off the chain.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Most tokens drafted per round (k).")
@@ -48,19 +58,21 @@ RUNTIME_CHOICES = ("hf", "compact")
 @click.option("--device", default=None, help="torch device (default: cpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: dict[str, str],
-                 max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
+                 tree_branch: int, tree_budget: int, tree_min_prob: float, max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
                  top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
                  dllm_drop: str, prompt: str | None, chat_template: bool, runtime: str,
                  draft_runtime: str, device: str | None, as_json: bool) -> None:
-    """Autoregressive speculative decoding: draft, let the scheduler pick the draft length,
-    verify with the target (greedy: identical to the target's greedy output). Batch size 1."""
+    """Autoregressive speculative decoding: draft a chain or a token tree, let the scheduler
+    pick the draft length, verify with the target in one forward (greedy: identical to the
+    target's greedy output; sampling: the target's distribution). Batch size 1."""
     import torch
 
     from dllm_decode.cli.options import device_option, read_prompt, usage_errors
     from dllm_decode.prompts import chat_prompt
     from dllm_decode.registry import component, component_dict
-    from dllm_decode.speculative import (DraftContext, Sampling, SpecConfig, make_drafter,
-                                         speculative_generate, with_runtime)
+    from dllm_decode.speculative import (DiffusionDrafter, DraftContext, Sampling, SpecConfig,
+                                         TreeShape, make_drafter, speculative_generate,
+                                         with_runtime)
     from dllm_decode.speculative.models import load_causal_lm
     from dllm_decode.speculative.schedule import draft_length_rule
 
@@ -69,6 +81,10 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
     with usage_errors():
         config = SpecConfig(scheduler=rule, max_new_tokens=max_new_tokens, max_draft=max_draft,
                             sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
+    tree = None
+    if tree_branch > 1:
+        with usage_errors("--tree-branch / --tree-budget / --tree-min-prob"):
+            tree = TreeShape(tree_branch, tree_budget, tree_min_prob)
     with usage_errors("--dllm-scheduler / --dllm-opt"):
         unmasking = component("scheduler", {"name": dllm_scheduler, **dllm_opts})
     text = read_prompt(prompt)
@@ -78,7 +94,10 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
         loaded = load_causal_lm(target, device=where)
     with usage_errors("--draft"):
         drafter, _ = make_drafter(draft_spec, DraftContext(loaded, where, draft_runtime, unmasking,
-                                                           dllm_drop))
+                                                           dllm_drop, tree))
+    if tree is not None and (drafter is None or isinstance(drafter, DiffusionDrafter)):
+        raise click.UsageError(f"--tree-branch {tree_branch}: the draft {draft_spec!r} cannot draft "
+                               f"a token tree (use a model, layerskip, lookup or staged draft)")
     with usage_errors("--runtime"):
         target_model = with_runtime(loaded, runtime)
     with usage_errors():
@@ -91,6 +110,8 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
     click.echo(json.dumps({**result.to_dict(), "target": target, "draft": draft_spec,
                            "scheduler": component_dict(rule), "runtime": runtime,
                            "draft_runtime": draft_runtime, "max_draft": max_draft,
+                           "tree": None if tree is None else {"branch": tree.branch, "budget": tree.budget,
+                                                              "min_prob": tree.min_prob},
                            "max_new_tokens": max_new_tokens, "temperature": temperature,
                            "top_k": top_k, "top_p": top_p, "seed": seed}))
 

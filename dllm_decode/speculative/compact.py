@@ -36,7 +36,8 @@ class CompactCache:
     """Per-layer keys (rotated) and values in preallocated (B, Hkv, capacity, D) buffers.
 
     Follows the two transformers-cache methods the AR loop uses: `get_seq_length` and `crop`
-    (a negative argument drops that many positions, a non-negative one keeps that many).
+    (a negative argument drops that many positions, a non-negative one keeps that many), plus
+    `gather` for token trees.
     """
 
     def __init__(self, layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -53,6 +54,14 @@ class CompactCache:
 
     def crop(self, size: int) -> None:
         self.length = max(0, self.length + size) if size < 0 else min(self.length, size)
+
+    def gather(self, start: int, rows: Tensor) -> None:
+        """Copy positions `rows` to `start`, `start + 1`, ... in every layer (token-tree
+        compaction; the caller then cuts the length)."""
+        end = start + rows.shape[0]
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[:, :, start:end] = buffer[:, :, rows]          # the index copies first
 
     def reserve(self, total: int) -> None:
         """Grow every buffer (doubling) so that `total` positions fit."""
@@ -131,14 +140,20 @@ class CompactCausalLM:
 
     def forward(self, input_ids: Tensor, past_key_values: CompactCache | None = None,
                 use_cache: bool = True, logits_to_keep: int = 0,
-                attention_mask: Tensor | None = None, **_: Any) -> CompactOutput:
+                attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                **_: Any) -> CompactOutput:
         """Next-token logits of `input_ids` (B, n) appended after the cached positions.
 
         `logits_to_keep` = 0 keeps every position (transformers' convention). The cache, when
         given, then holds the fed tokens too. No autograd: every weight is detached. No padding:
-        an `attention_mask` with zeros is refused (rows must be unpadded and equally long).
+        a 2-D `attention_mask` with zeros is refused (rows must be unpadded and equally long). A
+        4-D bool `attention_mask` (B or 1, 1, n, cached + n) is a custom mask (True = attend) and
+        `position_ids` (B or 1, n) custom positions, as transformers takes them: token trees.
         """
-        if attention_mask is not None and not bool(attention_mask.all()):
+        custom = attention_mask is not None and attention_mask.dim() == 4
+        if custom and attention_mask.dtype != torch.bool:
+            raise ValueError("the compact runtime takes a 4-D attention_mask as bool (True = attend)")
+        if attention_mask is not None and not custom and not bool(attention_mask.all()):
             raise ValueError("the compact runtime does not support padding (attention_mask with "
                              "zeros); use the 'hf' runtime for padded batches")
         if past_key_values is not None and not isinstance(past_key_values, CompactCache):
@@ -148,10 +163,13 @@ class CompactCausalLM:
         start, n = cache.length, input_ids.shape[1]
         total = start + n
         cache.reserve(total)
-        cos, sin = self._rope(start, total)
+        if position_ids is None:
+            cos, sin = self._rope(start, total)
+        else:
+            cos, sin = self._rope_at(position_ids[0])
         # Causal mask for several fed tokens; a single token attends to everything cached.
-        mask = None
-        if n > 1:
+        mask = attention_mask if custom else None
+        if n > 1 and not custom:
             mask = torch.ones(n, total, dtype=torch.bool, device=input_ids.device).tril(start)
         batch, d = input_ids.shape[0], self.embed.shape[1]
         h = F.embedding(input_ids.reshape(-1), self.embed)                 # (B n, d)
@@ -176,6 +194,11 @@ class CompactCausalLM:
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return CompactOutput(rms_normalize(h, self.eps) @ self.head)
+
+    def _rope_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos/sin rows for arbitrary (n,) positions."""
+        self._rope(0, int(positions.max()) + 1)
+        return self._cos[positions, None], self._sin[positions, None]
 
     def _rope(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """cos/sin rows for positions [start, end), from tables grown by doubling."""

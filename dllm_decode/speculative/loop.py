@@ -1,10 +1,12 @@
 """`speculative_generate`: the autoregressive draft-then-verify loop (batch size 1).
 
-Per round: the drafter proposes up to k tokens, the scheduler decides how many of them to
-verify (`schedule.draft_length`), one target forward scores them all, verification appends the
-accepted prefix plus one target token, and the target's KV cache is cut back to the accepted
-context. Without a drafter every round is one plain AR step, which is the baseline the speedups
-are measured against.
+Per round: the drafter proposes up to k levels, a chain or a token tree (`tree.py`), the
+scheduler decides how many levels to verify (`schedule.draft_length`, shown the tree's spine),
+one target forward scores every node (a tree under its tree mask), verification appends the
+accepted path plus one target token, and the target's KV cache is cut back to the accepted
+context (a tree's path gathered into place). A chain is the width-1 tree: the same round, with
+the mask and the gather skipped. Without a drafter every round is one plain AR step, which is
+the baseline the speedups are measured against.
 
 Batch size 1 only, as HF assisted generation ("assisted generate is only supported for
 batch_size = 1"): per-row acceptance makes the caches ragged (spec speculative.md §6).
@@ -15,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -23,11 +25,11 @@ from torch import Tensor
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.prompts import encode_prompts
 from dllm_decode.speculative.drafters.base import Draft, Drafter
-from dllm_decode.speculative.kv import KV, extend, new_kv, rollback
+from dllm_decode.speculative.kv import KV, extend, keep_path, new_kv
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.schedule import (DraftLengthScheduler, EarlyStop, check_scheduler,
                                               draft_length)
-from dllm_decode.speculative.verify import greedy_verify, speculative_verify
+from dllm_decode.speculative.verify import greedy_tree, sample_tree
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,11 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         check_scheduler(self.scheduler)
+        if isinstance(self.scheduler, DraftLengthScheduler) and self.scheduler.lenience() is not None \
+                and not self.sampling.greedy:
+            raise ValueError(f"{type(self.scheduler).__name__}'s lenient (rollback) verification is "
+                             f"greedy only, as BiLD's reference; use temperature 0, or no rollback "
+                             f"threshold for exact speculative sampling")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 1 <= self.max_draft <= 256:
@@ -70,8 +77,10 @@ class SpecResult:
         text: decoded `tokens` without special tokens (None without a tokenizer).
         appended: tokens appended per target forward (Spec-Bench's accept length: accepted
             drafts plus the correction/bonus token; 1 for plain AR).
-        drafted: draft length verified by each target forward.
-        matched: drafts accepted by each target forward.
+        drafted: draft length (levels: a tree's depth) verified by each target forward.
+        matched: drafts accepted by each target forward (the accepted path's length).
+        nodes: draft tokens verified by each target forward (a tree's node count; a chain's
+            length).
         target_forwards: target forward passes (one per round; the first also prefills).
         draft_forwards: drafter forward passes (dLLM NFE for a diffusion drafter).
         seconds: wall-clock of the call.
@@ -85,6 +94,7 @@ class SpecResult:
     draft_forwards: int
     seconds: float
     text: str | None = None
+    nodes: list[int] = field(default_factory=list)
 
     @property
     def mean_accepted(self) -> float:
@@ -102,6 +112,7 @@ class SpecResult:
         return {"text": self.text, "tokens": self.tokens.tolist(), "new_tokens": len(self.tokens),
                 "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
                 "accepted_per_target_call": self.appended, "draft_lengths": self.drafted,
+                "draft_nodes": self.nodes,
                 "mean_accepted_tokens": self.mean_accepted,
                 "target_forwards_per_token": self.target_forwards / max(1, len(self.tokens)),
                 "acceptance_rate": self.acceptance_rate, "seconds": self.seconds}
@@ -142,9 +153,11 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
     sched_state = scheduler.init_state(1, device)
     draft_state = drafter.init_state() if drafter is not None else None
     vocab = _vocab_size(target)
+    lenience = scheduler.lenience() if adaptive else None
     appended: list[int] = []
     drafted: list[int] = []
     matched: list[int] = []
+    nodes: list[int] = []
     draft_forwards = 0
     prompt_length = context.shape[0]
     while (remaining := config.max_new_tokens - (context.shape[0] - prompt_length)) > 0:
@@ -154,18 +167,25 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
         draft = Draft.empty(device)
         if drafter is not None and width > 0:
             stop = None
-            if config.early_stop and not adaptive:
+            if config.early_stop and (not adaptive or scheduler.early_stops):
                 stop = EarlyStop(scheduler, width, vocab, eos)
             draft, draft_state = drafter.propose(context, width, sampling, generator, eos,
                                                  draft_state, stop)
             draft_forwards += draft.forwards
-            if len(draft):
+            if len(draft) and (not adaptive or scheduler.cuts):
                 state = sched_state if adaptive else scheduler.init_state(1, device)
-                g, state = draft_length(scheduler, draft, state, vocab, width, generator, eos)
+                spine = draft.spine()
+                g, state = draft_length(scheduler, spine, state, vocab, width, generator, eos)
+                if not sampling.greedy:
+                    # Whether a sampled draft token is verified must not depend on the token
+                    # itself (a cut before a low-confidence token biases the law); verify the
+                    # token that stopped the run too, as HF's confidence stop does.
+                    g = min(len(spine), g + 1)
                 sched_state = state if adaptive else sched_state
                 draft = draft.head(g)
-        g = len(draft)
-        new, n, kv = verify_round(target, kv, context, draft, sampling, generator)
+        g = draft.depth
+        new, path, kv, _ = verify_round(target, kv, context, draft, sampling, generator, lenience)
+        n = len(path)
         if adaptive and g:
             sched_state = scheduler.feedback(sched_state, g, n)
         new = new[:remaining]
@@ -179,31 +199,51 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
         appended.append(int(new.shape[0]))
         drafted.append(g)
         matched.append(n)
+        nodes.append(len(draft))
         if finished:
             break
     tokens = context[prompt_length:].cpu()
     text = tokenizer.decode(tokens.tolist(), skip_special_tokens=True) if tokenizer is not None else None
     return SpecResult(tokens=tokens, appended=appended, drafted=drafted, matched=matched,
                       target_forwards=len(appended), draft_forwards=draft_forwards,
-                      seconds=time.perf_counter() - started, text=text)
+                      seconds=time.perf_counter() - started, text=text, nodes=nodes)
+
+
+class Verdict(NamedTuple):
+    """One verification round's outcome.
+
+    Attributes:
+        tokens: (n + 1,) long tokens to append: the accepted path and one target token.
+        path: the accepted node indices (a chain's: 0..n-1).
+        kv: the target's state; its cache holds exactly the context plus the accepted path (the
+            appended target token is fed with the next drafts; HF crops to `new_cur_len - 1`).
+        logits: (n + 1, V) float32 the target's logits at each appended token's position (what
+            a staged drafter reports as its draft law).
+    """
+
+    tokens: Tensor
+    path: list[int]
+    kv: KV
+    logits: Tensor
 
 
 def verify_round(target: Any, kv: KV, context: Tensor, draft: Draft, sampling: Sampling,
-                 generator: torch.Generator | None) -> tuple[Tensor, int, KV]:
-    """One target forward over the context's uncached tail plus the draft, verification, rollback.
+                 generator: torch.Generator | None, lenience: float | None = None) -> Verdict:
+    """One target forward over the context's uncached tail plus the draft (a chain, or a token
+    tree under its tree mask), verification, and the cache cut back to the accepted path.
 
-    Returns:
-        The tokens to append ((n + 1,) long), n the accepted drafts, and the target's state,
-        whose cache then holds exactly `context` + the n accepted drafts: the appended target
-        token is fed (with the next drafts) in the next round (HF crops to `new_cur_len - 1`).
+    Args:
+        lenience: BiLD's rollback threshold in nats for a lenient greedy check (None: exact).
     """
     g = len(draft)
-    logits, kv = extend(target, kv, torch.cat([context, draft.tokens]), g + 1)
+    logits, kv = extend(target, kv, torch.cat([context, draft.tokens]), g + 1, draft.parents)
     if sampling.greedy:
-        new, n = greedy_verify(draft.tokens, logits)
+        path, new = greedy_tree(draft.tokens, draft.parents, logits, lenience)
     else:
-        new, n = speculative_verify(draft.tokens, draft.probs, sampling.probs(logits), generator)
-    return new, n, rollback(kv, context.shape[0] + n)
+        path, new = sample_tree(draft.tokens, draft.parents, draft.probs, sampling.probs(logits),
+                                generator)
+    rows = torch.tensor([0] + [node + 1 for node in path], device=logits.device)
+    return Verdict(new, path, keep_path(kv, context.shape[0], path), logits[rows])
 
 
 def eos_ids_of(model: Any, tokenizer: Any = None) -> tuple[int, ...]:

@@ -29,6 +29,10 @@ one) is the draft that the target verifies. How the registered schedulers map:
   the tokens); an "all-in" finish keeps the whole draft.
 * `heuristic` (`HeuristicScheduler`, AR-only, so not in the diffusion `SCHEDULERS`): HF's
   `num_assistant_tokens_schedule="heuristic"`: +2 after a fully accepted draft, -1 otherwise.
+* `bild` (`BildScheduler`, AR-only): BiLD's fallback (stop drafting below alpha_fb, at most N
+  tokens) and rollback (a lenient greedy check at alpha_rb nats; not exact).
+* a token tree is shown as its spine (the chain of first children): the cut keeps that many
+  levels of the tree.
 
 Confidence shown to the scheduler: the running minimum of the drafter's per-token probabilities.
 A draft position is usable only if every earlier one is, so its weakest link bounds it. This is
@@ -45,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -60,8 +64,19 @@ class DraftLengthScheduler(Scheduler):
     """A scheduler that also chooses how many tokens to draft and learns from verification.
 
     The propose/feedback pair of HF's `CandidateGenerator` (`get_candidates` length and
-    `update_candidate_strategy(..., num_matches)`), as optional hooks over the explicit state.
+    `update_candidate_strategy(..., num_matches)`), as optional hooks over the explicit state,
+    plus the verification rule's lenience (BiLD's rollback).
+
+    Class attributes:
+        early_stops: a drafter that drafts token by token stops as soon as `select` (on a fresh
+            state) would cut before its newest token (`EarlyStop`); off for rules whose `select`
+            cuts nothing (the width already is their choice).
+        cuts: `select` may verify fewer tokens than were drafted; False (the width already is
+            the choice) lets the loop skip asking it each round.
     """
+
+    early_stops: ClassVar[bool] = False
+    cuts: ClassVar[bool] = True
 
     def propose_length(self, state: Any) -> int | None:
         """Tokens to draft this round (the loop caps it at `max_draft`), or None for the cap."""
@@ -70,6 +85,17 @@ class DraftLengthScheduler(Scheduler):
     def feedback(self, state: Any, drafted: int, accepted: int) -> Any:
         """The target accepted `accepted` of `drafted` tokens; return the new state."""
         return state
+
+    def lenience(self) -> float | None:
+        """Nats of target cross-entropy under which a non-argmax draft token is still accepted
+        by greedy verification (BiLD's rollback threshold; not exact), or None: exact."""
+        return None
+
+    def continue_drafting(self, confidence: float) -> bool | None:
+        """Fast early-stop test on the newest drafted token's confidence (the spec's
+        `DraftLengthPolicy.continue_drafting`, speculative-2.md §4.3): False stops drafting,
+        True continues, None asks `select` (through `EarlyStop`)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,8 @@ class HeuristicScheduler(DraftLengthScheduler):
         minimum: lower bound of the draft length.
         maximum: upper bound (the loop's `max_draft` caps it too).
     """
+
+    cuts: ClassVar[bool] = False
 
     initial: int = 5
     increase: int = 2
@@ -120,8 +148,62 @@ class HeuristicScheduler(DraftLengthScheduler):
         return max(self.minimum, min(self.maximum, state + step))
 
 
+@dataclass(frozen=True)
+class BildScheduler(DraftLengthScheduler):
+    """BiLD, the Big Little Decoder (Kim et al., NeurIPS 2023, arXiv 2302.07863): fallback and
+    rollback policies over the small (draft) and large (target) model.
+
+    * Fallback: the small model drafts while its probability of the token it picks stays at or
+      above `fallback` (alpha_fb; for a greedy draft that is its max softmax probability, the
+      reference's test), at most `max_small` (N) tokens; the first token below it is dropped and
+      the large model decides that position. (The draft-length interface verifies at least one
+      token: when the very first token fails it is verified anyway, which only helps.)
+    * Rollback: the large model's check also keeps a small-model token that is not its argmax
+      when its cross-entropy -log p_L(y) is at most `rollback` nats (alpha_rb), and rolls back
+      from the first token above it, emitting the large model's token there. Checked at every
+      position (the reference checks only the first above-threshold one, spec speculative-2.md
+      §1.3-1.5). Not exact: a speed/quality knob; greedy only, as the reference.
+      `rollback=None` is exact verification with BiLD's stop rule ("BiLD-stop", §1.6).
+
+    Defaults are the reference code's (0.6, 5.0, 10); 0 means 0 here (the reference silently
+    replaces a 0 threshold by its default). Stateless.
+
+    Attributes:
+        fallback: alpha_fb in [0, 1].
+        rollback: alpha_rb >= 0 in nats, or None (exact).
+        max_small: N, most consecutive small-model tokens per round.
+    """
+
+    fallback: float = 0.6
+    rollback: float | None = 5.0
+    max_small: int = 10
+    early_stops: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fallback <= 1.0:
+            raise ValueError(f"fallback must be in [0, 1], got {self.fallback}")
+        if self.rollback is not None and not 0.0 <= self.rollback <= 100.0:
+            raise ValueError(f"rollback must be in [0, 100] nats or None, got {self.rollback}")
+        if not 1 <= self.max_small <= 256:
+            raise ValueError(f"max_small must be in [1, 256], got {self.max_small}")
+
+    def propose_length(self, state: Any) -> int:
+        return self.max_small
+
+    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        # `confidence` is the running minimum of the draft's probabilities: a leading run.
+        return Decision(commit=inp.eligible & (inp.confidence >= self.fallback)), state
+
+    def lenience(self) -> float | None:
+        return self.rollback
+
+    def continue_drafting(self, confidence: float) -> bool:
+        return confidence >= self.fallback
+
+
 SPEC_SCHEDULERS: dict[str, type[Scheduler]] = {
     "heuristic": HeuristicScheduler,    # HF assisted generation, +2 / -1 (AR-only)
+    "bild": BildScheduler,              # BiLD fallback + rollback (Kim et al. 2023; lossy rollback)
 }
 
 
@@ -234,6 +316,10 @@ class EarlyStop:
         if drafted >= self.width:
             return False
         newest = float(partial.confidence[-1])           # one host sync per drafted token
+        fast = self.scheduler.continue_drafting(newest) if isinstance(
+            self.scheduler, DraftLengthScheduler) else None
+        if fast is not None:
+            return not fast
         if newest < self.floor:
             self.floor = newest
             state = self.scheduler.init_state(1, partial.tokens.device)

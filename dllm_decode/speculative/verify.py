@@ -1,15 +1,35 @@
-"""Verification of one draft against one target forward: greedy matching and speculative sampling.
+"""Verification of one draft, a chain or a token tree, against one target forward.
 
-Both take the g drafted tokens and the target's g + 1 next-token distributions (row i predicts the
-token after draft i - 1; the last row is the bonus position) and return the tokens to append:
-the accepted drafts followed by exactly one target token (the correction at the first rejection,
-or the bonus token when every draft passes). Pure tensor functions, one host sync each.
+The target's rows: row 0 predicts the token after the context (the root), row i + 1 the token
+after node i. Verification walks down from the root and returns the accepted path (node indices)
+and the tokens to append: the path's tokens followed by exactly one target token (the correction
+where no child is accepted, or the bonus token after a leaf). A chain is the width-1 tree and
+goes through the same walk (`greedy_verify` / `speculative_verify` are its chain entry points).
+
+Rules (spec speculative-2.md §2.3):
+* greedy: descend into the child equal to the target's argmax; at the first node without one,
+  emit the argmax. Identical to greedy AR in exact arithmetic.
+* sampling, recursive rejection (SpecInfer's multi-step speculative sampling, Miao et al. arXiv
+  2305.09781; RSD's recursive rejection sampling, arXiv 2402.14160): at a node, r <- p; try the
+  children in proposal order, accepting child c with probability min(1, r(c) / q_c(c)) where q_c
+  is the law c was drawn from given its elder siblings, else r <- norm(max(0, r - q_c)); if every
+  child is rejected, sample from r. A deterministic child has a one-hot law (r(c) accepts, the
+  residual drops c: SGLang's target-only tree rule, Rule A); one child is Leviathan et al.'s rule.
+  A deterministic child verified with a soft q instead is biased (spec §2.3, toy TV 0.22).
+* lenient greedy (BiLD's rollback, Kim et al. arXiv 2302.07863): also descend into a child whose
+  target cross-entropy -log p(c) is at most `lenience` nats; not exact (a quality knob).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+from dllm_decode.speculative.tree import children_of
+
+_TINY = torch.finfo(torch.float64).tiny
 
 
 def leading_run(flags: Tensor) -> int:
@@ -17,11 +37,106 @@ def leading_run(flags: Tensor) -> int:
     return int(flags.long().cumprod(0).sum()) if flags.numel() else 0
 
 
-def greedy_verify(drafts: Tensor, target_logits: Tensor) -> tuple[Tensor, int]:
-    """Accept the longest prefix where draft == target argmax, then append the target's argmax.
+def _kids(n: int, parents: Sequence[int] | None):
+    """node -> its children in proposal order (a chain: the next node)."""
+    if parents is None:
+        return lambda node: [node + 1] if node + 1 < n else []
+    table = children_of(parents)
+    return lambda node: table.get(node, [])
 
-    Equals plain greedy decoding in exact arithmetic (Leviathan et al. 2023 §2; HF
-    `_assisted_decoding` "Case 2": `n_matches = ((~(candidates == selected)).cumsum(-1) < 1).sum()`).
+
+def greedy_tree(tokens: Tensor, parents: Sequence[int] | None, target_logits: Tensor,
+                lenience: float | None = None) -> tuple[list[int], Tensor]:
+    """Greedy verification of a chain (`parents=None`) or tree.
+
+    Args:
+        tokens: (n,) long drafted nodes.
+        parents: the tree's parent array, or None for a chain.
+        target_logits: (n + 1, V) target logits at the root and after each node.
+        lenience: BiLD rollback threshold in nats (None: exact).
+    Returns:
+        The accepted path (node indices, root to leaf) and the (len(path) + 1,) tokens to append.
+    """
+    best = target_logits.argmax(-1)                      # first index on ties, as plain greedy
+    wanted, drafted = best.tolist(), tokens.tolist()     # the round's host sync
+    kids = _kids(len(drafted), parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        row = node + 1
+        options = kids(node)
+        step = next((kid for kid in options if drafted[kid] == wanted[row]), None)
+        if step is None and lenience is not None and options:
+            logp = target_logits[row].float().log_softmax(-1)
+            scores = logp[torch.tensor([drafted[k] for k in options], device=logp.device)].tolist()
+            score, kid = max(zip(scores, options), key=lambda pair: (pair[0], -pair[1]))
+            step = kid if -score <= lenience else None
+        if step is None:
+            break
+        path.append(step)
+        node = step
+    emitted = [drafted[k] for k in path] + [wanted[node + 1]]
+    return path, torch.tensor(emitted, dtype=torch.long, device=tokens.device)
+
+
+def sample_tree(tokens: Tensor, parents: Sequence[int] | None, laws: Tensor | None,
+                target_probs: Tensor, generator: torch.Generator | None) -> tuple[list[int], Tensor]:
+    """Recursive rejection sampling over a chain or tree: the appended tokens are distributed
+    exactly as the target's (given that every node was drawn from its stated law).
+
+    Args:
+        tokens: (n,) long drafted nodes.
+        parents: the tree's parent array, or None for a chain.
+        laws: (n, V) the law each node was drawn from (given its elder siblings; one-hot rows for
+            deterministic nodes), or None when every node is deterministic.
+        target_probs: (n + 1, V) warped target distributions at the root and after each node.
+        generator: the only source of randomness.
+    Returns:
+        The accepted path and the (len(path) + 1,) tokens to append.
+    """
+    p = target_probs.double()
+    drafted = tokens.tolist()
+    kids = _kids(len(drafted), parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        r = p[node + 1]
+        step = None
+        for kid in kids(node):
+            x = drafted[kid]
+            q = None if laws is None else laws[kid].double()
+            ratio = float(r[x]) / max(1.0 if q is None else float(q[x]), _TINY)
+            # `u < ratio` (not <=) so a token the residual gives probability 0 is never accepted.
+            if float(torch.rand((), dtype=torch.float64, device=p.device, generator=generator)) < ratio:
+                step = kid
+                break
+            r = _residual(r, q, x)
+        if step is None:
+            token = int(torch.multinomial(r, 1, generator=generator))
+            break
+        path.append(step)
+        node = step
+    emitted = [drafted[k] for k in path] + [token]
+    return path, torch.tensor(emitted, dtype=torch.long, device=tokens.device)
+
+
+def _residual(r: Tensor, q: Tensor | None, x: int) -> Tensor:
+    """norm(max(0, r - q)) after rejecting a child drawn from q (one-hot at x when q is None)."""
+    if q is None:
+        residual = r.clone()
+        residual[x] = 0.0
+    else:
+        residual = (r - q).clamp_min(0.0)
+    total = residual.sum()
+    # r <= q everywhere happens only up to rounding (a rejection needs r(x) < q(x), hence mass
+    # elsewhere); keep r rather than divide by zero.
+    return torch.where(total > 0, residual / total.clamp_min(_TINY), r)
+
+
+def greedy_verify(drafts: Tensor, target_logits: Tensor) -> tuple[Tensor, int]:
+    """Chain entry point of `greedy_tree`: accept the longest prefix where draft == target
+    argmax, then append the target's argmax (Leviathan et al. 2023 §2; HF `_assisted_decoding`
+    "Case 2").
 
     Args:
         drafts: (g,) long drafted tokens, g >= 0.
@@ -29,21 +144,17 @@ def greedy_verify(drafts: Tensor, target_logits: Tensor) -> tuple[Tensor, int]:
     Returns:
         (n + 1,) long tokens to append and n, the number of accepted drafts.
     """
-    best = target_logits.argmax(-1)                      # first index on ties, as plain greedy
-    n = leading_run(drafts == best[:-1])
-    return best[:n + 1], n
+    path, new = greedy_tree(drafts, None, target_logits)
+    return new, len(path)
 
 
 def speculative_verify(drafts: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
                        generator: torch.Generator | None) -> tuple[Tensor, int]:
-    """Modified rejection sampling: the appended tokens are distributed exactly as the target's.
-
-    Leviathan et al. 2023 Alg. 1 / Chen et al. 2023: accept draft i with probability
-    min(1, p_i(x_i) / q_i(x_i)); at the first rejection sample from norm(max(0, p_i - q_i)) and
-    stop; if all g pass, sample a bonus token from p_{g+1}. A deterministic drafter (prompt lookup,
-    argmax dLLM unmasking) passes `draft_probs=None`: q is one-hot, so draft i is kept with
-    probability p_i(x_i) and the residual is p_i without x_i (spec §1.3; vLLM's
-    `draft_probs is None` path). `r < ratio` (not `<=`) so a token with p = 0 is never accepted.
+    """Chain entry point of `sample_tree`: modified rejection sampling (Leviathan et al. 2023
+    Alg. 1 / Chen et al. 2023). Accept draft i with probability min(1, p_i(x_i) / q_i(x_i)); at
+    the first rejection sample from norm(max(0, p_i - q_i)) and stop; if all g pass, sample a
+    bonus token from p_{g+1}. A deterministic drafter (prompt lookup, argmax dLLM unmasking)
+    passes `draft_probs=None`: q is one-hot (spec §1.3; vLLM's `draft_probs is None` path).
 
     Args:
         drafts: (g,) long drafted tokens.
@@ -54,23 +165,5 @@ def speculative_verify(drafts: Tensor, draft_probs: Tensor | None, target_probs:
     Returns:
         (n + 1,) long tokens to append and n, the number of accepted drafts.
     """
-    g = drafts.shape[0]
-    rows = torch.arange(g, device=drafts.device)
-    p = target_probs.double()
-    if draft_probs is None:
-        q = torch.nn.functional.one_hot(drafts, p.shape[-1]).double()
-    else:
-        q = draft_probs.double()
-    ratio = p[rows, drafts] / q[rows, drafts].clamp_min(torch.finfo(torch.float64).tiny)
-    r = torch.rand(g, dtype=torch.float64, device=drafts.device, generator=generator)
-    n = leading_run(r < ratio)
-    if n < g:
-        residual = (p[n] - q[n]).clamp_min(0.0)
-        # p <= q everywhere only up to rounding (a rejection needs p(x) < q(x), hence mass
-        # elsewhere); fall back to p itself rather than divide by zero.
-        total = residual.sum()
-        last = torch.where(total > 0, residual / total.clamp_min(torch.finfo(torch.float64).tiny), p[n])
-    else:
-        last = p[g]
-    token = torch.multinomial(last, 1, generator=generator)
-    return torch.cat([drafts[:n], token]), n
+    path, new = sample_tree(drafts, None, draft_probs, target_probs, generator)
+    return new, len(path)

@@ -105,6 +105,7 @@ class SpecRun:
     target_calls: int
     draft_seconds: float
     draft_calls: int
+    cpu_seconds: float = 0.0        # process CPU time: on a shared machine steadier than wall
 
 
 def theory_tokens(alpha: float, drafted: Sequence[int]) -> float:
@@ -134,9 +135,10 @@ def measure(target: Any, prompts: Sequence[Any], combos: Sequence[SpecCombo], re
         spec = SpecConfig(combo.scheduler, max_new_tokens=max_new_tokens, max_draft=combo.max_draft)
 
         def call() -> SpecRun:
+            cpu_started = time.process_time()
             with forward_timer(target) as t, forward_timer(combo.draft_model) as d:
                 result = speculative_generate(target, prompt, spec, combo.drafter)
-            return SpecRun(result, t[0], int(t[1]), d[0], int(d[1]))
+            return SpecRun(result, t[0], int(t[1]), d[0], int(d[1]), time.process_time() - cpu_started)
         return call
 
     runs = interleave([(combo.label, list(prompts)) for combo in combos], repeats, job, clock)
@@ -179,6 +181,7 @@ def summarize(measured: Sequence[tuple[SpecCombo, Runs[SpecRun]]],
             "seconds": runs.seconds(),
             "seconds_per_repeat": runs.per_repeat(),
             "speedup": speedup(base, runs),
+            "cpu_speedup": cpu_median(base) / cpu_median(runs),
             "exact": all(same),
             "same_output": 100 * sum(same) / len(same),
             "new_tokens": tokens,
@@ -187,6 +190,11 @@ def summarize(measured: Sequence[tuple[SpecCombo, Runs[SpecRun]]],
             entry["accuracy"] = scores(results)
         out.append(entry)
     return out
+
+
+def cpu_median(runs: Runs[SpecRun]) -> float:
+    """Median over repeats of the process CPU seconds summed over prompts."""
+    return statistics.median(sum(t.value.cpu_seconds for t in repeat) for repeat in runs.runs)
 
 
 def tokens_per_call_by_task(tasks: Sequence[str], results: Sequence[Any]) -> dict[str, float]:

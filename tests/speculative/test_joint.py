@@ -8,6 +8,8 @@ the loop must fail the same test.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from scipy import stats
@@ -15,7 +17,9 @@ from scipy import stats
 from dllm_decode.speculative import loop as loop_module
 from dllm_decode.speculative import (HeuristicScheduler, LookupDrafter, ModelDrafter, Sampling,
                                      SpecConfig, speculative_generate)
-from dllm_decode.schedulers import LowConfidenceScheduler
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.speculative.drafters import model as model_drafter
+from dllm_decode.speculative.tree import TreeShape
 from tests.speculative.conftest import MarkovLM
 
 V, LENGTH, N = 3, 3, 2000
@@ -67,11 +71,20 @@ CASES = {
                                        Sampling(0.7, top_k=2), HeuristicScheduler(initial=1), 4),
     "prompt lookup (one-hot q)": (lambda: LookupDrafter(), Sampling(1.0, top_p=0.9),
                                   LowConfidenceScheduler(steps_per_block=1), 2),
+    # A sampled spine plus deterministic siblings (one-hot laws), verified by recursive
+    # rejection sampling over the tree.
+    "tree, branch 3": (lambda: ModelDrafter(MarkovLM(DRAFT), TreeShape(3, 8)), Sampling(1.0),
+                       LowConfidenceScheduler(steps_per_block=1), 2),
+    # A cut that depends on a sampled token's own confidence: the loop verifies the token that
+    # stopped the run (dropping it, as the loop once did, fails this test: p ~ 2e-5).
+    "threshold cut": (lambda: ModelDrafter(MarkovLM(DRAFT)), Sampling(1.0), ThresholdScheduler(0.5), 2),
 }
 
 
 @pytest.mark.parametrize("case", [
     "draft model, gamma 2",
+    "tree, branch 3",
+    pytest.param("threshold cut", marks=pytest.mark.slow),
     # The single-step tests cover warping and one-hot q fast; through the whole loop: slow.
     pytest.param("draft model, warped, heuristic", marks=pytest.mark.slow),
     pytest.param("prompt lookup (one-hot q)", marks=pytest.mark.slow),
@@ -84,10 +97,26 @@ def test_loop_samples_the_target_joint(case):
 
 def test_wrong_rule_fails_the_same_test(monkeypatch):
     """Negative control: always accepting drafts (bonus from the last row) must be detected."""
-    def always_accept(drafts, q, p, generator):
-        return torch.cat([drafts, p[-1].multinomial(1, generator=generator)]), drafts.shape[0]
+    def always_accept(drafts, parents, q, p, generator):
+        return list(range(drafts.shape[0])), torch.cat([drafts, p[-1].multinomial(1, generator=generator)])
 
-    monkeypatch.setattr(loop_module, "speculative_verify", always_accept)
+    monkeypatch.setattr(loop_module, "sample_tree", always_accept)
     make, sampling, scheduler, gamma = CASES["draft model, gamma 2"]
+    counts = empirical(make(), sampling, scheduler, gamma)
+    assert joint_p_value(counts, exact_joint(sampling, first=0)) < 1e-6
+
+
+@pytest.mark.slow
+def test_soft_q_on_deterministic_tree_siblings_fails(monkeypatch):
+    """Negative control for trees: report the draft's soft q as the law of the deterministic
+    siblings (the spec's biased 'q-ratio on top-k' rule); the same test must fail."""
+    original = model_drafter._Growth.draft
+
+    def soft_laws(self, nodes, parents):
+        draft = original(self, nodes, parents)
+        return dataclasses.replace(draft, probs=draft.view)
+
+    monkeypatch.setattr(model_drafter._Growth, "draft", soft_laws)
+    make, sampling, scheduler, gamma = CASES["tree, branch 3"]
     counts = empirical(make(), sampling, scheduler, gamma)
     assert joint_p_value(counts, exact_joint(sampling, first=0)) < 1e-6

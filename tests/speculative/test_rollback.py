@@ -35,20 +35,23 @@ def test_target_cache_after_partial_acceptance(target):
     drafts[2] = (drafts[2] + 1) % target.config.vocab_size
     draft = Draft(drafts, torch.ones(4))
     kv = new_kv(target)
-    new, n, kv = verify_round(target, kv, CONTEXT, draft, Sampling(), None)
+    new, path, kv, _ = verify_round(target, kv, CONTEXT, draft, Sampling(), None)
+    n = len(path)
     assert n == 2 and new.tolist() == greedy[:3].tolist()
     assert_cache_equals_prefill(target, kv, torch.cat([CONTEXT, greedy[:2]]))
     # Next round: the appended correction is fed with new drafts, on top of the rolled-back cache.
     context = torch.cat([CONTEXT, new])
-    new2, n2, kv = verify_round(target, kv, context, Draft(greedy[3:5], torch.ones(2)), Sampling(), None)
+    new2, path2, kv, _ = verify_round(target, kv, context, Draft(greedy[3:5], torch.ones(2)), Sampling(), None)
+    n2 = len(path2)
     assert n2 == 2 and new2.tolist()[:2] == greedy[3:5].tolist()
     assert_cache_equals_prefill(target, kv, torch.cat([context, greedy[3:5]]))
 
 
 def test_full_acceptance_keeps_every_draft(target):
     greedy = greedy_continuation(target, CONTEXT, 4)
-    new, n, kv = verify_round(target, new_kv(target), CONTEXT, Draft(greedy[:3], torch.ones(3)),
-                              Sampling(), None)
+    new, path, kv, _ = verify_round(target, new_kv(target), CONTEXT, Draft(greedy[:3], torch.ones(3)),
+                                    Sampling(), None)
+    n = len(path)
     assert n == 3 and new.tolist() == greedy[:4].tolist()            # bonus token appended
     assert_cache_equals_prefill(target, kv, torch.cat([CONTEXT, greedy[:3]]))
 

@@ -142,3 +142,62 @@ def test_raw_q_instead_of_warped_q_fails():
     bad, _ = first_token_counts(speculative_verify, P, raw, warped, N)
     assert chi_square_p(good, P) > 1e-3
     assert chi_square_p(bad, P) < 1e-6
+
+
+# -- several candidates at one node (spec speculative-2.md §2.3): recursive rejection sampling --
+
+K = 3
+
+
+def children(rule: str, q: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """K children of one node and the law each was drawn from (given its elder siblings)."""
+    if rule == "A: deterministic top-k":
+        return q.topk(K).indices, None                         # one-hot laws
+    if rule == "B: i.i.d. from q":
+        return torch.multinomial(q, K, replacement=True, generator=generator), q.expand(K, -1)
+    if rule == "C: without replacement":
+        left, tokens, laws = q.clone(), [], []
+        for _ in range(K):
+            law = left / left.sum()
+            tokens.append(int(torch.multinomial(law, 1, generator=generator)))
+            laws.append(law)
+            left = left.clone()
+            left[tokens[-1]] = 0.0
+        return torch.tensor(tokens), torch.stack(laws)
+    if rule == "bug: top-k verified with soft q":
+        return q.topk(K).indices, q.expand(K, -1)
+    raise ValueError(rule)
+
+
+def tree_first_token_counts(rule: str, p: torch.Tensor, q: torch.Tensor, n: int, seed: int = 0):
+    """One node with K children verified by `sample_tree`; counts of the first emitted token and
+    the fraction of rounds in which some child was accepted."""
+    from dllm_decode.speculative.verify import sample_tree
+
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.cat([p.view(1, -1), torch.full((K, p.shape[0]), 1.0 / p.shape[0])])
+    counts = torch.zeros(p.shape[0], dtype=torch.long)
+    accepted = 0
+    for _ in range(n):
+        tokens, laws = children(rule, q, generator)
+        path, new = sample_tree(tokens, (-1,) * K, laws, target, generator)
+        counts[new[0]] += 1
+        accepted += bool(path)
+    return counts, accepted / n
+
+
+@pytest.mark.parametrize("rule", ["A: deterministic top-k", "B: i.i.d. from q", "C: without replacement"])
+def test_tree_node_rules_match_the_target(rule):
+    counts, rate = tree_first_token_counts(rule, P, Q, N)
+    assert chi_square_p(counts, P) > 1e-3
+    single = float(torch.minimum(P, Q).sum())
+    if rule != "A: deterministic top-k":
+        assert rate > single                 # more candidates, more acceptance than one draft
+    else:                                    # exactly the target's mass on the K children
+        assert stats.binomtest(round(rate * N), N, float(P[Q.topk(K).indices].sum())).pvalue > 1e-3
+
+
+def test_tree_node_bug_fails_the_same_test():
+    """Negative control: deterministic top-k children verified with the q ratio (spec toy TV 0.22)."""
+    counts, _ = tree_first_token_counts("bug: top-k verified with soft q", P, Q, N)
+    assert chi_square_p(counts, P) < 1e-6

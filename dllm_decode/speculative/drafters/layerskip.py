@@ -15,6 +15,7 @@ from torch import nn
 
 from dllm_decode.speculative.compact import CompactCausalLM, resolve_runtime
 from dllm_decode.speculative.drafters.model import ModelDrafter
+from dllm_decode.speculative.tree import TreeShape
 
 
 def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
@@ -64,15 +65,16 @@ def layer_subset(model: nn.Module, layers: Sequence[int]) -> nn.Module:
     return shallow
 
 
-def layerskip_drafter(model: nn.Module, spec: str, runtime: str = "hf") -> ModelDrafter:
+def layerskip_drafter(model: nn.Module, spec: str, runtime: str = "hf",
+                      tree: TreeShape | None = None) -> ModelDrafter:
     """`layerskip:SPEC` of the CLI: a `ModelDrafter` over the layers `parse_layers(SPEC)` picks,
     run by transformers (`hf`: `layer_subset`) or by `CompactCausalLM` (`compact`; `auto` picks
-    it when the model supports it).
+    it when the model supports it), drafting chains or `tree`s.
 
     Raises:
         ValueError: a bad SPEC, or `compact` for a model it does not support."""
     num_layers = len(getattr(getattr(model, "model", None), "layers", ()))
     layers = parse_layers(spec, num_layers)
     if resolve_runtime(model, runtime) == "compact":
-        return ModelDrafter(CompactCausalLM(model, layers))
-    return ModelDrafter(layer_subset(model, layers))
+        return ModelDrafter(CompactCausalLM(model, layers), tree)
+    return ModelDrafter(layer_subset(model, layers), tree)

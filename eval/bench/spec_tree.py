@@ -1,0 +1,283 @@
+"""The rest of the speculative family side by side: chain vs token tree vs staged vs BiLD on the
+embedded AR pair, and dLLM self-speculation on the embedded diffusion model.
+
+    python -m dllm_decode.eval.bench.spec_tree [--json FILE] [--per-task N] [--repeats R]
+
+AR part (all 12 tasks, `per_task` test prompts each, the `prompt =` AR format), once per target
+runtime (transformers `hf`, `compact`); every configuration decodes the same prompts in a
+rotated order within each repeat (`spec.measure`), so load drifts hit all alike:
+
+* plain AR greedy (the baseline of every speed-up);
+* chain: the distilled draft (compact runtime), HF's heuristic draft length (k <= 16), a
+  constant k = 16 (the node budget the trees get) and the threshold rule at 0.4;
+* tree: the same draft and the same schedules, `--tree-branch` / `--tree-budget` /
+  `--tree-min-prob` (a tree holds the chain plus alternatives, one draft forward per depth, as
+  the chain; at most as many nodes as the constant chain's k);
+* staged: `staged:ar_draft>lookup` (the draft's own drafting speculated by prompt lookup), as a
+  chain and with free sibling leaves;
+* BiLD: fallback alpha_fb (N = 10) with exact verification and with rollback at alpha_rb nats.
+
+Per configuration: tokens per target call, acceptance alpha, verified nodes per call, draft
+forwards per token, wall-clock speed-up vs plain AR (ratio of medians), identical-output rate
+vs plain greedy, task accuracy.
+
+Self-speculation part: the embedded dLLM (gen 32, one block) decoded one token per step
+(`generate`, low_confidence), by self-speculation of that same decode (`draft_steps` nested
+drafts, `branch - 1` leaves per step), by threshold decoding, and by self-speculation of
+threshold decoding: forwards (NFE), canvas rows computed, seconds, identical rate, accuracy.
+Batch size 1, greedy, float32, CPU, 1 torch thread by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.models import ModelLoadError, load_model
+from dllm_decode.sampler import generate
+from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.speculative import (BildScheduler, HeuristicScheduler, LookupDrafter, ModelDrafter,
+                                     SpecResult, StagedDrafter, TreeShape, with_runtime)
+from dllm_decode.speculative.models import load_causal_lm
+from dllm_decode.speculative.selfspec import self_speculative_generate
+from dllm_decode.eval.bench.spec import SpecCombo, measure, summarize
+from dllm_decode.eval.bench.timing import interleave, speedup
+
+DEFAULT_ROLLBACKS = (None, 1.0, 2.0, 3.0, 5.0)
+
+
+def run(*, target: str = "ar_target", draft: str = "ar_draft", dllm: str = "embedded",
+        per_task: int = 4, repeats: int = 3, max_new_tokens: int = 48,
+        runtimes: Sequence[str] = ("hf", "compact"), tree: TreeShape = TreeShape(4, 16, 0.05),
+        bild_fallback: float = 0.6, bild_rollbacks: Sequence[float | None] = DEFAULT_ROLLBACKS,
+        self_per_task: int = 2, self_repeats: int = 2, draft_steps: int = 8, self_branch: int = 2,
+        threads: int = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure everything; returns a JSON-ready report (`"ar"` per runtime, `"self_speculation"`)."""
+    torch.set_num_threads(threads)
+    report: dict[str, Any] = {"threads": threads, "per_task": per_task, "repeats": repeats,
+                              "tree": {"branch": tree.branch, "budget": tree.budget}}
+    try:
+        loaded, draft_hf = load_causal_lm(target), load_causal_lm(draft)
+    except ModelLoadError as err:
+        log(f"AR part skipped: {err}")
+        loaded = None
+    if loaded is not None:
+        report["ar"] = {runtime: ar_suite(loaded, draft_hf, runtime, per_task, repeats, max_new_tokens,
+                                          tree, bild_fallback, bild_rollbacks, log)
+                        for runtime in dict.fromkeys(runtimes)}
+    if self_per_task > 0:
+        try:
+            model = load_model(dllm)
+        except ModelLoadError as err:
+            log(f"self-speculation part skipped: {err}")
+        else:
+            report["self_speculation"] = self_suite(model, self_per_task, self_repeats, draft_steps,
+                                                    self_branch, log)
+    return report
+
+
+def ar_configs(draft: Any, tree: TreeShape, bild_fallback: float,
+               bild_rollbacks: Sequence[float | None]) -> list[SpecCombo]:
+    """The AR rows; the first is the baseline."""
+    heuristic, constant = HeuristicScheduler(), LowConfidenceScheduler(steps_per_block=1)
+    lookup = LookupDrafter()
+    name = f"tree {tree.branch}/{tree.budget}"
+    configs = [
+        SpecCombo("plain AR greedy", None, constant),
+        SpecCombo("chain, heuristic", ModelDrafter(draft), heuristic, 16, draft),
+        SpecCombo(f"{name}, heuristic", ModelDrafter(draft, tree), heuristic, 16, draft),
+        SpecCombo("chain, constant k=16", ModelDrafter(draft), constant, 16, draft),
+        SpecCombo(f"{name}, constant k=16", ModelDrafter(draft, tree), constant, 16, draft),
+        SpecCombo("chain, threshold 0.4", ModelDrafter(draft), ThresholdScheduler(0.4), 16, draft),
+        SpecCombo(f"{name}, threshold 0.4", ModelDrafter(draft, tree), ThresholdScheduler(0.4), 16, draft),
+        SpecCombo("staged >lookup, heuristic", StagedDrafter(ModelDrafter(draft), lookup), heuristic, 16, draft),
+        SpecCombo(f"staged >lookup + leaves {tree.branch}/{tree.budget}, heur.",
+               StagedDrafter(ModelDrafter(draft, tree), lookup), heuristic, 16, draft),
+    ]
+    for rollback in bild_rollbacks:
+        label = "exact" if rollback is None else f"rollback {rollback:g}"
+        configs.append(SpecCombo(f"BiLD fallback {bild_fallback:g}, {label}", ModelDrafter(draft),
+                              BildScheduler(bild_fallback, rollback, 10), 10, draft))
+    return configs
+
+
+def ar_suite(loaded: Any, draft_hf: Any, runtime: str, per_task: int, repeats: int,
+             max_new_tokens: int, tree: TreeShape, bild_fallback: float,
+             bild_rollbacks: Sequence[float | None], log: Callable[[str], None]) -> dict[str, Any]:
+    from dllm_decode.eval.tasks import TASKS
+    from dllm_decode.eval.tasks.tokenizer import SEPARATOR
+
+    target = with_runtime(loaded, runtime)
+    draft = with_runtime(draft_hf, "auto")
+    tokenizer = target.tokenizer
+    examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", per_task, 0)]
+    prompts = [tokenizer(f"{e.prompt} {SEPARATOR}", add_special_tokens=False)["input_ids"]
+               for e in examples]
+    configs = ar_configs(draft, tree, bild_fallback, bild_rollbacks)
+    log(f"AR, target runtime {runtime}: {len(prompts)} task prompts, {len(configs)} configurations, "
+        f"{repeats} repeats")
+    measured = measure(target, prompts, configs, repeats, max_new_tokens)
+
+    def accuracy(results: list[SpecResult]) -> float:
+        return statistics.fmean(TASKS[e.task].score(e, r.text or "") for e, r in zip(examples, results))
+
+    entries = summarize(measured, accuracy)
+    reference = [run.result.tokens.tolist() for run in measured[0][1].values()]
+    for entry, (_, runs) in zip(entries, measured):
+        results = [run.result for run in runs.values()]
+        calls = sum(r.target_forwards for r in results)
+        entry["nodes_per_call"] = sum(sum(r.nodes) for r in results) / calls
+        entry["identical_rate"] = statistics.fmean(
+            r.tokens.tolist() == ref for r, ref in zip(results, reference))
+    log(f"\nAR pair, target runtime {runtime}, {len(prompts)} prompts")
+    table(entries, [("tok/call", "mean_accepted_tokens", "{:.2f}"), ("alpha", "acceptance_rate", "{:.2f}"),
+                    ("nodes", "nodes_per_call", "{:.1f}"), ("D fwd/tok", "draft_forwards_per_token", "{:.2f}"),
+                    ("wall", "speedup", "{:.2f}x"), ("cpu", "cpu_speedup", "{:.2f}x"),
+                    ("ident.", "identical_rate", "{:.0%}"), ("acc", "accuracy", "{:.1%}")], log)
+    by_label = {e["label"]: e for e in entries}
+    name = f"tree {tree.branch}/{tree.budget}"
+    ratios = {schedule: by_label[f"{name}, {schedule}"]["mean_accepted_tokens"]
+              / by_label[f"chain, {schedule}"]["mean_accepted_tokens"]
+              for schedule in ("heuristic", "constant k=16", "threshold 0.4")}
+    log("  tokens per target call, tree / chain: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    return {"target_runtime": runtime, "prompts": len(prompts), "rows": entries,
+            "tree_over_chain_tokens_per_call": ratios}
+
+
+def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch: int,
+               log: Callable[[str], None]) -> dict[str, Any]:
+    """One token per step, its self-speculation, threshold decoding and its self-speculation."""
+    from dllm_decode.eval.tasks import TASKS
+
+    examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", per_task, 0)]
+    stepwise = DecodeSpecCombo(scheduler=LowConfidenceScheduler(), gen_length=32, block_length=32)
+    threshold = DecodeSpecCombo(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=32)
+    plans: list[tuple[str, DecodeConfig, int | None, int]] = [
+        ("one token per step", stepwise, None, 1),
+        (f"self-spec of it, K={draft_steps}", stepwise, draft_steps, 1),
+        (f"self-spec of it, K={draft_steps}, {branch - 1} leaf/step", stepwise, draft_steps, branch),
+        ("threshold 0.9", threshold, None, 1),
+        (f"self-spec of threshold 0.9, K={draft_steps}, {branch - 1} leaf/step", threshold,
+         draft_steps, branch),
+    ]
+    log(f"dLLM self-speculation: {len(examples)} task prompts, gen 32, {repeats} repeats")
+    by_label = {label: (config, steps, width) for label, config, steps, width in plans}
+
+    def job(label: str, index: int, example: Any) -> Callable[[], dict[str, Any]]:
+        config, steps, width = by_label[label]
+
+        def call() -> dict[str, Any]:
+            cpu_started = time.process_time()
+            if steps is None:
+                result = generate(model, [example.prompt], config)
+                record = {"tokens": result.tokens[0].tolist(), "forwards": int(result.nfe[0]),
+                          "rows": int(result.nfe[0]), "text": result.text[0]}
+            else:
+                spec = self_speculative_generate(model, example.prompt, config, draft_steps=steps,
+                                                 branch=width)
+                record = {"tokens": spec.result.tokens[0].tolist(), "forwards": spec.forwards,
+                          "rows": spec.rows, "text": spec.result.text[0]}
+            return record | {"cpu": time.process_time() - cpu_started}
+        return call
+
+    runs = interleave([(label, examples) for label, *_ in plans], repeats, job)
+
+    def cpu(label: str) -> float:
+        return statistics.median(sum(t.value["cpu"] for t in repeat) for repeat in runs[label].runs)
+
+    base = plans[0][0]
+    entries = []
+    for label, config, steps, width in plans:
+        outcome = runs[label].values()
+        reference = runs[plans[0 if config is stepwise else 3][0]].values()
+        entries.append({
+            "label": label, "draft_steps": steps, "branch": width,
+            "forwards": statistics.fmean(o["forwards"] for o in outcome),
+            "rows": statistics.fmean(o["rows"] for o in outcome),
+            "seconds": runs[label].seconds(), "speedup_vs_one_per_step": speedup(runs[base], runs[label]),
+            "cpu_speedup_vs_one_per_step": cpu(base) / cpu(label),
+            "identical_rate": statistics.fmean(o["tokens"] == ref["tokens"]
+                                               for o, ref in zip(outcome, reference)),
+            "accuracy": statistics.fmean(TASKS[e.task].score(e, o["text"] or "")
+                                         for e, o in zip(examples, outcome)),
+        })
+    for e in entries:
+        e["forward_reduction"] = entries[0]["forwards"] / e["forwards"]
+    table(entries, [("NFE", "forwards", "{:.2f}"), ("rows", "rows", "{:.1f}"),
+                    ("NFE cut", "forward_reduction", "{:.2f}x"), ("wall", "speedup_vs_one_per_step", "{:.2f}x"),
+                    ("cpu", "cpu_speedup_vs_one_per_step", "{:.2f}x"), ("ident.", "identical_rate", "{:.0%}"),
+                    ("acc", "accuracy", "{:.1%}")], log)
+    log("  (identical: to one token per step for its self-speculation, to threshold decoding for "
+        "threshold's)")
+    return {"prompts": len(examples), "gen_length": 32, "rows": entries}
+
+
+def table(entries: list[dict[str, Any]], columns: list[tuple[str, str, str]],
+          log: Callable[[str], None]) -> None:
+    """One row per entry: its label, then (heading, key, format) columns."""
+    width = max(len("configuration"), *(len(e["label"]) for e in entries)) + 1
+    cells = [[fmt.format(e[key]) for _, key, fmt in columns] for e in entries]
+    sizes = [max(len(heading), *(len(row[i]) for row in cells)) for i, (heading, _, _) in enumerate(columns)]
+    head = f"{'configuration':<{width}}" + " ".join(f"{h:>{n}}" for (h, _, _), n in zip(columns, sizes))
+    log(head)
+    log("-" * len(head))
+    for e, row in zip(entries, cells):
+        log(f"{e['label']:<{width}}" + " ".join(f"{c:>{n}}" for c, n in zip(row, sizes)))
+
+
+def _rollbacks(text: str) -> list[float | None]:
+    try:
+        return [None if part.strip().lower() == "none" else float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of nats or `none`, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
+    parser.add_argument("--target", default="ar_target")
+    parser.add_argument("--draft", default="ar_draft")
+    parser.add_argument("--dllm", default="embedded")
+    parser.add_argument("--per-task", type=int, default=4, help="AR test prompts per task.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--runtimes", default="hf,compact", help="target runtimes, comma list")
+    parser.add_argument("--tree-branch", type=int, default=4)
+    parser.add_argument("--tree-budget", type=int, default=16)
+    parser.add_argument("--tree-min-prob", type=float, default=0.05)
+    parser.add_argument("--bild-fallback", type=float, default=0.6)
+    parser.add_argument("--bild-rollbacks", type=_rollbacks, default=list(DEFAULT_ROLLBACKS),
+                        help="comma list of alpha_rb in nats, `none` = exact (default none,1,2,3,5)")
+    parser.add_argument("--self-per-task", type=int, default=2, help="dLLM prompts per task (0: skip)")
+    parser.add_argument("--self-repeats", type=int, default=2)
+    parser.add_argument("--draft-steps", type=int, default=8)
+    parser.add_argument("--self-branch", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    runtimes = [part.strip() for part in args.runtimes.split(",") if part.strip()]
+    report = run(target=args.target, draft=args.draft, dllm=args.dllm, per_task=args.per_task,
+                 repeats=args.repeats, max_new_tokens=args.max_new_tokens, runtimes=runtimes,
+                 tree=TreeShape(args.tree_branch, args.tree_budget, args.tree_min_prob),
+                 bild_fallback=args.bild_fallback,
+                 bild_rollbacks=args.bild_rollbacks, self_per_task=args.self_per_task,
+                 self_repeats=args.self_repeats, draft_steps=args.draft_steps,
+                 self_branch=args.self_branch, threads=args.threads,
+                 log=lambda line: print(line, flush=True))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
