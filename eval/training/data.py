@@ -13,6 +13,8 @@ from torch import Tensor
 from dllm_decode.eval.tasks import LONG_LENGTHS, TASKS, WAITING_LINE, Example
 from dllm_decode.eval.tasks.puzzles import cyclic_latin
 from dllm_decode.eval.tasks.tokenizer import EOS, MASK, PAD, SEPARATOR, vocabulary
+from dllm_decode.eval.tasks.vocab import SYMBOLS
+from dllm_decode.eval.tasks.waiting_line import ListTask
 
 VOCAB = vocabulary()
 PAD_ID, EOS_ID, MASK_ID, SEP_ID = VOCAB[PAD], VOCAB[EOS], VOCAB[MASK], VOCAB[SEPARATOR]
@@ -36,10 +38,14 @@ class Pool:
 
 
 LATIN_TARGETS = ("shuffled", "canonical")
+SYMBOL_LIST_TASKS = tuple(name for name in WAITING_LINE if name != "sort")
+"""The list ops whose `symbol_share` is drawn over the Latin symbols. Sort is left out: no test
+task sorts symbols, and its name examples are where sort accuracy is borderline."""
 
 
 def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25,
-               latin_target: str = "shuffled") -> Pool:
+               latin_target: str = "shuffled", symbol_share: float = 0.0,
+               latin_weight: float = 1.0) -> Pool:
     """`per_task` train examples of every task; a `long_share` of each list task's examples use
     the long lengths (8-12), the rest ParallelBench's 3-6.
 
@@ -47,15 +53,38 @@ def build_pool(per_task: int, seed: int = 0, long_share: float = 0.25,
     (a cyclic square with shuffled rows and columns: 144 equally likely squares per prompt);
     `canonical` is the one cyclic square in prompt order (row r = the symbols rotated by r),
     a deterministic answer that is just as valid under the any-valid-square metric.
+
+    `symbol_share`: that share of each `SYMBOL_LIST_TASKS` op's examples lists the 36 Latin
+    symbols (`vocab.SYMBOLS`, as ParallelBench's letter lists) instead of names, e.g.
+    `copy : A 7 K Q`, with the same short/long split. Otherwise those symbols occur only in Latin
+    prompts and the model never learns to copy them by position (it cannot even copy them, so
+    no Latin target is reachable). They are the op's own train split (`Task.examples` keeps
+    only prompts that `split_of(op, prompt)` puts in train), so they never meet a test instance,
+    whichever item pool a test set draws from.
+
+    `latin_weight`: the pool holds `round(per_task * latin_weight)` Latin-square examples (more
+    distinct prompts and a larger share of every batch than the other tasks' `per_task`).
     """
     if latin_target not in LATIN_TARGETS:
         raise ValueError(f"latin_target must be one of {LATIN_TARGETS}, got {latin_target!r}")
+    if not 0.0 <= symbol_share <= 1.0 or latin_weight < 0:
+        raise ValueError(f"need 0 <= symbol_share <= 1 and latin_weight >= 0, "
+                         f"got {symbol_share} and {latin_weight}")
     examples: list[Example] = []
     for name, task in TASKS.items():
-        n_long = int(per_task * long_share) if name in WAITING_LINE else 0
-        examples += task.examples("train", per_task - n_long, seed, lengths=SHORT_LENGTHS)
-        if n_long:
-            examples += task.examples("train", n_long, seed, lengths=LONG_LENGTHS)
+        if name == "latin_square":
+            examples += task.examples("train", round(per_task * latin_weight), seed)
+            continue
+        n_symbols = round(per_task * symbol_share) if name in SYMBOL_LIST_TASKS else 0
+        sources = [(task, per_task - n_symbols)]
+        if n_symbols:
+            sources.append((ListTask(name, SYMBOLS), n_symbols))
+        for source, n in sources:
+            n_long = int(n * long_share) if name in WAITING_LINE else 0
+            if n - n_long:
+                examples += source.examples("train", n - n_long, seed, lengths=SHORT_LENGTHS)
+            if n_long:
+                examples += source.examples("train", n_long, seed, lengths=LONG_LENGTHS)
     return Pool([encode(e.prompt) for e in examples],
                 [encode(_trained_answer(e, latin_target)) for e in examples])
 

@@ -1,6 +1,6 @@
 """Train the embedded masked diffusion LM (LLaDA architecture) on the task mix.
 
-    python -m dllm_decode.eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume]
+    python -m dllm_decode.eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume] [--init embedded]
 
 Objective: LLaDA SFT. Each row is `[left pad][prompt][answer, EOS-padded to the canvas]`; a time
 t ~ U(eps, 1) per row masks each canvas token with probability t (the prompt never); the loss is
@@ -8,6 +8,12 @@ cross-entropy on masked tokens weighted 1/t, divided by the canvas length. Most 
 native canvas (longest answer + EOS + 0-8 extra); every `--long-every`-th batch uses a canvas of
 up to 520 tokens with fewer rows, so the model also behaves at generation lengths 256 and 512.
 The final weights land in `<out>/model` (config.json, model.safetensors, tokenizer files).
+
+Mix options (see `data.build_pool`): `--symbol-share` lists the Latin symbols instead of names in
+that share of the list ops' examples (so the model learns to move those tokens by position),
+`--latin-weight` scales the Latin-square examples, `--latin-target canonical` trains the one
+cyclic square in prompt order. `--init` continues from trained weights of the same shape (e.g.
+`embedded`, the shipped model) with a fresh optimizer and schedule.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dllm_decode.models.checkpoint import load_state_strict, read_config, read_safetensors, resolve_model_dir
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from dllm_decode.eval.tasks.tokenizer import save_tokenizer
 from dllm_decode.eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
@@ -65,6 +72,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="share of rows masked as semi-AR decoding sees them (0: LLaDA SFT only)")
     parser.add_argument("--latin-target", choices=LATIN_TARGETS, default="shuffled",
                         help="Latin-square answer trained on (see data.build_pool; scoring accepts any square)")
+    parser.add_argument("--symbol-share", type=float, default=0.0,
+                        help="share of the list ops' examples (sort excepted) listing Latin symbols, not names")
+    parser.add_argument("--latin-weight", type=float, default=1.0,
+                        help="Latin-square examples in the pool, as a multiple of --pool-per-task")
+    parser.add_argument("--init", default=None,
+                        help="start from these weights (`embedded` or a model directory of the same size)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--export-only", action="store_true",
                         help="export <out>/checkpoint.pt to <out>/model (e.g. mid-run) and exit")
@@ -79,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)                  # parameter init only; batches use step_rng
-    pool = build_pool(args.pool_per_task, args.seed, latin_target=args.latin_target)
-    model = LLaDAModelLM(model_config(args.size))
+    pool = build_pool(args.pool_per_task, args.seed, latin_target=args.latin_target,
+                      symbol_share=args.symbol_share, latin_weight=args.latin_weight)
+    model = initial_model(args.size, args.init)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params / 1e6:.2f}M parameters, pool of {len(pool)} train examples", flush=True)
     cfg = LoopConfig(steps=args.steps, lr=args.lr, warmup=min(200, args.steps // 10 + 1))
@@ -89,11 +103,28 @@ def main(argv: list[str] | None = None) -> None:
                                                       args.long_every, args.semi_ar_share),
                    cfg, args.out, resume=args.resume, max_minutes=args.max_minutes)
     export(model, args.out / "model")
-    summary = {"parameters": n_params, "steps": args.steps, "latin_target": args.latin_target,
+    summary = {"parameters": n_params, "steps": args.steps, "steps_done": len(losses),
+               "latin_target": args.latin_target, "init": args.init, "lr": args.lr,
+               "symbol_share": args.symbol_share, "latin_weight": args.latin_weight,
+               "long_every": args.long_every, "semi_ar_share": args.semi_ar_share,
                **run_summary(losses, began)}
     if args.eval_n:
         summary["accuracy"] = evaluate(model, args.eval_n)
     write_summary(args.out, summary)
+
+
+def initial_model(size: str, init: str | None) -> LLaDAModelLM:
+    """A fresh `size` model, or the weights saved in `init` (`embedded` or a directory), whose
+    config must equal `size`'s (saved bfloat16 weights are upcast to float32)."""
+    model = LLaDAModelLM(model_config(size))
+    if init is None:
+        return model
+    directory = resolve_model_dir(init)
+    if LLaDAConfig.from_dict(read_config(directory)) != model.config:
+        raise SystemExit(f"--init {init}: its config differs from --size {size} ({SIZES[size]})")
+    state = {k: v.float() for k, v in read_safetensors(directory).items()}
+    load_state_strict(model, state, directory)
+    return model
 
 
 def export(model: LLaDAModelLM, directory: Path) -> None:

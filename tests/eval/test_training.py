@@ -7,11 +7,13 @@ import torch
 
 from dllm_decode import load_model
 from dllm_decode.eval.theory.ideal import IdealModel
-from dllm_decode.eval.tasks import TASKS
+from dllm_decode.eval.tasks import TASKS, WAITING_LINE, split_of
+from dllm_decode.eval.tasks.vocab import NAMES, SYMBOLS
+from dllm_decode.eval.tasks.waiting_line import ListTask
 from dllm_decode.eval.training import ar, dllm
 from dllm_decode.eval.tasks.puzzles import is_latin
-from dllm_decode.eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, build_pool, causal_batch,
-                                diffusion_batch, encode, step_rng)
+from dllm_decode.eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, SYMBOL_LIST_TASKS, VOCAB,
+                                build_pool, causal_batch, diffusion_batch, encode, step_rng)
 from dllm_decode.eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
 from dllm_decode.eval.training.loop import LoopConfig, train
 
@@ -47,6 +49,53 @@ def test_canonical_latin_targets_are_valid_rotations_and_leave_other_tasks_alone
     assert latin == 40
     with pytest.raises(ValueError, match="latin_target must be one of"):
         build_pool(1, latin_target="sorted")
+
+
+def _list_op(words: list[str]) -> str:
+    """The Waiting Line op that writes a prompt's head (`insert X at 2 :` -> insert_index)."""
+    head = words[:words.index(":")]
+    if head[0] in ("insert", "remove", "replace"):
+        return head[0] + ("_index" if "at" in head else "_random")
+    return head[0]
+
+
+def test_symbol_lists_take_the_requested_share_stay_in_train_and_use_only_task_words():
+    words = {i: w for w, i in VOCAB.items()}
+    mixed = build_pool(40, seed=0, symbol_share=0.25, latin_weight=2.5)
+    specials = {PAD_ID, EOS_ID, MASK_ID, VOCAB["[UNK]"], SEP_ID}
+    counts: dict[tuple[str, str], int] = {}
+    long_symbol_lists = 0
+    for prompt, answer in zip(mixed.prompts, mixed.answers):
+        assert not (set(prompt) | set(answer)) & specials            # only task words, all in vocab
+        text = [words[i] for i in prompt]
+        if text[0] in ("latin", "sudoku"):
+            counts[text[0], ""] = counts.get((text[0], ""), 0) + 1
+            continue
+        op, items = _list_op(text), text[text.index(":") + 1:]
+        kind = "symbols" if set(items) <= set(SYMBOLS) else "names"
+        assert kind == "symbols" or set(items) <= set(NAMES)
+        assert set(words[i] for i in answer) <= set(items) | set(text)       # moves prompt tokens
+        assert split_of(op, " ".join(text)) == "train"
+        counts[op, kind] = counts.get((op, kind), 0) + 1
+        long_symbol_lists += kind == "symbols" and len(items) >= 8
+    for op in WAITING_LINE:
+        share = 10 if op in SYMBOL_LIST_TASKS else 0                 # round(40 * 0.25)
+        assert counts.get((op, "symbols"), 0) == share and counts[op, "names"] == 40 - share
+    assert "sort" not in SYMBOL_LIST_TASKS and long_symbol_lists == 9 * int(10 * 0.25)
+    assert counts["latin", ""] == 100 and counts["sudoku", ""] == 40
+    # disjoint from a symbol-list test split too, not only from the name lists the suite tests
+    train = {" ".join(words[i] for i in p) for p in mixed.prompts}
+    for op in SYMBOL_LIST_TASKS:
+        assert not train & {e.prompt for e in ListTask(op, SYMBOLS).examples("test", 200, 0)}
+    with pytest.raises(ValueError, match="symbol_share"):
+        build_pool(1, symbol_share=1.5)
+
+
+def test_default_mix_is_unchanged_by_the_new_options(pool):
+    same = build_pool(40, seed=0, symbol_share=0.0, latin_weight=1.0)
+    assert same == pool and len(pool) == 40 * len(TASKS)
+    assert build_pool(40, seed=0, latin_weight=0.0).prompts == [
+        p for p in pool.prompts if p[0] != VOCAB["latin"]]
 
 
 def test_diffusion_batch_masks_only_the_answer_canvas(pool):
@@ -158,6 +207,17 @@ def test_init_starts_from_saved_weights_of_the_same_shape(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
     with pytest.raises(SystemExit, match="differs from --size draft"):
         ar.initial_model("draft", str(tmp_path / "tiny"))
+
+
+def test_dllm_init_starts_from_saved_weights_of_the_same_shape(tmp_path):
+    torch.manual_seed(0)
+    dllm.export(dllm.LLaDAModelLM(dllm.model_config("tiny")), tmp_path / "tiny")
+    model = dllm.initial_model("tiny", str(tmp_path / "tiny"))
+    saved = load_model(tmp_path / "tiny")
+    ids = torch.tensor([encode("copy : A 7 K Q") + [MASK_ID] * 5])
+    assert torch.allclose(model(ids), saved(ids), atol=1e-5)
+    with pytest.raises(SystemExit, match="differs from --size embedded"):
+        dllm.initial_model("embedded", str(tmp_path / "tiny"))
 
 
 class _Interrupt(Exception):
