@@ -202,7 +202,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
                  lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1,
                  trajectory: str = "baseline", rounds: int = 0, beta: float = 0.5,
                  beta_decay: float = 0.5, balance: bool = False, seed: int = 0, batch_size: int = 32,
-                 out: str | None = None, progress: Progress | None = None
+                 out: str | None = None, save_rounds: bool = False, progress: Progress | None = None
                  ) -> tuple[ConfidenceMLP, dict[str, Any]]:
     """Reference decodes -> step data -> trained filter, then `rounds` on-policy (DAgger) rounds
     (+ held-out report), optionally saved.
@@ -218,6 +218,9 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
         filter and of its successor on the round's held-out on-policy states, and, when saved to
         `out`, `decode_report` on the held-out prompts (oracle NFE, NFE of `learned` over one
         token per step, agreement).
+    With `out` and `save_rounds`, the filter of every round r (0 = before the first rollout) is
+    also written next to `out` as `<stem>.round<r>.safetensors`.
+
     Raises:
         ValueError: no prompts, a bad round setting, or the decodes produced no masked slot to
             learn from.
@@ -239,6 +242,15 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
     train_fit = dict(width=width, hidden=hidden, epochs=epochs, lr=lr, seed=seed, balance=balance,
                      progress=progress)
     module = fit(data.take(~held(data)), **train_fit)
+    meta = {"gen_length": str(gen_length), "block_length": str(block_length), "prompts": str(len(prompts)),
+            "trajectory": trajectory, "beta": str(beta), "balance": str(balance),
+            "recipe": "eval/training/filter.py"}
+
+    def keep_round(r: int) -> None:
+        if out is not None and save_rounds:
+            save_mlp(module, Path(out).with_suffix(f".round{r}.safetensors"), metadata={**meta, "rounds": str(r)})
+
+    keep_round(0)
     round_reports = []
     with tempfile.TemporaryDirectory() as scratch:
         for r in range(1, rounds + 1):
@@ -251,6 +263,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
             before = metrics(module, new.take(held(new)), threshold)
             data = StepData.concat([data, new], width)
             module = fit(data.take(~held(data)), **train_fit)
+            keep_round(r)
             round_reports.append({"round": r, "beta": mix, **stats, "heldout_onpolicy_before": before,
                                   "heldout_onpolicy_after": metrics(module, new.take(held(new)), threshold)})
             if progress:
@@ -267,10 +280,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
         "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold),
         "round_reports": round_reports}
     if out is not None:
-        save_mlp(module, out, metadata={"gen_length": str(gen_length), "block_length": str(block_length),
-                                        "prompts": str(len(prompts)), "trajectory": trajectory,
-                                        "rounds": str(rounds), "beta": str(beta), "balance": str(balance),
-                                        "recipe": "eval/training/filter.py"})
+        save_mlp(module, out, metadata={**meta, "rounds": str(rounds)})
         learned = LearnedFilter(weights=str(out), width=width, threshold=threshold)
         held_prompts = [prompts[i] for i in test_ids]
         report["heldout_decode"] = decode_report(model, held_prompts, reference[test_ids], learned,

@@ -30,12 +30,13 @@ def side_by_side(models: Mapping[str, Any], configs: Mapping[str, DecodeConfig],
         examples: task examples (`suite_examples`); scored by their task's metric.
     Returns:
         `"<model> | <config>"` -> mean accuracy (%), NFE, tokens per step, answer tokens per
-        step and seconds per prompt, plus the prompt count.
+        step and seconds per prompt, the prompt count, and `by_task` accuracy (%).
     """
     from dllm_decode.eval.tasks import TASKS
 
     rows: dict[str, list[tuple[float, float, float, float, float]]] = {
         f"{m} | {c}": [] for m in models for c in configs}
+    tasks = [example.task for example in examples]
     for i, example in enumerate(examples):
         score = TASKS[example.task].score
         for model_name, model in models.items():
@@ -49,7 +50,16 @@ def side_by_side(models: Mapping[str, Any], configs: Mapping[str, DecodeConfig],
             progress(f"side by side: {i + 1}/{len(examples)} prompts")
     names = ("accuracy", "nfe", "tokens_per_step", "answer_tokens_per_step", "seconds")
     return {key: {**{n: sum(r[k] for r in rs) / max(len(rs), 1) for k, n in enumerate(names)},
-                  "prompts": len(rs)} for key, rs in rows.items()}
+                  "prompts": len(rs), "by_task": _by_task(tasks, [r[0] for r in rs])}
+            for key, rs in rows.items()}
+
+
+def _by_task(tasks: list[str], scores: list[float]) -> dict[str, float]:
+    """Mean score per task, in first-seen order."""
+    out: dict[str, list[float]] = {}
+    for task, score in zip(tasks, scores):
+        out.setdefault(task, []).append(score)
+    return {task: sum(s) / len(s) for task, s in out.items()}
 
 
 def format_table(table: Mapping[str, Mapping[str, float]]) -> str:

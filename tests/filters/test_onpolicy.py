@@ -10,6 +10,7 @@ from dllm_decode.eval.training.filter import class_weights, collect, train_filte
 from dllm_decode.eval.training.onpolicy import OnPolicyLogger, rollouts
 from dllm_decode.eval.training.steps import StepData
 from dllm_decode.filters.learned import LearnedFilter
+from dllm_decode.filters.mlp import load_mlp
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
 
 TARGET = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
@@ -114,11 +115,13 @@ def test_train_filter_runs_dagger_rounds_with_a_decaying_expert_share(tmp_path):
     out = tmp_path / "filter.safetensors"
     _, report = train_filter(model, prompts, gen_length=16, block_length=8, width=8, epochs=20,
                              heldout=0.34, trajectory="oracle", rounds=2, beta=0.5, balance=True,
-                             out=str(out))
+                             out=str(out), save_rounds=True)
     assert [r["beta"] for r in report["round_reports"]] == [0.5, 0.25]
     assert all(r["rows"] > 0 and 1 <= r["nfe_mean"] <= 16 for r in report["round_reports"])
     assert report["steps"] > sum(r["rows"] for r in report["round_reports"])
-    learned = LearnedFilter(weights=str(out), width=8, threshold=0.5)
-    assert learned.width == 8
+    rounds = [LearnedFilter(weights=str(tmp_path / f"filter.round{r}.safetensors"), width=8) for r in range(3)]
+    final = LearnedFilter(weights=str(out), width=8)
+    assert torch.equal(load_mlp(rounds[2].weights).fc2.bias, load_mlp(final.weights).fc2.bias)
+    assert not torch.equal(load_mlp(rounds[0].weights).fc2.bias, load_mlp(final.weights).fc2.bias)
     with pytest.raises(ValueError, match="rounds >= 0"):
         train_filter(model, prompts, rounds=-1)
