@@ -31,13 +31,16 @@ from dllm_decode.cli.decode import DEFAULT_MODEL
 @click.option("--beta-decay", type=click.FloatRange(0, 1), default=0.5, show_default=True)
 @click.option("--balance/--no-balance", default=False, show_default=True,
               help="Weight positive and negative slots equally in the loss.")
+@click.option("--rollout-eotp/--no-rollout-eotp", default=True, show_default=True,
+              help="Run EoTP after the filter in the rounds' rollouts (as deployed with `--filter eotp`).")
 @click.option("--save-rounds", is_flag=True,
               help="Also write each round's filter as OUT's stem + .round<r>.safetensors (0: before round 1).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cpu).")
 def train_filter_command(model_name: str, out: str, per_task: int, gen_length: int, block_length: int,
                          width: int, epochs: int, threshold: float, trajectory: str, rounds: int,
-                         beta: float, beta_decay: float, balance: bool, save_rounds: bool, seed: int,
+                         beta: float, beta_decay: float, balance: bool, rollout_eotp: bool, save_rounds: bool,
+                         seed: int,
                          device: str | None) -> None:
     """Train the Learn2PD filter (`--filter learned:weights=OUT`) on the task suite's train split."""
     from dllm_decode.cli.options import (device_option, load_diffusion_model, model_spec,
@@ -51,6 +54,6 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
                                  block_length=block_length, width=width, epochs=epochs,
                                  threshold=threshold, trajectory=trajectory, rounds=rounds, beta=beta,
                                  beta_decay=beta_decay, balance=balance, seed=seed, out=out,
-                                 save_rounds=save_rounds,
+                                 rollout_eotp=rollout_eotp, save_rounds=save_rounds,
                                  progress=lambda line: click.echo(line, err=True))
     click.echo(json.dumps({"model": model_name, "out": out, **report}, indent=1))

@@ -201,16 +201,17 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
                  block_length: int = 32, width: int = 32, hidden: int = 32, epochs: int = 2000,
                  lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1,
                  trajectory: str = "baseline", rounds: int = 0, beta: float = 0.5,
-                 beta_decay: float = 0.5, balance: bool = False, seed: int = 0, batch_size: int = 32,
+                 beta_decay: float = 0.5, balance: bool = False, rollout_eotp: bool = True,
+                 seed: int = 0, batch_size: int = 32,
                  out: str | None = None, save_rounds: bool = False, progress: Progress | None = None
                  ) -> tuple[ConfidenceMLP, dict[str, Any]]:
     """Reference decodes -> step data -> trained filter, then `rounds` on-policy (DAgger) rounds
     (+ held-out report), optionally saved.
 
     Round r (1..rounds) decodes every prompt under the current filter (`onpolicy.rollouts`: the
-    filter's accepts with the one-token-per-step top-1, then EoTP; with probability
-    beta * beta_decay^(r-1) a step takes the oracle's commits), adds the logged states to the
-    data, and retrains from scratch on all of it.
+    filter's accepts with the one-token-per-step top-1, then EoTP unless `rollout_eotp` is off;
+    with probability beta * beta_decay^(r-1) a step takes the oracle's commits), adds the logged
+    states to the data, and retrains from scratch on all of it.
 
     Returns:
         The network and a JSON-ready report: data sizes, the reference NFE, `metrics` on the
@@ -244,6 +245,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
     module = fit(data.take(~held(data)), **train_fit)
     meta = {"gen_length": str(gen_length), "block_length": str(block_length), "prompts": str(len(prompts)),
             "trajectory": trajectory, "beta": str(beta), "balance": str(balance),
+            "rollout_eotp": str(rollout_eotp),
             "recipe": "eval/training/filter.py"}
 
     def keep_round(r: int) -> None:
@@ -259,7 +261,8 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
             policy = LearnedFilter(weights=str(path), width=width, threshold=threshold)
             mix = beta * beta_decay ** (r - 1)
             new, stats = rollouts(model, prompts, reference, policy=policy, beta=mix, gen_length=gen_length,
-                                  block_length=block_length, width=width, seed=seed + r, batch_size=batch_size)
+                                  block_length=block_length, width=width, eotp=rollout_eotp, seed=seed + r,
+                                  batch_size=batch_size)
             before = metrics(module, new.take(held(new)), threshold)
             data = StepData.concat([data, new], width)
             module = fit(data.take(~held(data)), **train_fit)
@@ -274,7 +277,8 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
     report: dict[str, Any] = {
         "prompts": len(prompts), "train_prompts": len(train_ids), "heldout_prompts": len(test_ids),
         "trajectory": trajectory, "rounds": rounds, "beta": beta, "beta_decay": beta_decay,
-        "balance": balance, "steps": int(data.features.shape[0]), "gen_length": gen_length,
+        "balance": balance, "rollout_eotp": rollout_eotp, "steps": int(data.features.shape[0]),
+        "gen_length": gen_length,
         "block_length": block_length, "width": width, "hidden": hidden, "epochs": epochs,
         "threshold": threshold, "reference_nfe_mean": float(nfe.double().mean()),
         "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold),

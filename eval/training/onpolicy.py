@@ -18,6 +18,7 @@ one reference token on a stall), DAgger's mixture with the expert.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,17 +140,18 @@ def rollouts(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], refer
 
 def compare_filters(model: Any, weights: dict[str, str], *, per_task: int = 4, gen_length: int = 256,
                     block_length: int = 32, seed: int = 0, progress=None) -> dict[str, dict[str, float]]:
-    """One token per step vs `learned + eotp` under each named filter, side by side in one run
-    (`side_by_side.side_by_side`, test split, batch 1)."""
+    """One token per step (alone and + eotp) vs each named filter alone and + eotp, side by side
+    in one run (`side_by_side.side_by_side`, test split, batch 1)."""
     from dllm_decode.eval.training.side_by_side import side_by_side, suite_examples
     from dllm_decode.schedulers import LowConfidenceScheduler
 
     base = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length, block_length=block_length)
-    configs = {"one token per step": base}
+    configs = {"one token per step": base,
+               "one token per step + eotp": dataclasses.replace(base, filters=[EoTPFilter()])}
     for name, path in weights.items():
-        configs[f"learned {name} + eotp"] = DecodeConfig(
-            scheduler=LowConfidenceScheduler(), gen_length=gen_length, block_length=block_length,
-            filters=[LearnedFilter(weights=path), EoTPFilter()])
+        configs[f"learned {name}"] = dataclasses.replace(base, filters=[LearnedFilter(weights=path)])
+        configs[f"learned {name} + eotp"] = dataclasses.replace(base, filters=[LearnedFilter(weights=path),
+                                                                               EoTPFilter()])
     return side_by_side({"model": model}, configs, suite_examples(per_task, seed), progress=progress)
 
 
