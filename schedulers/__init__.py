@@ -9,6 +9,7 @@ from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimi
 from dllm_decode.schedulers.credit import CreditScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
 from dllm_decode.schedulers.eb import EntropyBoundScheduler
+from dllm_decode.schedulers.entropy_threshold import EntropyThresholdScheduler
 from dllm_decode.schedulers.factor import FactorScheduler
 from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
                                     RandomScheduler)
@@ -30,12 +31,14 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "adaptive_block": AdaptiveBlockScheduler,  # AdaBlock: block ends on a confident delimiter
     "early_commit": EarlyCommitScheduler,      # Prophet: all-in once the answer's logit gap is large
     "eb": EntropyBoundScheduler,               # EB-sampler: entropy-bounded sorted prefix
+    "entropy_threshold": EntropyThresholdScheduler,  # dParallel: entropy <= tau, at least the lowest
     "klass": KLASSScheduler,                   # KLASS: confident and KL-stable positions
     "oracle": OracleScheduler,                 # Learn2PD oracle: commit what matches a reference
 }
 
 __all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler",
-           "EntropyBoundScheduler", "EntropyScheduler", "FactorScheduler", "KLASSScheduler",
+           "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
+           "KLASSScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "ThresholdScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import tempfile
+from pathlib import Path
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,40 +30,14 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
-from dllm_decode.filters.features import block_confidence, block_slots
 from dllm_decode.filters.learned import LearnedFilter
 from dllm_decode.filters.mlp import ConfidenceMLP, save_mlp
 from dllm_decode.schedulers import LowConfidenceScheduler, OracleScheduler
+from dllm_decode.eval.training.onpolicy import rollouts
+from dllm_decode.eval.training.side_by_side import suite_examples
+from dllm_decode.eval.training.steps import StepData, label_slots
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class StepData:
-    """One row per (decode step, batch row) of the reference decodes.
-
-    Attributes:
-        features: (N, width) float32 block confidences.
-        labels: (N, width) bool, the step's prediction equals the final token.
-        valid: (N, width) bool, the slot was masked (the only slots the filter decides).
-        prompt: (N,) long index of the prompt the row came from.
-    """
-
-    features: Tensor
-    labels: Tensor
-    valid: Tensor
-    prompt: Tensor
-
-    def take(self, keep: Tensor) -> "StepData":
-        return StepData(self.features[keep], self.labels[keep], self.valid[keep], self.prompt[keep])
-
-    @staticmethod
-    def concat(parts: Sequence["StepData"], width: int) -> "StepData":
-        if not parts:
-            return StepData(torch.zeros(0, width), torch.zeros(0, width, dtype=torch.bool),
-                            torch.zeros(0, width, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
-        return StepData(*(torch.cat([getattr(p, name) for p in parts])
-                          for name in ("features", "labels", "valid", "prompt")))
 
 
 def steps_from_trace(trace: list[dict[str, Any]], final: Tensor, block_length: int, width: int,
@@ -70,26 +45,26 @@ def steps_from_trace(trace: list[dict[str, Any]], final: Tensor, block_length: i
     """Features and labels of every traced step.
 
     Args:
-        trace: `DecodeResult.trace` of a fixed-block decode (offsets relative to the generation
-            start; the step's block starts at the offset rounded down to the block grid).
+        trace: `DecodeResult.trace` of a fixed-block decode whose written tokens are its
+            candidates (`low_confidence`; offsets relative to the generation start; the step's
+            block starts at the offset rounded down to the block grid).
         final: (B, G) the decode's final tokens (the reference).
         block_length: the decode's block length.
         width: the filter's input width.
         first_prompt: prompt index of batch row 0.
     """
     gen = final.shape[1]
-    parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    parts: list[StepData] = []
     for record in trace:
         rows, offset, confidence = record["rows"], record["offset"], record["confidence"]
         start = offset - offset % block_length
         block = torch.tensor([[start, min(start + block_length, gen)]]).expand(rows.shape[0], 2)
-        features = block_confidence(confidence, offset, block, width)
-        column, real = block_slots(offset, block, confidence.shape[1], width)
-        predicted = record["tokens"].gather(1, column)
-        reference = final[rows].gather(1, (column + offset).clamp(max=gen - 1))
-        valid = real & torch.isfinite(confidence.gather(1, column))
-        parts.append((features, predicted == reference, valid, rows + first_prompt))
-    return StepData.concat([StepData(*part) for part in parts], width)
+        columns = (torch.arange(confidence.shape[1]) + offset).clamp(max=gen - 1)
+        reference = final[rows][:, columns]
+        # a one-token-per-step decode writes its candidates, so its trace's tokens are predictions
+        parts.append(StepData(*label_slots(confidence, record["tokens"], reference, offset, block, width),
+                              rows + first_prompt))
+    return StepData.concat(parts, width)
 
 
 TRAJECTORIES = ("baseline", "oracle", "both")
@@ -118,9 +93,11 @@ def collect(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen
         if trajectory != "oracle":
             data.append(steps_from_trace(result.trace or [], result.tokens, block_length, width, first))
         if trajectory != "baseline":
-            oracle = dataclasses.replace(config, scheduler=OracleScheduler.from_reference(result.tokens))
-            traced = generate(model, chunk, oracle, trace=True)
-            data.append(steps_from_trace(traced.trace or [], result.tokens, block_length, width, first))
+            # the oracle writes reference tokens, so its states are logged with the model's own
+            # predictions by the on-policy logger (all steps the expert's, no filter, no EoTP)
+            oracle, _ = rollouts(model, chunk, result.tokens, policy=None, beta=1.0, gen_length=gen_length,
+                                 block_length=block_length, width=width, eotp=False, batch_size=len(chunk))
+            data.append(dataclasses.replace(oracle, prompt=oracle.prompt + first))
         references.append(result.tokens)
         nfe.append(result.nfe)
         if progress:
@@ -149,12 +126,18 @@ def decode_report(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], 
 
 
 def fit(data: StepData, *, width: int, hidden: int = 32, epochs: int = 2000, lr: float = 3e-3,
-        seed: int = 0, progress: Progress | None = None) -> ConfidenceMLP:
-    """Full-batch AdamW on BCE over the valid slots; returns the trained (eval-mode) network."""
+        seed: int = 0, balance: bool = False, progress: Progress | None = None) -> ConfidenceMLP:
+    """Full-batch AdamW on BCE over the valid slots; returns the trained (eval-mode) network.
+
+    `balance`: weight the valid slots so that positives and negatives each carry half the loss
+    (`class_weights`). The accept probability is then no longer the share of correct
+    predictions: with positives in the majority (the usual case) it is lowered, so a fixed
+    accept threshold becomes stricter.
+    """
     torch.manual_seed(seed)          # a training recipe, not library code: seeds its own init
     module = ConfidenceMLP(width, hidden)
     optimiser = torch.optim.AdamW(module.parameters(), lr=lr)
-    weight = data.valid.float()
+    weight = class_weights(data) if balance else data.valid.float()
     targets = data.labels.float()
     loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
     threads = torch.get_num_threads()
@@ -165,6 +148,18 @@ def fit(data: StepData, *, width: int, hidden: int = 32, epochs: int = 2000, lr:
         torch.set_num_threads(threads)
     module.requires_grad_(False)
     return module.eval()
+
+
+def class_weights(data: StepData) -> Tensor:
+    """(N, width) weights: 0 on invalid slots; on valid ones, each present class sums to half of
+    the valid count (mean weight 1), so the rarer class is up-weighted."""
+    valid = data.valid.float()
+    positive = (data.labels & data.valid).float()
+    n, n_pos = valid.sum(), positive.sum()
+    n_neg = n - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return valid
+    return positive * (n / (2 * n_pos)) + (valid - positive) * (n / (2 * n_neg))
 
 
 def _epochs(module, optimiser, loss_fn, features: Tensor, targets: Tensor, weight: Tensor,
@@ -205,42 +200,94 @@ def split_prompts(n: int, heldout: float, seed: int) -> tuple[list[int], list[in
 def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *, gen_length: int = 256,
                  block_length: int = 32, width: int = 32, hidden: int = 32, epochs: int = 2000,
                  lr: float = 3e-3, threshold: float = 0.96, heldout: float = 0.1,
-                 trajectory: str = "baseline", seed: int = 0, batch_size: int = 32,
-                 out: str | None = None, progress: Progress | None = None
+                 trajectory: str = "baseline", rounds: int = 0, beta: float = 0.5,
+                 beta_decay: float = 0.5, balance: bool = False, rollout_eotp: bool = True,
+                 seed: int = 0, batch_size: int = 32,
+                 out: str | None = None, save_rounds: bool = False, progress: Progress | None = None
                  ) -> tuple[ConfidenceMLP, dict[str, Any]]:
-    """Reference decodes -> step data -> trained filter (+ held-out report), optionally saved.
+    """Reference decodes -> step data -> trained filter, then `rounds` on-policy (DAgger) rounds
+    (+ held-out report), optionally saved.
+
+    Round r (1..rounds) decodes every prompt under the current filter (`onpolicy.rollouts`: the
+    filter's accepts with the one-token-per-step top-1, then EoTP unless `rollout_eotp` is off;
+    with probability beta * beta_decay^(r-1) a step takes the oracle's commits), adds the logged
+    states to the data, and retrains from scratch on all of it.
 
     Returns:
         The network and a JSON-ready report: data sizes, the reference NFE, `metrics` on the
-        train and held-out slots and, when saved to `out`, `decode_report` on the held-out
-        prompts (oracle NFE, NFE of `learned` over one token per step, agreement).
+        train and held-out slots, per round the rollout figures and `metrics` of the rolled-out
+        filter and of its successor on the round's held-out on-policy states, and, when saved to
+        `out`, `decode_report` on the held-out prompts (oracle NFE, NFE of `learned` over one
+        token per step, agreement).
+    With `out` and `save_rounds`, the filter of every round r (0 = before the first rollout) is
+    also written next to `out` as `<stem>.round<r>.safetensors`.
+
     Raises:
-        ValueError: no prompts, or the decodes produced no masked slot to learn from.
+        ValueError: no prompts, a bad round setting, or the decodes produced no masked slot to
+            learn from.
     """
     if not prompts:
         raise ValueError("train_filter needs at least one prompt")
+    if rounds < 0 or not 0.0 <= beta <= 1.0 or not 0.0 <= beta_decay <= 1.0:
+        raise ValueError(f"need rounds >= 0 and beta, beta_decay in [0, 1], got {rounds}, {beta}, {beta_decay}")
     data, reference, nfe = collect(model, prompts, gen_length=gen_length, block_length=block_length,
                                    width=width, trajectory=trajectory, batch_size=batch_size,
                                    progress=progress)
     train_ids, test_ids = split_prompts(len(prompts), heldout, seed)
-    in_train = torch.isin(data.prompt, torch.tensor(train_ids))
-    train, test = data.take(in_train), data.take(~in_train)
-    if not train.valid.any():
+
+    def held(part: StepData) -> Tensor:
+        return ~torch.isin(part.prompt, torch.tensor(train_ids))
+
+    if not data.take(~held(data)).valid.any():
         raise ValueError("the reference decodes left no masked slot to learn from")
-    module = fit(train, width=width, hidden=hidden, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    train_fit = dict(width=width, hidden=hidden, epochs=epochs, lr=lr, seed=seed, balance=balance,
+                     progress=progress)
+    module = fit(data.take(~held(data)), **train_fit)
+    meta = {"gen_length": str(gen_length), "block_length": str(block_length), "prompts": str(len(prompts)),
+            "trajectory": trajectory, "beta": str(beta), "balance": str(balance),
+            "rollout_eotp": str(rollout_eotp),
+            "recipe": "eval/training/filter.py"}
+
+    def keep_round(r: int) -> None:
+        if out is not None and save_rounds:
+            save_mlp(module, Path(out).with_suffix(f".round{r}.safetensors"), metadata={**meta, "rounds": str(r)})
+
+    keep_round(0)
+    round_reports = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for r in range(1, rounds + 1):
+            path = Path(scratch) / f"round{r}.safetensors"
+            save_mlp(module, path)
+            policy = LearnedFilter(weights=str(path), width=width, threshold=threshold)
+            mix = beta * beta_decay ** (r - 1)
+            new, stats = rollouts(model, prompts, reference, policy=policy, beta=mix, gen_length=gen_length,
+                                  block_length=block_length, width=width, eotp=rollout_eotp, seed=seed + r,
+                                  batch_size=batch_size)
+            before = metrics(module, new.take(held(new)), threshold)
+            data = StepData.concat([data, new], width)
+            module = fit(data.take(~held(data)), **train_fit)
+            keep_round(r)
+            round_reports.append({"round": r, "beta": mix, **stats, "heldout_onpolicy_before": before,
+                                  "heldout_onpolicy_after": metrics(module, new.take(held(new)), threshold)})
+            if progress:
+                progress(f"round {r}/{rounds}: beta {mix:.3g}, {stats['rows']} states, rollout NFE "
+                         f"{stats['nfe_mean']:.2f}, held-out precision {before['precision']:.3f} -> "
+                         f"{round_reports[-1]['heldout_onpolicy_after']['precision']:.3f}")
+    train, test = data.take(~held(data)), data.take(held(data))
     report: dict[str, Any] = {
         "prompts": len(prompts), "train_prompts": len(train_ids), "heldout_prompts": len(test_ids),
-        "trajectory": trajectory, "steps": int(data.features.shape[0]), "gen_length": gen_length,
+        "trajectory": trajectory, "rounds": rounds, "beta": beta, "beta_decay": beta_decay,
+        "balance": balance, "rollout_eotp": rollout_eotp, "steps": int(data.features.shape[0]),
+        "gen_length": gen_length,
         "block_length": block_length, "width": width, "hidden": hidden, "epochs": epochs,
         "threshold": threshold, "reference_nfe_mean": float(nfe.double().mean()),
-        "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold)}
+        "train": metrics(module, train, threshold), "heldout": metrics(module, test, threshold),
+        "round_reports": round_reports}
     if out is not None:
-        save_mlp(module, out, metadata={"gen_length": str(gen_length), "block_length": str(block_length),
-                                        "prompts": str(len(prompts)), "trajectory": trajectory,
-                                        "recipe": "eval/training/filter.py"})
+        save_mlp(module, out, metadata={**meta, "rounds": str(rounds)})
         learned = LearnedFilter(weights=str(out), width=width, threshold=threshold)
-        held = [prompts[i] for i in test_ids]
-        report["heldout_decode"] = decode_report(model, held, reference[test_ids], learned,
+        held_prompts = [prompts[i] for i in test_ids]
+        report["heldout_decode"] = decode_report(model, held_prompts, reference[test_ids], learned,
                                                  gen_length=gen_length, block_length=block_length,
                                                  batch_size=batch_size)
     return module, report
@@ -248,9 +295,7 @@ def train_filter(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], *
 
 def task_prompts(per_task: int, seed: int = 0, split: str = "train") -> list[str]:
     """`per_task` prompts of every registered task's `split`, in registry order."""
-    from dllm_decode.eval.tasks import TASKS
-
-    return [example.prompt for task in TASKS.values() for example in task.examples(split, per_task, seed)]
+    return [example.prompt for example in suite_examples(per_task, seed, split)]
 
 
 def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_length: int = 32,
@@ -267,7 +312,7 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
     from dllm_decode.filters.eotp import EoTPFilter
     from dllm_decode.schedulers import ThresholdScheduler
 
-    examples = [e for task in TASKS.values() for e in task.examples("test", per_task, seed)]
+    examples = suite_examples(per_task, seed)
     base = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen_length, block_length=block_length)
     learned = LearnedFilter(weights=weights)
     runs: dict[str, tuple[DecodeConfig, Any, list]] = {

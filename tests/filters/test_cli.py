@@ -32,8 +32,9 @@ def test_train_filter_writes_loadable_weights(tmp_path):
     out = tmp_path / "f.safetensors"
     result = CliRunner().invoke(main, ["train-filter", "--model", "tiny", "--out", str(out), "--per-task", "1",
                                        "--gen-length", "8", "--block-length", "8", "--width", "8",
-                                       "--epochs", "3"])
+                                       "--epochs", "3", "--rounds", "1", "--beta", "0.25", "--balance"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("{"):])
+    assert report["rounds"] == 1 and report["balance"] and report["round_reports"][0]["beta"] == 0.25
     assert report["width"] == 8 and set(report["heldout"]) >= {"precision", "recall", "false_positive_rate"}
     assert LearnedFilter(weights=str(out), width=8).width == 8
