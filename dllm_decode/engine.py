@@ -147,7 +147,9 @@ class SpeculativeModel:
 
     @property
     def max_length(self) -> int | None:
-        return getattr(getattr(self.target, "config", None), "max_position_embeddings", None)
+        from dllm_decode.speculative.loop import context_of
+
+        return context_of(self.target)
 
 
 @dataclass

@@ -138,13 +138,18 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
         tokenizer: default `target.tokenizer`; encodes a text prompt and decodes the output.
         eos_ids: end-of-text ids (default: from the tokenizer and the target's configs).
     Raises:
-        ValueError: empty prompt, or text without a tokenizer.
+        ValueError: empty prompt, text without a tokenizer, or prompt plus `max_new_tokens`
+            longer than the target's context (positions past it would be garbage, not an error).
     """
     started = time.perf_counter()
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     kv = new_kv(target)
     device = kv.ids.device
     (ids,) = encode_prompts([prompt] if not isinstance(prompt, Tensor) else [prompt.tolist()], tokenizer)
+    limit = context_of(target)
+    if limit is not None and len(ids) + config.max_new_tokens > limit:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({config.max_new_tokens}) "
+                         f"exceeds the model's context of {limit} tokens")
     context = torch.tensor(ids, dtype=torch.long, device=device)
     eos = tuple(eos_ids) if eos_ids is not None else eos_ids_of(target, tokenizer)
     eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
@@ -257,6 +262,13 @@ def eos_ids_of(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
             if isinstance(item, int) and item >= 0 and item not in found:
                 found.append(item)
     return tuple(found)
+
+
+def context_of(model: Any) -> int | None:
+    """The positions a causal LM can attend over (`config.max_position_embeddings`), or None
+    when its config does not say."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) else None
 
 
 def _vocab_size(model: Any) -> int:

@@ -105,3 +105,15 @@ def test_early_stop_changes_no_draft_length(target, draft_model):
         assert results[1].draft_forwards <= results[0].draft_forwards
         if isinstance(scheduler, ThresholdScheduler):           # it does cut drafts short here
             assert results[1].draft_forwards < results[0].draft_forwards
+
+
+def test_context_is_enforced(target):
+    """Prompt + budget past the target's 256 positions is refused up front (naming both counts),
+    in both runtimes; exactly the context is allowed."""
+    spare = 256 - len(PROMPT)
+    for model in (target, CompactCausalLM(target)):
+        config = SpecConfig(LowConfidenceScheduler(steps_per_block=1), max_new_tokens=spare + 1)
+        with pytest.raises(ValueError, match=rf"prompt \({len(PROMPT)} tokens\) \+ max_new_tokens \({spare + 1}\).*256"):
+            speculative_generate(model, PROMPT, config, LookupDrafter())
+    config = SpecConfig(LowConfidenceScheduler(steps_per_block=1), max_new_tokens=spare)
+    assert len(speculative_generate(target, PROMPT, config, LookupDrafter()).tokens) <= spare
