@@ -27,12 +27,12 @@ def _json_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
 
 
 def bench_options(gen_lengths: bool = False, model_help: str = MODEL_HELP,
-                  gen_help: str = "Canvas length") -> Callable[[Any], Any]:
+                  gen_help: str = "Canvas length", model_default: str = "embedded") -> Callable[[Any], Any]:
     """The options every benchmark takes; `gen_lengths` makes `--gen-length` repeatable (a list
     of lengths). Counts left out take the subcommand's defaults (its help lists them)."""
     def apply(command: Any) -> Any:
         options = [
-            click.option("--model", "model_name", default="embedded", show_default=True, help=model_help),
+            click.option("--model", "model_name", default=model_default, show_default=True, help=model_help),
             click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
                          help="torch intra-op threads (1: stable on a shared machine)."),
             click.option("--repeats", type=click.IntRange(1), default=None,
@@ -280,3 +280,33 @@ def spec_command(model_name: str, threads: int, repeats: int | None, per_task: i
     torch.set_num_threads(threads)
     report = {"machine": machine(threads), **run_spec(options, _say)}
     _emit(report, format_spec(report), json_path)
+
+
+@bench_command.command("bd", epilog="Defaults: 4 prompts per task of every task (48), gen 256 and 32 "
+                                    "(native), threshold 0.9, 3 repeats; --quick: 1 per task, gen 32, "
+                                    "1 repeat.")
+@bench_options(gen_lengths=True, model_help="The block-diffusion model.", model_default="embedded-bd")
+@click.option("--ar", "ar_model", default=None, help="Its AR parent, run greedy in the compact runtime [ar_target].")
+@click.option("--dllm", default=None, help="The LLaDA-style dLLM compared beside them [embedded].")
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="The threshold rule's confidence [0.9].")
+def bd_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
+               gen_length: tuple[int, ...], json_path: str | None, quick: bool,
+               ar_model: str | None, dllm: str | None, threshold: float | None) -> None:
+    """Block diffusion against its AR parent and the LLaDA-style dLLM, batch 1, one interleaved
+    run: accuracy, forwards per answer token, seconds per sample, speedup over AR."""
+    import torch
+
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.blockdiff import (BD_QUICK, BlockDiffOptions, format_blockdiff,
+                                                  load_models, run_blockdiff)
+    from dllm_decode.eval.bench.subject import machine
+
+    options = _options(BlockDiffOptions(), BD_QUICK, quick, repeats=repeats, per_task=per_task,
+                       gen_lengths=gen_length, threshold=threshold, ar=ar_model, dllm=dllm,
+                       bd=model_name)
+    torch.set_num_threads(threads)
+    with usage_errors("--model"):
+        models = load_models(options)
+    report = {"machine": machine(threads), **run_blockdiff(options, models, _say)}
+    _emit(report, format_blockdiff(report), json_path)
