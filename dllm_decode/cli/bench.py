@@ -310,3 +310,29 @@ def bd_command(model_name: str, threads: int, repeats: int | None, per_task: int
         models = load_models(options)
     report = {"machine": machine(threads), **run_blockdiff(options, models, _say)}
     _emit(report, format_blockdiff(report), json_path)
+
+
+@bench_command.command("serving", epilog="Defaults: 320 task prompts, 64 clients, max batch 32, gen 32, "
+                                         "block 8, threshold 0.9.")
+@click.option("--model", "model_name", default="embedded", show_default=True, help=MODEL_HELP)
+@click.option("--requests", type=click.IntRange(1), default=320, show_default=True)
+@click.option("--clients", type=click.IntRange(1), default=64, show_default=True, help="Concurrent clients.")
+@click.option("--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Engine rows.")
+@click.option("--gen-length", "gen", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--block-length", "block", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=_json_path,
+              help="Also write the full report here (checked first).")
+def serving_command(model_name: str, requests: int, clients: int, max_batch: int, gen: int, block: int,
+                    json_path: str | None) -> None:
+    """Load-test `dllm-decode serve` on 127.0.0.1: the same requests from one client at a time and
+    from many concurrent clients, checked against offline `generate` (lost, failed, different
+    answers, requests/s, p50/p99 latency, the concurrent/sequential ratio)."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.bench.serving import format_report, run
+
+    with usage_errors("--model"):
+        from dllm_decode.eval.bench.subject import diffusion_spec
+
+        diffusion_spec(model_name)
+    report = run(model_name, requests, clients, max_batch, gen, block, progress=_say)
+    _emit(report, format_report(report), json_path)

@@ -1,6 +1,6 @@
 """Load-test `dllm-decode serve`: many concurrent clients against the same requests one at a time.
 
-    python -m dllm_decode.eval.bench.serving [--requests 320] [--clients 64] [--max-batch 32] [--json FILE]
+    dllm-decode bench serving [--requests 320] [--clients 64] [--max-batch 32] [--json FILE]
 
 One run, side by side: every request is first decoded offline, alone (`generate`, the reference
 answers and the no-server baseline); then a server on 127.0.0.1 (in this process, the engine in
@@ -14,7 +14,6 @@ from the task suite (`dllm_decode.eval.tasks`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -27,7 +26,7 @@ import torch
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Engine
-from dllm_decode.eval.bench.cache import load_bench_model, task_examples
+from dllm_decode.eval.bench.subject import load_subject, task_samples
 from dllm_decode.registry import component
 from dllm_decode.sampler import generate
 from dllm_decode.serve.app import Limits, ServerState, background
@@ -40,11 +39,12 @@ def run(model_name: str = "embedded", requests: int = 320, clients: int = 64, ma
         progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The benchmark (see the module docstring); returns the report as a dict."""
     torch.set_num_threads(1)
-    bench = load_bench_model(model_name)
+    bench = load_subject(model_name)
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the load test needs the task suite's vocabulary (the embedded model)")
-    model, tokenizer = bench.model, bench.model.tokenizer
-    prompts = [e.prompt for e in task_examples(bench.tasks, requests, seed)]
+    model, tokenizer = bench.model, bench.tokenizer
+    per_task = -(-requests // len(bench.tasks))
+    prompts = [s.prompt for s in task_samples(bench.tasks, per_task, seed=seed)][:requests]
     config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": threshold}),
                           gen_length=gen, block_length=block)
     progress(f"offline: {requests} requests one at a time ...")
@@ -117,25 +117,3 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{p['engine_steps']:>6}")
     lines.append(f"throughput concurrent / sequential: {report['throughput_ratio']}x")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Load-test dllm-decode serve (see the module docstring).")
-    parser.add_argument("--model", default="embedded")
-    parser.add_argument("--requests", type=int, default=320)
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--max-batch", type=int, default=32)
-    parser.add_argument("--gen", type=int, default=32)
-    parser.add_argument("--block", type=int, default=8)
-    parser.add_argument("--json", default=None, help="Also write the report here.")
-    args = parser.parse_args(argv)
-    report = run(args.model, args.requests, args.clients, args.max_batch, args.gen, args.block,
-                 progress=lambda line: print(line, file=sys.stderr))
-    print(format_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,30 @@
+"""`bench serving` end to end on a small load: nothing lost, every answer as offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def test_small_load_answers_everything_like_offline(tmp_path):
+    out = tmp_path / "serving.json"
+    result = CliRunner().invoke(main, ["bench", "serving", "--requests", "6", "--clients", "3",
+                                       "--max-batch", "4", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for phase in ("sequential", "concurrent"):
+        p = report[phase]
+        assert (p["answered"], p["failed"], p["lost"], p["different_from_offline"]) == (6, 0, 0, 0)
+    assert report["throughput_ratio"] > 0 and "concurrent / sequential" in result.output
+
+
+def test_a_model_without_the_task_suite_is_refused():
+    result = CliRunner().invoke(main, ["bench", "serving", "--model", "ideal"])
+    assert result.exit_code == 2 and "not a masked diffusion LM" in result.output
