@@ -1,7 +1,7 @@
 """The rest of the speculative family side by side: chain vs token tree vs staged vs BiLD on the
 embedded AR pair, and dLLM self-speculation on the embedded diffusion model.
 
-    python -m dllm_decode.eval.bench.spec_tree [--json FILE] [--per-task N] [--repeats R]
+    dllm-decode bench tree [--json FILE] [--per-task N] [--repeats R]
 
 AR part (all 12 tasks, `per_task` test prompts each, the `prompt =` AR format), once per target
 runtime (transformers `hf`, `compact`); every configuration decodes the same prompts in a
@@ -30,12 +30,9 @@ Batch size 1, greedy, float32, CPU, 1 torch thread by default.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -158,8 +155,8 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
     from dllm_decode.eval.tasks import TASKS
 
     examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", per_task, 0)]
-    stepwise = DecodeSpecCombo(scheduler=LowConfidenceScheduler(), gen_length=32, block_length=32)
-    threshold = DecodeSpecCombo(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=32)
+    stepwise = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=32, block_length=32)
+    threshold = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=32)
     plans: list[tuple[str, DecodeConfig, int | None, int]] = [
         ("one token per step", stepwise, None, 1),
         (f"self-spec of it, K={draft_steps}", stepwise, draft_steps, 1),
@@ -233,51 +230,13 @@ def table(entries: list[dict[str, Any]], columns: list[tuple[str, str, str]],
         log(f"{e['label']:<{width}}" + " ".join(f"{c:>{n}}" for c, n in zip(row, sizes)))
 
 
-def _rollbacks(text: str) -> list[float | None]:
+def parse_rollbacks(text: str) -> list[float | None]:
+    """`none,1,2` -> [None, 1.0, 2.0] (alpha_rb in nats; `none` = exact verification).
+
+    Raises:
+        ValueError: an item that is neither a number nor `none`.
+    """
     try:
         return [None if part.strip().lower() == "none" else float(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of nats or `none`, got {text!r}") from None
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
-    parser.add_argument("--target", default="ar_target")
-    parser.add_argument("--draft", default="ar_draft")
-    parser.add_argument("--dllm", default="embedded")
-    parser.add_argument("--per-task", type=int, default=4, help="AR test prompts per task.")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--runtimes", default="hf,compact", help="target runtimes, comma list")
-    parser.add_argument("--tree-branch", type=int, default=4)
-    parser.add_argument("--tree-budget", type=int, default=16)
-    parser.add_argument("--tree-min-prob", type=float, default=0.05)
-    parser.add_argument("--bild-fallback", type=float, default=0.6)
-    parser.add_argument("--bild-rollbacks", type=_rollbacks, default=list(DEFAULT_ROLLBACKS),
-                        help="comma list of alpha_rb in nats, `none` = exact (default none,1,2,3,5)")
-    parser.add_argument("--self-per-task", type=int, default=2, help="dLLM prompts per task (0: skip)")
-    parser.add_argument("--self-repeats", type=int, default=2)
-    parser.add_argument("--draft-steps", type=int, default=8)
-    parser.add_argument("--self-branch", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    runtimes = [part.strip() for part in args.runtimes.split(",") if part.strip()]
-    report = run(target=args.target, draft=args.draft, dllm=args.dllm, per_task=args.per_task,
-                 repeats=args.repeats, max_new_tokens=args.max_new_tokens, runtimes=runtimes,
-                 tree=TreeShape(args.tree_branch, args.tree_budget, args.tree_min_prob),
-                 bild_fallback=args.bild_fallback,
-                 bild_rollbacks=args.bild_rollbacks, self_per_task=args.self_per_task,
-                 self_repeats=args.self_repeats, draft_steps=args.draft_steps,
-                 self_branch=args.self_branch, threads=args.threads,
-                 log=lambda line: print(line, flush=True))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"\nwrote {args.json}")
-
-
-if __name__ == "__main__":
-    main()
+        raise ValueError(f"expected a comma list of nats or `none`, got {text!r}") from None

@@ -29,3 +29,14 @@ def test_run_reports_every_family_and_exact_ones_are_identical():
     assert all(row["identical_rate"] == 1.0 for row in selfspec.values())
     assert selfspec["self-spec of it, K=4"]["forwards"] < selfspec["one token per step"]["forwards"]
     assert any("tree / chain" in line for line in lines)
+
+
+@pytest.mark.parametrize("args, fragment", [(["--bild-rollbacks", "x,1"], "--bild-rollbacks"),
+                                            (["--tree-branch", "0"], "--tree-branch")])
+def test_bad_options_are_usage_errors(args, fragment):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["bench", "tree", *args])
+    assert result.exit_code == 2 and fragment in result.output
