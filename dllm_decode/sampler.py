@@ -199,6 +199,8 @@ class Decoding:
             if request.key == key and request.live:
                 request.cancelled = True
                 self._drop([r == index for r in self.bounds.request], store=False)
+        if not any(self.bounds.busy):       # no row left with work in this block: the phase is over
+            self.block_step = 0
 
     # -- one step ------------------------------------------------------------------------------
 

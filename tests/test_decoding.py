@@ -107,6 +107,23 @@ def test_cancel_frees_the_rows_and_leaves_others_alone():
         decoding.result("drop")
 
 
+def test_cancelling_the_only_busy_request_mid_block_ends_the_phase():
+    """Cancelling the last rows with work left in a block (the others idle or none) must end the
+    phase: the next step admits newcomers instead of stepping an empty table."""
+    model = tiny_llada(seed=2)
+    (p0, c0), (p1, c1) = REQUESTS[0], REQUESTS[1]
+    decoding = Decoding(model, NoCache())
+    decoding.add(p1, c1, key="drop")
+    decoding.step()                                   # mid-block: one of two steps taken
+    decoding.cancel("drop")
+    decoding.add(p0, c0, key="late")
+    finished = []
+    while not decoding.finished:
+        finished += decoding.step()
+    assert finished == ["late"]
+    assert torch.equal(decoding.result("late").tokens, generate(model, p0, c0).tokens)
+
+
 def test_a_request_needs_the_batch_cache_and_a_fresh_key():
     decoding = Decoding(tiny_llada(), NoCache())
     decoding.add([[1]], DecodeConfig(ThresholdScheduler(), gen_length=8, block_length=8), key="x")
