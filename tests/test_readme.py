@@ -98,9 +98,16 @@ def test_the_first_command_decodes_what_it_promises():
     first = commands(fenced("bash")[0])[0]
     decode = first.split("&&")[-1].strip()
     assert decode.startswith("dllm-decode")
-    result = subprocess.run(shlex.split(decode), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(shlex.split(decode), capture_output=True, text=True, timeout=300, env=venv_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ella hank mia"
+
+
+def venv_env() -> dict[str, str]:
+    """The environment with this interpreter's scripts first on PATH, so the README's commands
+    resolve to the installed package even when pytest runs without the venv activated."""
+    scripts = str(pathlib.Path(sys.executable).parent)
+    return {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", "")}
 
 
 def runnable() -> list[str]:
@@ -128,5 +135,5 @@ def test_every_bash_example_runs(line, tmp_path):
         line = line.replace("python ", f"{shlex.quote(sys.executable)} ", 1)
     cwd = ROOT if "--include_path" in line else tmp_path
     result = subprocess.run(line, shell=True, cwd=cwd, capture_output=True, text=True,
-                            timeout=3600, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            timeout=3600, env={**venv_env(), "PYTHONUNBUFFERED": "1"})
     assert result.returncode == 0, f"{line}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
