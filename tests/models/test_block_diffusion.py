@@ -451,3 +451,23 @@ def test_unsupported_structure_is_refused(tmp_path, key):
 def test_sdar_moe_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "sdar_moe"}))
     assert "sdar_moe" in load_error(tmp_path)
+
+
+def test_the_shipped_block_diffusion_model_decodes_with_its_exact_cache():
+    """`embedded-bd` loads by name as a block-8 Fast-dLLM v2 model, answers a task prompt, and
+    the block cache gives the uncached decode's tokens in the same number of forwards."""
+    from dllm_decode import DecodeConfig, generate, load_model
+    from dllm_decode.caches import BlockCache
+    from dllm_decode.schedulers import ThresholdScheduler
+
+    model = load_model("embedded-bd")
+    assert type(model) is FastDLLMModel and model.block_size == 8
+    prompts = [model.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True)
+               for p in ("sort : mia ella hank", "reverse : carl jack andrew")]
+    config = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=8)
+    plain = generate(model, prompts, config)
+    cached = generate(model, prompts, DecodeConfig(scheduler=ThresholdScheduler(0.9), cache=BlockCache(),
+                                                   gen_length=32, block_length=8))
+    assert plain.text == ["ella hank mia", "andrew jack carl"]
+    assert torch.equal(plain.tokens, cached.tokens) and torch.equal(plain.nfe, cached.nfe)
