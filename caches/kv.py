@@ -29,9 +29,15 @@ class BlockKVCache(Cache):
         refresh_every: also refresh at in-block steps `refresh_every`, `2 * refresh_every`, ...
             None = only at the block start (Fast-dLLM's default). 1 = a full forward every step,
             which makes the cache exact (the same logits as `none`).
+        block_refresh: refresh at every block start (Fast-dLLM). False: one full forward per
+            decode (and after the batch changes); later blocks only recompute their rows (plus
+            the vicinity), so a decode whose blocks finish in one or two steps stops paying a full
+            forward per block. Deviation from Fast-dLLM, more approximate: the blocks before the
+            active one keep the K/V of their last step, computed before its final commits.
     """
 
     refresh_every: int | None = None
+    block_refresh: bool = True
 
     def __post_init__(self) -> None:
         if self.refresh_every is not None and self.refresh_every < 1:
@@ -60,7 +66,8 @@ class BlockKVCache(Cache):
         return model(canvas, attention_mask, kv=state, rows=rows), rows[0], state
 
     def _refresh_due(self, block_step: int) -> bool:
-        return block_step == 0 or (self.refresh_every is not None and block_step % self.refresh_every == 0)
+        return (block_step == 0 and self.block_refresh) or (
+            self.refresh_every is not None and block_step % self.refresh_every == 0)
 
     @abc.abstractmethod
     def rows(self, block: tuple[int, int], length: int) -> tuple[int, int]:

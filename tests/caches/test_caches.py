@@ -232,6 +232,21 @@ def test_refresh_policy_decides_which_forwards_are_full(every):
     assert result.nfe.tolist() == [16]                 # refresh passes are decode steps: 1 NFE each
 
 
+@pytest.mark.parametrize("name", ["prefix", "dual"])
+def test_without_block_refresh_only_the_first_forward_is_full(name):
+    """`block_refresh=False`: one full forward per decode; every later block (its first step
+    included) feeds only its own rows (dual) or the rest of the canvas from it (prefix)."""
+    model = Spy()
+    cfg = config(SCHEDULERS["low_confidence"](), gen=16, block=8, stop_at_eos=False)
+    cache = build(CACHES, name, {"block_refresh": "false"})
+    assert cache.block_refresh is False
+    result = generate(model, [[1, 2, 3]], dataclasses.replace(cfg, cache=cache))
+    assert [refresh for refresh, _ in model.calls] == [True] + [False] * 15
+    ends = [19 if step == 0 or name == "prefix" else 11 + 8 * (step // 8) for step in range(16)]
+    assert [rows for _, rows in model.calls] == [(3 + 8 * (step // 8), end) for step, end in enumerate(ends)]
+    assert not (result.tokens == MASK).any() and result.nfe.tolist() == [16]
+
+
 def test_dual_vicinity_window_widens_the_fed_rows():
     model = tiny_llada(seed=3)
     wide = DualCache(prefix_look=2, after_look=3)
