@@ -11,7 +11,7 @@ import torch
 from dllm_decode import DecodeConfig, Decoding, generate
 from dllm_decode.caches import BlockCache, DualCache
 from dllm_decode.interfaces import NoCache
-from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
 from dllm_decode.testing import tiny_block_diffusion, tiny_llada
 
 FAMILIES = ["fast_dllm", "sdar", "llada2"]
@@ -99,3 +99,24 @@ def test_other_caches_run_on_block_diffusion_models():
     model = tiny_block_diffusion("sdar", seed=4)
     result = generate(model, PROMPTS, config(cache=DualCache()))
     assert not (result.tokens == model.mask_token_id).any()
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_every_scheduler_decodes_a_block_diffusion_model_with_its_cache(name):
+    """Each registered rule runs on the block grid (the oracle after its reference); the exact
+    cache changes nothing; a rule that chooses its own block bounds is refused in one line."""
+    model = tiny_block_diffusion("fast_dllm", seed=6)
+    scheduler = SCHEDULERS[name]()
+    if scheduler.chooses_block_bounds:
+        with pytest.raises(ValueError, match="cannot choose block bounds"):
+            generate(model, PROMPTS, config(scheduler))
+        return
+    if name == "oracle":
+        reference = generate(model, PROMPTS, config(LowConfidenceScheduler())).tokens
+        scheduler = SCHEDULERS[name].from_reference(reference)
+    seeded = dict(generator=torch.Generator().manual_seed(0))
+    plain = generate(model, PROMPTS, config(scheduler), **seeded)
+    cached = generate(model, PROMPTS, config(scheduler, cache=BlockCache()),
+                      generator=torch.Generator().manual_seed(0))
+    assert not (plain.tokens == model.mask_token_id).any()
+    assert torch.equal(plain.tokens, cached.tokens) and torch.equal(plain.nfe, cached.nfe)
