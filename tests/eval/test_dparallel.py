@@ -16,12 +16,7 @@ from dllm_decode.eval.training.dparallel import (CertaintyBatch, CertaintyConfig
 from dllm_decode.eval.training.evaluate import decode_text
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

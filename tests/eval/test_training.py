@@ -18,14 +18,7 @@ from dllm_decode.eval.training.evaluate import accuracy_by_task, decode_text, di
 from dllm_decode.eval.training.loop import LoopConfig, train
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread and, on a loaded machine, OpenMP's barrier
-    waits for a descheduled worker at every op (measured: 30x slower steps)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
