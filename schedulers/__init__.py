@@ -8,6 +8,7 @@ from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
 from dllm_decode.schedulers.credit import CreditScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
+from dllm_decode.schedulers.edit import EditScheduler
 from dllm_decode.schedulers.eb import EntropyBoundScheduler
 from dllm_decode.schedulers.entropy_threshold import EntropyThresholdScheduler
 from dllm_decode.schedulers.factor import FactorScheduler
@@ -34,9 +35,10 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "entropy_threshold": EntropyThresholdScheduler,  # dParallel: entropy <= tau, at least the lowest
     "klass": KLASSScheduler,                   # KLASS: confident and KL-stable positions
     "oracle": OracleScheduler,                 # Learn2PD oracle: commit what matches a reference
+    "edit": EditScheduler,                     # LLaDA2.1: M2T threshold + token-to-token edits
 }
 
-__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler",
+__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "KLASSScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
