@@ -15,7 +15,8 @@ from dllm_decode.eval.training.evaluate import causal_generate
 from dllm_decode.eval.training.loop import LoopConfig, train
 from dllm_decode.models import FastDLLMModel
 from dllm_decode.models.checkpoint import EMBEDDED_DIR, load_tokenizer
-from tests.eval.test_training import one_thread  # noqa: F401 - autouse: one torch thread
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # one torch thread (tests/eval/conftest.py)
 
 
 @pytest.fixture(scope="module")
