@@ -165,13 +165,18 @@ def expand_grid(schedulers: Sequence[tuple[str, Mapping[str, str]]], options: Ma
         sweeps: (key, values) per `--sweep`.
         common: `Setting` fields shared by all (cache, filters, gen_length, ...).
     Raises:
-        ValueError: unknown scheduler, option or sweep key that applies to no scheduler, a value
-            the component rejects.
+        ValueError: unknown scheduler, option or sweep key that applies to no scheduler, a sweep
+            key given twice (the later list would silently replace the earlier), a value the
+            component rejects.
     """
     for name, _ in schedulers:
         if name not in registry("scheduler"):
             raise ValueError(f"unknown scheduler {name!r}; choose from {sorted(registry('scheduler'))}")
-    for key in [*options, *(k for k, _ in sweeps)]:
+    keys = [k for k, _ in sweeps]
+    if repeated := sorted({k for k in keys if keys.count(k) > 1}):
+        raise ValueError(f"--sweep {repeated[0]!r} is given more than once; give all its values in one "
+                         f"list (sweeps multiply and apply to every scheduler that has the field)")
+    for key in [*options, *keys]:
         if not any(_applies(key, name) for name, _ in schedulers):
             raise ValueError(f"option {key!r} applies to none of the schedulers "
                              f"{[n for n, _ in schedulers]}")

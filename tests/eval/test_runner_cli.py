@@ -56,6 +56,7 @@ def test_tiny_model_end_to_end(tmp_path):
     (["--scheduler", "nope"], "unknown scheduler 'nope'"),
     (["--sweep", "tokens_per_step=1,2"], "applies to none of the schedulers"),
     (["--sweep", "threshold"], "expected KEY=V1,V2"),
+    (["--sweep", "threshold=0.5,0.9", "--sweep", "threshold=0.7"], "'threshold' is given more than once"),
     (["--gen-length", "lots"], "expected an integer >= 1 or 'answer'"),
     (["--tasks", "nope"], "unknown task 'nope'"),
     (["--scheduler", "threshold:threshold=7"], "threshold"),
