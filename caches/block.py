@@ -35,8 +35,8 @@ class BlockState:
 class BlockCache(Cache):
     """Cache the K/V of finished blocks; each step computes only the active block(s).
 
-    The first step of a request computes the whole canvas once (an empty cache stores every
-    layer's K/V). Every later step feeds the rows from the earliest column the previous step fed
+    The first step of a request computes the canvas up to the end of the active blocks once (an
+    empty cache stores every layer's K/V; what lies after is never attended before it is written). Every later step feeds the rows from the earliest column the previous step fed
     to the end of the active model blocks: at a block start that re-computes the block just
     finished, now with its final tokens, in the same forward that decodes the new block (the
     references spend a separate "KV-write" forward on it: one NFE per block fewer here). Sub-block
@@ -59,9 +59,12 @@ class BlockCache(Cache):
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
         lo, hi = block
         if state is None:
+            # Columns after the active blocks are invisible to it (block-causal), so the first
+            # forward covers [0, hi) only; the rest of the cache is zeros until a forward writes it.
             kv = KVCache()
-            logits = model(canvas, attention_mask, kv=kv, rows=(lo, canvas.shape[1]))
-            return logits[:, :hi - lo], lo, BlockState(kv, lo)
+            mask = attention_mask[:, :hi] if attention_mask is not None else None
+            logits = model(canvas[:, :hi], mask, kv=kv, rows=(lo, hi))
+            return logits, lo, BlockState(kv.pad_to(canvas.shape[1]), lo)
         start = min(state.written_from, lo)
         logits = model(canvas, attention_mask, kv=state.kv, rows=(start, hi))
         return logits, start, BlockState(state.kv, lo)

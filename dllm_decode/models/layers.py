@@ -39,6 +39,15 @@ class KVCache:
         return KVCache([k.index_select(0, rows) for k in self.keys],
                        [v.index_select(0, rows) for v in self.values])
 
+    def pad_to(self, width: int) -> "KVCache":
+        """Zero columns up to `width` (in place): room for rows a later forward writes before it
+        attends them (block-causal models never attend a column before writing it)."""
+        for store in (self.keys, self.values):
+            for i, t in enumerate(store):
+                if t.shape[2] < width:
+                    store[i] = torch.cat([t, t.new_zeros(*t.shape[:2], width - t.shape[2], t.shape[3])], 2)
+        return self
+
     def trim(self, width: int) -> "KVCache":
         """Keep the first `width` canvas columns (the loop cut the dead tail off the canvas)."""
         return KVCache([k[:, :, :width] for k in self.keys], [v[:, :, :width] for v in self.values])

@@ -120,3 +120,23 @@ def test_every_scheduler_decodes_a_block_diffusion_model_with_its_cache(name):
                       generator=torch.Generator().manual_seed(0))
     assert not (plain.tokens == model.mask_token_id).any()
     assert torch.equal(plain.tokens, cached.tokens) and torch.equal(plain.nfe, cached.nfe)
+
+
+def test_the_first_forward_stops_at_the_active_blocks():
+    """Under block-causal attention nothing before the block end sees later columns, so the block
+    cache's first forward feeds the canvas only up to the active model blocks (a gen-64 canvas
+    costs the first forward no more than a gen-8 one), with the same tokens as no cache."""
+    model = tiny_block_diffusion("fast_dllm", seed=7)
+    widths = []
+    forward = model.forward
+
+    def spy(input_ids, *args, **kwargs):
+        widths.append(input_ids.shape[1])
+        return forward(input_ids, *args, **kwargs)
+
+    model.forward = spy
+    cached = generate(model, [[1, 2, 3, 4]], config(gen=64, cache=BlockCache(), stop_at_eos=False))
+    assert widths[0] == 8                       # prompt block + the first 4-position decode block
+    model.forward = forward
+    plain = generate(model, [[1, 2, 3, 4]], config(gen=64, stop_at_eos=False))
+    assert torch.equal(cached.tokens, plain.tokens) and torch.equal(cached.nfe, plain.nfe)
