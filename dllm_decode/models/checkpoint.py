@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
-EMBEDDED_NAMES = {"embedded": "dllm", "embedded-bd": "bd"}   # CLI names of the shipped models -> directory
+EMBEDDED_NAMES = {"embedded": "dllm", "embedded-bd": "bd", "embedded-dparallel": "dparallel"}   # CLI names of the shipped models -> directory
 
 
 class ModelLoadError(ValueError):
