@@ -17,6 +17,7 @@ from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceS
 from dllm_decode.schedulers.klass import KLASSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
+from dllm_decode.schedulers.saber import SaberScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
 from dllm_decode.schedulers.wrapper import Wrapper
 
@@ -36,11 +37,12 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "klass": KLASSScheduler,                   # KLASS: confident and KL-stable positions
     "oracle": OracleScheduler,                 # Learn2PD oracle: commit what matches a reference
     "edit": EditScheduler,                     # LLaDA2.1: M2T threshold + token-to-token edits
+    "saber": SaberScheduler,                   # Saber: running-mean bar + backtracking (no cache)
 }
 
 __all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "KLASSScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
-           "RandomScheduler", "ThresholdScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
+           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

@@ -104,7 +104,8 @@ def test_other_caches_run_on_block_diffusion_models():
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_every_scheduler_decodes_a_block_diffusion_model_with_its_cache(name):
     """Each registered rule runs on the block grid (the oracle after its reference); the exact
-    cache changes nothing; a rule that chooses its own block bounds is refused in one line."""
+    cache changes nothing; a rule that chooses its own block bounds is refused in one line, and
+    one that takes back finished blocks runs without the cache only."""
     model = tiny_block_diffusion("fast_dllm", seed=6)
     scheduler = SCHEDULERS[name]()
     if scheduler.chooses_block_bounds:
@@ -116,6 +117,11 @@ def test_every_scheduler_decodes_a_block_diffusion_model_with_its_cache(name):
         scheduler = SCHEDULERS[name].from_reference(reference)
     seeded = dict(generator=torch.Generator().manual_seed(0))
     plain = generate(model, PROMPTS, config(scheduler), **seeded)
+    if scheduler.revises == "generated":              # takes back finished blocks: no cache
+        assert not (plain.tokens == model.mask_token_id).any()
+        with pytest.raises(ValueError, match="use cache 'none'"):
+            config(scheduler, cache=BlockCache())
+        return
     cached = generate(model, PROMPTS, config(scheduler, cache=BlockCache()),
                       generator=torch.Generator().manual_seed(0))
     assert not (plain.tokens == model.mask_token_id).any()
