@@ -53,10 +53,9 @@ class SaberScheduler(Scheduler):
         return None                          # built at the first step, when the generation length is known
 
     def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
-        if state is None:            # one column per generated position, plus one that absorbs the rest
-            width = int((inp.gen_span[:, 1] - inp.gen_span[:, 0]).max()) + 1
-            zeros = torch.zeros(inp.live.shape[0], width, device=inp.live.device)
-            state = {"previous": zeros, "at_commit": zeros.clone(), "committed": zeros.bool()}
+        # One column per position of the generation (a position is < its canvas column, so the
+        # window's end bounds it without a host sync), plus a spare one that absorbs the rest.
+        state = _widened(state, inp.offset + inp.is_masked.shape[1] + 1, inp)
         index, inside = _relative(inp, state["previous"].shape[1] - 1)
         argmax_p = inp.probs.max(-1).values
         at_commit = state["at_commit"].gather(1, index)
@@ -79,6 +78,19 @@ class SaberScheduler(Scheduler):
             "at_commit": state["at_commit"].scatter(1, index, new_at_commit),
             "committed": state["committed"].scatter(1, index, committed_now),
         }
+
+
+def _widened(state: dict[str, Tensor] | None, width: int, inp: StepInput) -> dict[str, Tensor]:
+    """The state with at least `width` columns (new ones zero / uncommitted)."""
+    if state is None:
+        zeros = torch.zeros(inp.live.shape[0], width, device=inp.live.device)
+        return {"previous": zeros, "at_commit": zeros.clone(), "committed": zeros.bool()}
+    have = state["previous"].shape[1]
+    if have >= width:
+        return state
+    # the old spare column moves to the end; the columns between are fresh
+    return {k: torch.cat([v[:, :-1], v.new_zeros(v.shape[0], width - have), v[:, -1:]], 1)
+            for k, v in state.items()}
 
 
 def _relative(inp: StepInput, width: int) -> tuple[Tensor, Tensor]:

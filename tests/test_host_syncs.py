@@ -76,6 +76,8 @@ class SyncCounter:
 @pytest.mark.parametrize("cache", ["none", "dual"])
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
+    if SCHEDULERS[name].revises == "generated" and cache != "none":
+        pytest.skip("takes back earlier blocks: runs without a cache only (refused, tested elsewhere)")
     counter = SyncCounter(monkeypatch)
     model = counter.model(tiny_llada(layers=1))
     config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=16, block_length=8)

@@ -53,9 +53,10 @@ def test_defaults_and_validation():
             SaberScheduler(**bad)
 
 
-def test_decodes_without_masks_and_batched_equals_one_by_one():
+@pytest.mark.parametrize("block", [16, 8])          # 8: the window (and the state) grows per block
+def test_decodes_without_masks_and_batched_equals_one_by_one(block):
     model, prompts = tiny_llada(seed=4), [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
-    config = DecodeConfig(scheduler=SaberScheduler(), gen_length=16, block_length=16, stop_at_eos=False)
+    config = DecodeConfig(scheduler=SaberScheduler(), gen_length=16, block_length=block, stop_at_eos=False)
     batched = generate(model, prompts, config, trace=True)
     assert not (batched.tokens == model.mask_token_id).any()
     for row, prompt in enumerate(prompts):
