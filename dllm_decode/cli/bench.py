@@ -390,3 +390,46 @@ def tree_command(target: str, draft: str, dllm: str, per_task: int, repeats: int
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)
+
+
+@bench_command.command("shaped", epilog="Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, "
+                                        "prompts of 64 tokens, gen 256, block 32, 4 steps per block, "
+                                        "none / prefix / dual, 2 repeats; --quick: the embedded shape, "
+                                        "batch 1, 2, gen 32, 1 repeat.")
+@click.option("--shape", type=click.Choice(["llada-8b", "embedded"]), default=None,
+              help="The architecture, with random weights [llada-8b].")
+@click.option("--layers", type=click.IntRange(1), default=None, help="Fewer layers than the shape's.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:N [cpu].")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Weights and activations [bfloat16].")
+@click.option("--batch", "batch_sizes", type=click.IntRange(1), multiple=True, help="Batch sizes; repeatable.")
+@click.option("--gen-length", type=click.IntRange(1), default=None)
+@click.option("--block-length", type=click.IntRange(1), default=None)
+@click.option("--steps-per-block", type=click.IntRange(1), default=None,
+              help="Forwards per block (a fixed count: random weights never pass a threshold).")
+@click.option("--cache", "caches", type=click.Choice(["none", "prefix", "dual"]), multiple=True,
+              help="Caches to compare; repeatable [none, prefix, dual].")
+@click.option("--repeats", type=click.IntRange(1), default=None, help="Interleaved repeats.")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=_json_path,
+              help="Also write the full report here (checked first).")
+@click.option("--quick", is_flag=True, help="A seconds-long configuration (smoke test).")
+def shaped_command(shape: str | None, layers: int | None, device: str | None, dtype: str | None,
+                   batch_sizes: tuple[int, ...], gen_length: int | None, block_length: int | None,
+                   steps_per_block: int | None, caches: tuple[str, ...], repeats: int | None,
+                   threads: int, json_path: str | None, quick: bool) -> None:
+    """The GPU path: a LLaDA-8B-shaped model with random weights built on --device; tokens/s,
+    loop overhead and cache speed-ups at each batch size, one interleaved run."""
+    import torch
+
+    from dllm_decode.cli.options import device_option
+    from dllm_decode.eval.bench.shaped import SHAPED_QUICK, ShapedOptions, format_shaped, run_shaped
+
+    chosen = device_option(device)
+    options = _options(ShapedOptions(), ShapedOptions(**SHAPED_QUICK), quick, shape=shape, layers=layers,
+                       device=str(chosen) if device is not None else None, dtype=dtype,
+                       batch_sizes=batch_sizes, gen_length=gen_length, block_length=block_length,
+                       steps_per_block=steps_per_block, caches=caches, repeats=repeats)
+    torch.set_num_threads(threads)
+    report = run_shaped(options, _say)
+    _emit(report, format_shaped(report), json_path)

@@ -98,9 +98,9 @@ class Measured:
 
 
 def decode_once(model: Any, prompts: list, config: DecodeConfig, tokenizer: Any = None,
-                trace: bool = False) -> Decoded:
-    """One `generate` call with its forward passes timed."""
-    with forward_timer(model) as spent:
+                trace: bool = False, sync: Callable[[], None] | None = None) -> Decoded:
+    """One `generate` call with its forward passes timed (`sync`: see `forward_timer`)."""
+    with forward_timer(model, sync) as spent:
         result = generate(model, prompts, config, tokenizer=tokenizer, trace=trace)
     return Decoded(spent[0], int(spent[1]), result)
 

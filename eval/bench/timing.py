@@ -104,8 +104,11 @@ def check_counts(record: Any, *names: str) -> None:
 
 
 @contextlib.contextmanager
-def forward_timer(model: Any) -> Iterator[list[float]]:
+def forward_timer(model: Any, sync: Callable[[], None] | None = None) -> Iterator[list[float]]:
     """Time every forward pass of `model` while the context is open.
+
+    `sync` (e.g. `torch.cuda.synchronize`) runs before and after each forward, so an
+    asynchronous device's kernels are counted inside the forward they belong to.
 
     Yields a list `[seconds inside forward, forward calls]` that fills as the model runs (stays
     `[0.0, 0]` when `model` is None). The wrapper is an instance attribute (`nn.Module.__call__`
@@ -120,10 +123,14 @@ def forward_timer(model: Any) -> Iterator[list[float]]:
     inner = model.forward
 
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if sync is not None:
+            sync()
         started = time.perf_counter()
         try:
             return inner(*args, **kwargs)
         finally:
+            if sync is not None:
+                sync()
             spent[0] += time.perf_counter() - started
             spent[1] += 1
 
