@@ -147,3 +147,16 @@ def test_load_model_takes_the_runtime():
     assert load_model("embedded", runtime="reference").runtime == "reference"
     with pytest.raises(ModelLoadError, match="runtime must be one of"):
         load_model("embedded", runtime="fast")
+
+
+def test_cli_runtime_option():
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    runner = CliRunner()
+    ok = runner.invoke(main, ["--runtime", "compact", "--model", "tiny", "--prompt", "a b",
+                              "--gen-length", "8"])
+    assert ok.exit_code == 0, ok.output
+    refused = runner.invoke(main, ["--runtime", "compact", "--model", "ideal", "--prompt", "a b"])
+    assert refused.exit_code == 2 and "does not cover" in refused.output
