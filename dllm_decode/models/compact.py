@@ -226,15 +226,29 @@ class CompactStack:
             torch.float32 if self.full_precision else weight.dtype, weight.device)
 
     def __call__(self, h: Tensor, positions: Tensor, key_mask: Tensor | None, kv: KVCache | None,
-                 fed: tuple[int, int], max_position: int | None = None) -> Tensor:
+                 fed: tuple[int, int], max_position: int | None = None,
+                 keep: tuple[int, int] | None = None) -> Tensor:
         """The blocks over `h` (B, n, d), the canvas rows `fed`, at `positions` (B, n) (at most
-        `max_position` when the caller knows it)."""
+        `max_position` when the caller knows it); returns the output rows `keep` = (i, j) of the
+        n (default all).
+
+        Exact shortcut: the last block's keys and values come from every fed row (they go to the
+        cache), but its queries, output projection and MLP run on rows `keep` only: a forward
+        asked for the active block and after (the loop's `rows`) skips them for the rows before.
+        """
         cos, sin = self.rotary.at(positions, max_position)
+        last = len(self.blocks) - 1
+        keep = keep or (0, h.shape[1])
         for layer, block in enumerate(self.blocks):
             q, k, v = block.attention_inputs(h, cos, sin, self.full_precision)
             if kv is not None:
                 k, v = kv.update(layer, k, v, fed)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+            mask = key_mask
+            if layer == last and keep != (0, h.shape[1]):
+                q, h = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]]
+                if mask is not None and mask.shape[2] > 1:          # per-query (block-causal)
+                    mask = mask[:, :, keep[0]:keep[1]]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                enable_gqa=block.heads != block.kv_heads)
             h = block.finish(h, o)
         return h

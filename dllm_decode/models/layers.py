@@ -292,17 +292,19 @@ class BlockStackLM(nn.Module):
         embed, blocks = self.parts()
         h = embed(input_ids[:, fed[0]:fed[1]])
         fed_positions = positions[:, fed[0]:fed[1]]
+        keep = (lo - fed[0], b - fed[0])                  # the fed rows whose output is read
         if self.runtime == "compact" and not torch.is_grad_enabled():
             from dllm_decode.models.compact import compact_stack
 
             # Default positions never exceed the canvas width: no host sync for the table size.
             bound = length - 1 if defaulted else None
-            h = compact_stack(self)(h, fed_positions, key_mask, kv, fed, bound)
+            h = compact_stack(self)(h, fed_positions, key_mask, kv, fed, bound, keep)
         else:
             cos, sin = rope_tables(fed_positions, self.rotary_dim(), self.config.rope_theta)
             for layer, block in enumerate(blocks):
                 h = block(h, cos, sin, key_mask, kv, layer, fed)
-        return h[:, lo - fed[0]:b - fed[0]], positions, (lo, a, b)
+            h = h[:, keep[0]:keep[1]]
+        return h, positions, (lo, a, b)
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
         """Write `config.json` and `model.safetensors` in the released on-disk layout."""

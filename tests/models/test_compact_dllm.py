@@ -34,14 +34,16 @@ def run(model, runtime: str, ids, mask, **kwargs) -> torch.Tensor:
         return model(ids, attention_mask=mask, **kwargs)
 
 
-def cached_steps(model, runtime: str, ids, mask, rows: tuple[int, int]) -> tuple[torch.Tensor, ...]:
-    """A refresh (filling the cache), then a cached step over `rows` after new tokens there."""
+def cached_steps(model, runtime: str, ids, mask, rows: tuple[int, int],
+                 refresh: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
+    """A refresh (filling the cache; logits of rows `refresh`, default all), then a cached step
+    over `rows` after new tokens there."""
     kv = KVCache()
-    full = run(model, runtime, ids, mask, kv=kv, rows=(0, ids.shape[1]))
+    full = run(model, runtime, ids, mask, kv=kv, rows=refresh or (0, ids.shape[1]))
     edited = ids.clone()
     edited[:, rows[0]:rows[1]] = torch.arange(rows[1] - rows[0]) % 7
     step = run(model, runtime, edited, mask, kv=kv, rows=rows)
-    return full, step, kv.keys[0]
+    return full, step, kv.keys[-1], kv.values[-1]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -54,10 +56,11 @@ def test_float32_logits_equal_reference(name, padded):
         kwargs = {} if rows is None else {"rows": rows}
         torch.testing.assert_close(run(model, "compact", ids, mask, **kwargs),
                                    run(model, "reference", ids, mask, **kwargs), **FP32)
-    reference = cached_steps(model, "reference", ids, mask, (4, 8))
-    compact = cached_steps(model, "compact", ids, mask, (4, 8))
-    for ours, theirs in zip(compact, reference):     # refresh logits, cached step, stored keys
-        torch.testing.assert_close(ours, theirs, **FP32)
+    for refresh in [(0, LENGTH), (4, LENGTH)]:     # a refresh asked for every row, or the rest
+        reference = cached_steps(model, "reference", ids, mask, (4, 8), refresh)
+        compact = cached_steps(model, "compact", ids, mask, (4, 8), refresh)
+        for ours, theirs in zip(compact, reference):     # refresh logits, cached step, stored K/V
+            torch.testing.assert_close(ours, theirs, **FP32)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
