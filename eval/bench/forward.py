@@ -86,8 +86,10 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
                     block_length: int, repeats: int,
                     batch_sizes: Sequence[int] = (1,)) -> list[dict[str, Any]]:
     """The compact runtime against the reference blocks (`models/compact.py`), one forward at a
-    time: a full forward (no cache: rows [s, L)) and a cached step (rows [s, s + block) against a
-    K/V cache the same runtime filled), interleaved. Per batch size: median milliseconds per
+    time: a full forward (no cache: rows [s, L)), a full forward at mid-canvas (no cache, rows
+    [s + G/2, L): the average block of a decode without cache, which the compact runtime's last
+    block runs on those rows only) and a cached step (rows [s, s + block) against a K/V cache the
+    same runtime filled), interleaved. Per batch size: median milliseconds per
     runtime and kind, the speedups, and how far the logits differ (max |difference| and whether
     every row's argmax agrees). Both runtimes use the same weights (`_runtime_view`)."""
     from dllm_decode.models.compact import DLLM_RUNTIMES
@@ -97,18 +99,20 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     views = {runtime: _runtime_view(model, runtime) for runtime in DLLM_RUNTIMES}
     for batch in batch_sizes:
         canvas, mask, start, length = first_block(model, list(prompts)[:batch], tokenizer, gen_length)
-        rows = {"full": (start, length), "cached": (start, start + block_length)}
+        rows = {"full": (start, length), "mid": (start + gen_length // 2, length),
+                "cached": (start, start + block_length)}
         calls, logits = {}, {}
         with torch.inference_mode():
             for runtime, view in views.items():
                 kv = KVCache()
                 view(canvas, mask, kv=kv, rows=rows["full"])
                 calls[f"{runtime} full"] = lambda view=view: view(canvas, mask, rows=rows["full"])
+                calls[f"{runtime} mid"] = lambda view=view: view(canvas, mask, rows=rows["mid"])
                 calls[f"{runtime} cached"] = lambda view=view, kv=kv: view(canvas, mask, kv=kv,
                                                                           rows=rows["cached"])
                 logits.update({name: call() for name, call in calls.items() if name.startswith(runtime)})
             ms = median_ms(calls, repeats)
-        for kind in ("full", "cached"):
+        for kind in ("full", "mid", "cached"):
             ours, theirs = logits[f"compact {kind}"], logits[f"reference {kind}"]
             out.append({"batch": batch, "kind": kind, "rows": rows[kind][1] - rows[kind][0],
                         "reference_ms": ms[f"reference {kind}"], "compact_ms": ms[f"compact {kind}"],
@@ -133,7 +137,8 @@ def runtime_table(rows: Sequence[dict[str, Any]], header: str) -> list[str]:
     lines = [header, f"{'batch':>5}  {'forward':<22}{'reference ms':>13}{'compact ms':>12}"
                      f"{'speedup':>9}{'max |dlogit|':>14}  argmax equal"]
     for r in rows:
-        what = f"full ({r['rows']} rows)" if r["kind"] == "full" else f"cached {r['rows']}-row step"
+        what = {"full": f"full ({r['rows']} rows)", "mid": f"full, last {r['rows']} rows",
+                "cached": f"cached {r['rows']}-row step"}[r["kind"]]
         lines.append(f"{r['batch']:>5}  {what:<22}{r['reference_ms']:>13.2f}{r['compact_ms']:>12.2f}"
                      f"{r['speedup']:>8.2f}x{r['max_abs_diff']:>14.1e}  "
                      f"{'yes' if r['argmax_equal'] else 'NO'}")
