@@ -208,6 +208,7 @@ def set_runtime(model: Any, runtime: str) -> Any:
     if runtime == "reference" and compact_problem(model) is not None:
         return model                                   # other model kinds have one forward only
     model.runtime = runtime
+    model.block_runner = compact_stack if runtime == "compact" else None
     model.__dict__.pop("_compact", None)
     return model
 

@@ -255,7 +255,8 @@ class BlockStackLM(nn.Module):
 
     supports_kv = True
     trimmable = True           # logits depend only on attended columns; positions count from the left
-    runtime = "reference"      # or "compact" (`models.compact.set_runtime`); training always runs reference
+    runtime = "reference"      # or "compact": set both with `models.compact.set_runtime`
+    block_runner: Any = None   # the compact runtime's `compact_stack`; training always runs reference
     config: Any
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
@@ -293,12 +294,10 @@ class BlockStackLM(nn.Module):
         h = embed(input_ids[:, fed[0]:fed[1]])
         fed_positions = positions[:, fed[0]:fed[1]]
         keep = (lo - fed[0], b - fed[0])                  # the fed rows whose output is read
-        if self.runtime == "compact" and not torch.is_grad_enabled():
-            from dllm_decode.models.compact import compact_stack
-
+        if self.block_runner is not None and not torch.is_grad_enabled():
             # Default positions never exceed the canvas width: no host sync for the table size.
             bound = length - 1 if defaulted else None
-            h = compact_stack(self)(h, fed_positions, key_mask, kv, fed, bound, keep)
+            h = self.block_runner(self)(h, fed_positions, key_mask, kv, fed, bound, keep)
         else:
             cos, sin = rope_tables(fed_positions, self.rotary_dim(), self.config.rope_theta)
             for layer, block in enumerate(blocks):
