@@ -2,18 +2,22 @@
 
 One implementation serves the diffusion models here (`BlockStackLM`: LLaDA, Dream, Fast-dLLM v2,
 SDAR and the embedded models; `runtime="compact"`) and the AR mode's `CompactCausalLM`
-(`dllm_decode.speculative.compact`). At the embedded models' size a forward is mostly fixed
-per-op cost (Python dispatch, small-matrix overheads), so the block keeps the maths and drops
-ops:
+(`dllm_decode.speculative.compact`). The block keeps the maths and drops ops (per-op cost is
+what dominates an AR step of the embedded models):
   * q|k|v and gate|up are each one matrix, stored transposed ((in, out), contiguous): `x @ w` on
-    such small matrices takes about half the time of `F.linear(x, w)` on CPU (measured);
+    one-row inputs takes about half the time of `F.linear(x, w)` on CPU (measured; on 32 rows
+    and more the two are equal);
   * each RMSNorm's scale is folded into the rows of the matrix that follows it
     ((x * g) @ W = x @ (g[:, None] * W)): one multiply fewer per norm, equal up to float rounding;
   * q and k are rotated in one op, from cos/sin tables computed once per model and looked up by
     position (the same float32 values `layers.rope_tables` computes);
   * the K/V cache contract is the model's own (`layers.KVCache`), so every cache, trimming and row
-    selection work unchanged.
-Under autograd (training) the model keeps its reference forward: the fused copies are detached.
+    selection work unchanged;
+  * the last block runs its queries and MLP only on the rows the forward returns (exact).
+Measured on the embedded dLLM (1 CPU thread, gen 256): the forward is arithmetic-bound there (GEMMs
+and attention near the core's peak), so the gains are modest (`dllm-decode bench runtime`); the
+reference stays the default. Under autograd (training) the model keeps its reference forward:
+the fused copies are detached.
 The fused weights are rebuilt when a parameter changes (an optimizer step, `load_state_dict`,
 `.to()`), detected by the parameters' version counters, pointers and dtypes.
 """

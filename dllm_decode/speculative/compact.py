@@ -5,8 +5,10 @@ millisecond per decoder layer in Python dispatch (cache objects, mask building, 
 arithmetic: the 2-layer draft then costs 0.4 of the 4-layer target although it does 1/7 of the
 FLOPs, and speculative decoding cannot pay off. This module runs the same weights with only the
 tensor operations: fused QKV and gate/up projections, a preallocated KV cache that is cut back by
-moving its length, rotary tables computed once. Logits match the transformers model to float
-rounding (tested); it plugs into `kv.extend`/`kv.feed` like a transformers model.
+moving its length, rotary tables computed once. The block itself (`FusedBlock`, `RotaryTable`) is
+the one the diffusion models' compact runtime runs (`dllm_decode/models/compact.py`). Logits match
+the transformers model to float rounding (tested); it plugs into `kv.extend`/`kv.feed` like a
+transformers model.
 
 Supported: `model_type` `llama` (Llama, SmolLM2, the embedded AR pair) with SiLU MLPs and
 default-style rotary embeddings (the model's own `inv_freq` and scaling are used); anything else
