@@ -163,3 +163,14 @@ def test_cli_runtime_option():
     assert ok.exit_code == 0, ok.output
     refused = runner.invoke(main, ["--runtime", "compact", "--model", "ideal", "--prompt", "a b"])
     assert refused.exit_code == 2 and "does not cover" in refused.output
+
+
+@pytest.mark.parametrize("make", [make_llada, make_dream], ids=["llada", "dream"])
+def test_checkpoint_loaded_compact_matches_the_reference(tmp_path, make):
+    make().save_pretrained(tmp_path)
+    reference = load_model(tmp_path, runtime="reference")
+    compact = load_model(tmp_path, runtime="compact")
+    ids, mask = left_padded_batch((LENGTH, 6))
+    with torch.inference_mode():
+        torch.testing.assert_close(compact(ids, attention_mask=mask),
+                                   reference(ids, attention_mask=mask), **FP32)
