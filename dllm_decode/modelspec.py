@@ -95,9 +95,9 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
-                   trust_remote_code: bool = False) -> Any:
+                   trust_remote_code: bool = False, runtime: str | None = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code` as `dllm_decode.models.load_model`.
+    `trust_remote_code` and `runtime` as `dllm_decode.models.load_model`.
 
     Raises:
         ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
@@ -106,9 +106,13 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
     if spec.kind == "tiny":
         from dllm_decode.testing import tiny_llada_with_tokenizer
 
-        return tiny_llada_with_tokenizer().to(device or "cpu")
+        from dllm_decode.models.compact import set_runtime
+
+        model = tiny_llada_with_tokenizer().to(device or "cpu")
+        return model if runtime is None else set_runtime(model, runtime)
     if spec.kind != "diffusion":
         raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
     from dllm_decode.models.loading import load_model
 
-    return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                      runtime=runtime)

@@ -184,6 +184,42 @@ def compile_command(**shared: Any) -> None:
     _suite(("compile",), **shared)
 
 
+@bench_command.command("runtime", epilog="Defaults: gen 256, block 32, batch 1, 15 interleaved "
+                                          "repeats; --quick: gen 32, block 8, 3 repeats.")
+@bench_options()
+@click.option("--block-length", type=click.IntRange(1), default=32, show_default=True,
+              help="Rows of the cached step.")
+@click.option("--batch-size", "batch_sizes", type=click.IntRange(1), multiple=True,
+              help="Prompts per forward; repeatable [1].")
+@click.option("--profile", is_flag=True, help="Also print the torch profiler's top ops of each "
+                                              "compact forward.")
+def runtime_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
+                    gen_length: int | None, json_path: str | None, quick: bool, block_length: int,
+                    batch_sizes: tuple[int, ...], profile: bool) -> None:
+    """One forward, the reference blocks against the compact runtime (fused projections, folded
+    norms, rotary lookup): a full forward and a cached block step, ratios of interleaved medians,
+    and how far the logits differ."""
+    from dllm_decode.eval.bench.forward import runtime_speedup, runtime_table
+    from dllm_decode.eval.bench.subject import samples_for
+
+    subject = _subject(model_name, threads)
+    gen = gen_length or (32 if quick else 256)
+    block = min(block_length, 8) if quick else block_length
+    count = repeats or (3 if quick else 15)
+    batches = batch_sizes or (1,)
+    prompts = [s.prompt for s in samples_for(subject, per_task or 1, tasks=None)][:max(batches)]
+    rows = runtime_speedup(subject.model, prompts, subject.tokenizer, gen, block, count, batches)
+    header = (f"compact runtime vs reference ({model_name}, {threads} thread(s), gen {gen}, "
+              f"block {block}, {count} interleaved repeats; median ms per forward)")
+    lines = runtime_table(rows, header)
+    if profile:
+        from dllm_decode.eval.bench.forward import profile_runtime
+
+        lines += profile_runtime(subject.model, prompts[:1], subject.tokenizer, gen, block)
+    _emit({"runtime": rows, "gen_length": gen, "block_length": block, "repeats": count,
+           "threads": threads}, "\n".join(lines), json_path)
+
+
 @bench_command.command("cache", epilog="Defaults: 4 prompts per task of every task (48), gen 256 and "
                                        "512, batch 1, 4 and 16, 3 repeats, threshold 0.9, block 32; "
                                        "--quick: 1 per task, gen 64, batch 1 and 4, 1 repeat.")

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import DTYPES, key_values, trust_option
+from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
@@ -51,6 +51,7 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
         click.option("--device", default=None, help="torch device (default: cpu)."),
         click.option("--dtype", type=click.Choice(DTYPES), default=None),
         trust_option,
+        runtime_option,
     ])
 
 
@@ -101,7 +102,7 @@ def for_model(config: Any, model: Any, block_given: bool = True) -> Any:
 def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, device: str | None,
                dtype: str | None, as_json: bool, stream: bool, input_path: str | None,
                output_path: str | None, batch_size: int, trust_remote_code: bool = False,
-               **record: Any) -> None:
+               runtime: str | None = None, **record: Any) -> None:
     """Decode one prompt and print the answer (or one JSON object); or run a requests file."""
     import torch
 
@@ -126,7 +127,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         text = read_prompt(prompt)
     where = device_option(device)
     model = load_diffusion_model(spec, where, dtype, config.gen_length,
-                                 trust_remote_code=trust_remote_code)
+                                 trust_remote_code=trust_remote_code, runtime=runtime)
     tokenizer = getattr(model, "tokenizer", None)
     config = for_model(config, model, block_given=record["block_length"] is not None)
     if input_path is not None:

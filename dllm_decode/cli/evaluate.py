@@ -8,7 +8,7 @@ import sys
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
-from dllm_decode.cli.options import DTYPES, key_values, trust_option
+from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -55,6 +55,7 @@ EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embed
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 @trust_option
+@runtime_option
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
@@ -66,7 +67,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                  data_seed: int, sort_by: str, released_scoring: str, batch_size: int, out_dir: str,
                  chat_template: bool,
                  progress: bool | None, plots: bool, device: str | None, dtype: str | None,
-                 trust_remote_code: bool, combine: bool, as_json: bool) -> None:
+                 trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0)."""
     from dllm_decode.cli.options import (device_option, model_spec, parse_spec, torch_dtype,
@@ -106,7 +107,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
     rank, _ = distributed.init_from_env(str(where))
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
-                                         chat_template, trust_remote_code=trust_remote_code)
+                                         chat_template, trust_remote_code=trust_remote_code,
+                                         runtime=runtime)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)

@@ -25,6 +25,18 @@ def trust_option(command: Any) -> Any:
                         help=TRUST_HELP)(command)
 
 
+RUNTIME_HELP = ("How a plain-torch diffusion model (LLaDA, Dream, Fast-dLLM v2, SDAR, the embedded "
+                "models) runs its blocks: `reference` (the modules as written) or `compact` (fused "
+                "projections, folded norms, rotary table lookup; same logits to float rounding) "
+                "[the model's default].")
+
+
+def runtime_option(command: Any) -> Any:
+    """`--runtime`: the diffusion model's runtime (`models.compact.DLLM_RUNTIMES`)."""
+    return click.option("--runtime", type=click.Choice(["reference", "compact"]), default=None,
+                        help=RUNTIME_HELP)(command)
+
+
 def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     """Click callback: `-o key=value` (repeatable) -> dict; a missing `=` is a usage error."""
     out: dict[str, str] = {}
@@ -122,18 +134,22 @@ def torch_dtype(name: str | None) -> Any:
 
 def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
                          gen_length: int = 128, hint: str = "--model",
-                         trust_remote_code: bool = False) -> Any:
+                         trust_remote_code: bool = False, runtime: str | None = None) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
     suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
-    tokenizer code run.
+    tokenizer code run; `runtime` (`--runtime`) as `load_model` takes it.
     """
     if spec.kind == "ideal":
         from dllm_decode.eval.theory.ideal import ideal_model
 
+        from dllm_decode.models.compact import set_runtime
+
         with usage_errors(hint):
-            return ideal_model(gen_length, dict(spec.options))
+            model = ideal_model(gen_length, dict(spec.options))
+        with usage_errors("--runtime"):
+            return model if runtime is None else set_runtime(model, runtime)
     if spec.kind == "ar":
         raise click.BadParameter(f"{str(spec)!r} is a causal LM; this command needs a masked "
                                  f"diffusion LM (use it with `dllm-decode spec` or `eval`)",
@@ -142,7 +158,7 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
 
     with usage_errors(hint):
         return load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
-                              trust_remote_code=trust_remote_code)
+                              trust_remote_code=trust_remote_code, runtime=runtime)
 
 
 def read_prompt(prompt: str | None) -> str:

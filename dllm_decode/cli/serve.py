@@ -39,7 +39,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
                   max_draft: int, threads: int | None, log_level: str, trust_remote_code: bool = False,
-                  **record: Any) -> None:
+                  runtime: str | None = None, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health. The decoding options are the server's defaults; a
     request changes them in its `dllm` object (see the README)."""
@@ -71,7 +71,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
-                                     trust_remote_code=trust_remote_code)
+                                     trust_remote_code=trust_remote_code, runtime=runtime)
         kinds = ("scheduler",)
     tokenizer = getattr(model, "tokenizer", None)
     block_given = record["block_length"] is not None

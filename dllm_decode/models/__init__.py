@@ -1,5 +1,6 @@
 """Model implementations (plain torch) and the loader that picks one from `config.json`."""
 
+from dllm_decode.models.compact import DLLM_RUNTIMES, set_runtime
 from dllm_decode.models.dream import DreamConfig, DreamModel
 from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMLlamaConfig, FastDLLMModel
 from dllm_decode.models.hf import HFMaskedLM
@@ -10,6 +11,7 @@ from dllm_decode.models.sdar import SDARConfig, SDARModel
 from dllm_decode.models.checkpoint import ModelLoadError, load_tokenizer
 from dllm_decode.models.loading import load_model
 
-__all__ = ["DreamConfig", "DreamModel", "FastDLLMConfig", "FastDLLMLlamaConfig", "FastDLLMModel",
+__all__ = ["DLLM_RUNTIMES", "DreamConfig", "DreamModel", "FastDLLMConfig", "FastDLLMLlamaConfig", "FastDLLMModel",
            "HFMaskedLM", "KVCache", "LLaDA2Config", "LLaDA2Model", "LLaDAConfig", "LLaDAModelLM",
-           "ModelLoadError", "SDARConfig", "SDARModel", "load_model", "load_tokenizer"]
+           "ModelLoadError", "SDARConfig", "SDARModel", "load_model", "load_tokenizer",
+           "set_runtime"]

@@ -35,6 +35,21 @@ class KVCache:
         self.keys.clear()
         self.values.clear()
 
+    def update(self, layer: int, k: Tensor, v: Tensor, rows: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Store or write one layer's fresh (B, Hkv, Lq, D) K/V; returns the K/V to attend over.
+
+        Empty layer (a refresh: the forward fed every row): store them (contiguous, so a view
+        never keeps its whole fused projection alive). Filled: write canvas columns `rows` in
+        place and return the layer's whole K/V.
+        """
+        if len(self.keys) <= layer:
+            self.keys.append(k.contiguous())
+            self.values.append(v.contiguous())
+            return k, v
+        self.keys[layer][:, :, rows[0]:rows[1]] = k
+        self.values[layer][:, :, rows[0]:rows[1]] = v
+        return self.keys[layer], self.values[layer]
+
     def select_rows(self, rows: Tensor) -> "KVCache":
         return KVCache([k.index_select(0, rows) for k in self.keys],
                        [v.index_select(0, rows) for v in self.values])
@@ -137,13 +152,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, co
     q = apply_rope(q, cos, sin, rope_full_precision)
     k = apply_rope(k, cos, sin, rope_full_precision)
     if kv is not None:
-        if len(kv.keys) <= layer:                       # refresh: this forward fed every row
-            kv.keys.append(k)
-            kv.values.append(v)
-        else:                                           # cached step: replace the fed rows in place
-            kv.keys[layer][:, :, rows[0]:rows[1]] = k
-            kv.values[layer][:, :, rows[0]:rows[1]] = v
-            k, v = kv.keys[layer], kv.values[layer]
+        k, v = kv.update(layer, k, v, rows)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
                                          enable_gqa=n_heads != n_kv_heads)
     return rearrange(out, "b h l d -> b l (h d)")
@@ -246,6 +255,8 @@ class BlockStackLM(nn.Module):
 
     supports_kv = True
     trimmable = True           # logits depend only on attended columns; positions count from the left
+    runtime = "reference"      # or "compact": set both with `models.compact.set_runtime`
+    block_runner: Any = None   # the compact runtime's `compact_stack`; training always runs reference
     config: Any
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
@@ -274,17 +285,25 @@ class BlockStackLM(nn.Module):
         batch, length = input_ids.shape
         a, b = rows if rows is not None else (0, length)
         lo = max(a - lookback, 0)
-        if positions is None:
+        defaulted = positions is None
+        if defaulted:
             positions = default_positions(attention_mask, batch, length, input_ids.device)
         fed = (lo, b) if kv is not None and kv.filled else (0, length)   # compute only what's needed
-        cos, sin = rope_tables(positions[:, fed[0]:fed[1]], self.rotary_dim(),
-                               self.config.rope_theta)
         key_mask = self.key_mask(attention_mask, positions, fed)
         embed, blocks = self.parts()
         h = embed(input_ids[:, fed[0]:fed[1]])
-        for layer, block in enumerate(blocks):
-            h = block(h, cos, sin, key_mask, kv, layer, fed)
-        return h[:, lo - fed[0]:b - fed[0]], positions, (lo, a, b)
+        fed_positions = positions[:, fed[0]:fed[1]]
+        keep = (lo - fed[0], b - fed[0])                  # the fed rows whose output is read
+        if self.block_runner is not None and not torch.is_grad_enabled():
+            # Default positions never exceed the canvas width: no host sync for the table size.
+            bound = length - 1 if defaulted else None
+            h = self.block_runner(self)(h, fed_positions, key_mask, kv, fed, bound, keep)
+        else:
+            cos, sin = rope_tables(fed_positions, self.rotary_dim(), self.config.rope_theta)
+            for layer, block in enumerate(blocks):
+                h = block(h, cos, sin, key_mask, kv, layer, fed)
+            h = h[:, keep[0]:keep[1]]
+        return h, positions, (lo, a, b)
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:
         """Write `config.json` and `model.safetensors` in the released on-disk layout."""

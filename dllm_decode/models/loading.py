@@ -130,7 +130,8 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
-               device: str | torch.device | None = None, trust_remote_code: bool = False) -> nn.Module:
+               device: str | torch.device | None = None, trust_remote_code: bool = False,
+               runtime: str | None = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -140,14 +141,23 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         trust_remote_code: allow the directory's own Python code for its tokenizer (Dream-v0's
             `DreamTokenizer`) or, for the generic masked-LM fallback, its model class. LLaDA and
             Dream weights are always built by this package's own code.
+        runtime: how the plain-torch models run their blocks, one of
+            `models.compact.DLLM_RUNTIMES` (`reference`, `compact`); None keeps the model's
+            default. Models outside the compact runtime's scope ignore `reference`.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
     Raises:
         ModelLoadError: missing or corrupt directory, bad config, unsupported model type (a
             causal LM included), tokenizer without a mask token for a generic masked LM, custom
-            code without `trust_remote_code` (the message names `--trust-remote-code`).
+            code without `trust_remote_code` (the message names `--trust-remote-code`); a
+            `runtime` that is unknown or does not cover the model.
     """
+    if runtime is not None:
+        from dllm_decode.models.compact import DLLM_RUNTIMES
+
+        if runtime not in DLLM_RUNTIMES:
+            raise ModelLoadError(f"runtime must be one of {list(DLLM_RUNTIMES)}, got {runtime!r}")
     directory = resolve_model_dir(path)
     config = read_config(directory)
     model_type = config.get("model_type")
@@ -177,6 +187,13 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     model.eos_token_ids = eos + turn_end_ids(tokenizer, eos)
     check_token_ids(directory, model)
     model.name_or_path = str(path)
+    if runtime is not None:
+        from dllm_decode.models.compact import set_runtime
+
+        try:
+            set_runtime(model, runtime)
+        except ValueError as err:
+            raise ModelLoadError(f"{directory}: {first_line(err)}") from None
     return model
 
 

@@ -5,8 +5,10 @@ millisecond per decoder layer in Python dispatch (cache objects, mask building, 
 arithmetic: the 2-layer draft then costs 0.4 of the 4-layer target although it does 1/7 of the
 FLOPs, and speculative decoding cannot pay off. This module runs the same weights with only the
 tensor operations: fused QKV and gate/up projections, a preallocated KV cache that is cut back by
-moving its length, rotary tables computed once. Logits match the transformers model to float
-rounding (tested); it plugs into `kv.extend`/`kv.feed` like a transformers model.
+moving its length, rotary tables computed once. The block itself (`FusedBlock`, `RotaryTable`) is
+the one the diffusion models' compact runtime runs (`dllm_decode/models/compact.py`). Logits match
+the transformers model to float rounding (tested); it plugs into `kv.extend`/`kv.feed` like a
+transformers model.
 
 Supported: `model_type` `llama` (Llama, SmolLM2, the embedded AR pair) with SiLU MLPs and
 default-style rotary embeddings (the model's own `inv_freq` and scaling are used); anything else
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.models.compact import FusedBlock, RotaryTable, transposed
 from dllm_decode.models.layers import rms_normalize
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -78,21 +81,6 @@ class CompactCache:
 
 
 @dataclass(frozen=True)
-class _Layer:
-    """One decoder layer's weights, projections fused (q|k|v, gate|up) and stored transposed
-    ((in, out), contiguous): `x @ w` on such tiny matrices takes about half the time of
-    `F.linear(x, w)` on CPU (measured). Each RMSNorm's scale is folded into the rows of the
-    matrix that follows it ((x * g) @ W = x @ (g[:, None] * W)), one multiply fewer per norm."""
-
-    qkv: Tensor
-    qkv_bias: Tensor | None
-    out: Tensor
-    out_bias: Tensor | None
-    gate_up: Tensor
-    down: Tensor
-
-
-@dataclass(frozen=True)
 class CompactOutput:
     logits: Tensor
 
@@ -123,13 +111,20 @@ class CompactCausalLM:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         self.embed = inner.embed_tokens.weight.detach()
-        self.head = _transposed(source.lm_head.weight, inner.norm.weight)
+        self.head = transposed(source.lm_head.weight, inner.norm.weight)
         self.device = self.embed.device
-        self.layers = [_fuse(inner.layers[i]) for i in kept]
+        self.layers = [self._fuse(inner.layers[i]) for i in kept]
         rotary = inner.rotary_emb
-        self.inv_freq = rotary.inv_freq.detach().float()
-        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._cos = self._sin = torch.empty(0)
+        self.rotary = RotaryTable(rotary.inv_freq.to(self.device), self.embed.dtype,
+                                  float(getattr(rotary, "attention_scaling", 1.0)))
+
+    def _fuse(self, layer: Any) -> FusedBlock:
+        """One transformers decoder layer as the shared `FusedBlock` (models/compact.py)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        return FusedBlock.fuse(layer.input_layernorm.weight, attn.q_proj, attn.k_proj,
+                               attn.v_proj, attn.o_proj, layer.post_attention_layernorm.weight,
+                               mlp.gate_proj, mlp.up_proj, mlp.down_proj, heads=self.heads,
+                               kv_heads=self.kv_heads, eps=self.eps)
 
     def new_cache(self, batch: int = 1) -> CompactCache:
         return CompactCache(len(self.layers), batch, self.kv_heads, self.head_dim,
@@ -164,83 +159,26 @@ class CompactCausalLM:
         total = start + n
         cache.reserve(total)
         if position_ids is None:
-            cos, sin = self._rope(start, total)
+            cos, sin = self.rotary.span(start, total)
         else:
-            cos, sin = self._rope_at(position_ids[0])
+            cos, sin = self.rotary.at(position_ids[0])
         # Causal mask for several fed tokens; a single token attends to everything cached.
         mask = attention_mask if custom else None
         if n > 1 and not custom:
             mask = torch.ones(n, total, dtype=torch.bool, device=input_ids.device).tril(start)
-        batch, d = input_ids.shape[0], self.embed.shape[1]
-        h = F.embedding(input_ids.reshape(-1), self.embed)                 # (B n, d)
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h = F.embedding(input_ids, self.embed)                             # (B, n, d)
         for i, layer in enumerate(self.layers):
-            qkv = _project(rms_normalize(h, self.eps), layer.qkv, layer.qkv_bias)
-            qk = qkv[:, :q_size + kv_size].view(batch, n, self.heads + self.kv_heads, self.head_dim)
-            # Rotary embedding of q and k in one go.
-            qk = (qk * cos + qk.roll(self.head_dim // 2, -1) * sin).transpose(1, 2)
+            q, k, v = layer.attention_inputs(h, cos, sin)
             keys, values = cache.keys[i], cache.values[i]
-            keys[:, :, start:total] = qk[:, self.heads:]
-            values[:, :, start:total] = qkv[:, q_size + kv_size:].view(
-                batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(qk[:, :self.heads], keys[:, :, :total],
-                                               values[:, :, :total], attn_mask=mask,
-                                               enable_gqa=self.heads != self.kv_heads)
-            h = h + _project(o.transpose(1, 2).reshape(batch * n, q_size), layer.out, layer.out_bias)
-            gate, up = (rms_normalize(h, self.eps) @ layer.gate_up).chunk(2, -1)
-            h = h + (F.silu(gate) * up) @ layer.down
+            keys[:, :, start:total] = k
+            values[:, :, start:total] = v
+            o = F.scaled_dot_product_attention(q, keys[:, :, :total], values[:, :, :total],
+                                               attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+            h = layer.finish(h, o)
         cache.length = total if use_cache else start
-        h = h.view(batch, n, d)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return CompactOutput(rms_normalize(h, self.eps) @ self.head)
-
-    def _rope_at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """cos/sin rows for arbitrary (n,) positions."""
-        self._rope(0, int(positions.max()) + 1)
-        return self._cos[positions, None], self._sin[positions, None]
-
-    def _rope(self, start: int, end: int) -> tuple[Tensor, Tensor]:
-        """cos/sin rows for positions [start, end), from tables grown by doubling."""
-        if end > self._cos.shape[0]:
-            size = max(256, 2 * end)
-            positions = torch.arange(size, dtype=torch.float32, device=self.device)
-            angles = positions[:, None] * self.inv_freq.to(self.device)
-            angles = torch.cat([angles, angles], dim=-1)
-            half = angles.shape[1] // 2
-            self._cos = (angles.cos() * self.rope_scale).to(self.embed.dtype)
-            # transformers' rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * (-1 on the first half)
-            self._sin = (angles.sin() * self.rope_scale).to(self.embed.dtype)
-            self._sin[:, :half] *= -1
-        # (n, 1, D): broadcast over (B, n, heads, D)
-        return self._cos[start:end, None], self._sin[start:end, None]
-
-
-def _project(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
-    return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
-
-
-def _fuse(layer: Any) -> _Layer:
-    attn, mlp = layer.self_attn, layer.mlp
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    biases = [p.bias for p in projections]
-    return _Layer(
-        qkv=_transposed(torch.cat([p.weight for p in projections]), layer.input_layernorm.weight),
-        qkv_bias=None if biases[0] is None else torch.cat(biases).detach(),
-        out=_transposed(attn.o_proj.weight),
-        out_bias=None if attn.o_proj.bias is None else attn.o_proj.bias.detach(),
-        gate_up=_transposed(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                            layer.post_attention_layernorm.weight),
-        down=_transposed(mlp.down_proj.weight),
-    )
-
-
-def _transposed(weight: Tensor, norm_scale: Tensor | None = None) -> Tensor:
-    """(out, in) -> contiguous (in, out), rows scaled by the preceding norm's scale if given."""
-    weight_t = weight.detach().t()
-    if norm_scale is not None:
-        weight_t = norm_scale.detach()[:, None] * weight_t
-    return weight_t.contiguous()
 
 
 def check_compactable(model: Any) -> None:

@@ -80,3 +80,94 @@ def compile_speedup(model: Any, prompt: str | list[int], tokenizer: Any, gen_len
     fast = {k: ms[f"compiled {k}"] for k in ("full", "dual")}
     return {"compile_seconds": compile_seconds, "eager_ms": eager, "compiled_ms": fast,
             "speedup": {k: eager[k] / fast[k] for k in eager}}
+
+
+def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: Any, gen_length: int,
+                    block_length: int, repeats: int,
+                    batch_sizes: Sequence[int] = (1,)) -> list[dict[str, Any]]:
+    """The compact runtime against the reference blocks (`models/compact.py`), one forward at a
+    time: a full forward (no cache: rows [s, L)), a full forward at mid-canvas (no cache, rows
+    [s + G/2, L): the average block of a decode without cache, which the compact runtime's last
+    block runs on those rows only) and a cached step (rows [s, s + block) against a K/V cache the
+    same runtime filled), interleaved. Per batch size: median milliseconds per
+    runtime and kind, the speedups, and how far the logits differ (max |difference| and whether
+    every row's argmax agrees). Both runtimes use the same weights (`_runtime_view`)."""
+    from dllm_decode.models.compact import DLLM_RUNTIMES
+    from dllm_decode.models.layers import KVCache
+
+    out = []
+    views = {runtime: _runtime_view(model, runtime) for runtime in DLLM_RUNTIMES}
+    for batch in batch_sizes:
+        canvas, mask, start, length = first_block(model, list(prompts)[:batch], tokenizer, gen_length)
+        rows = {"full": (start, length), "mid": (start + gen_length // 2, length),
+                "cached": (start, start + block_length)}
+        calls, logits = {}, {}
+        with torch.inference_mode():
+            for runtime, view in views.items():
+                kv = KVCache()
+                view(canvas, mask, kv=kv, rows=rows["full"])
+                calls[f"{runtime} full"] = lambda view=view: view(canvas, mask, rows=rows["full"])
+                calls[f"{runtime} mid"] = lambda view=view: view(canvas, mask, rows=rows["mid"])
+                calls[f"{runtime} cached"] = lambda view=view, kv=kv: view(canvas, mask, kv=kv,
+                                                                          rows=rows["cached"])
+                logits.update({name: call() for name, call in calls.items() if name.startswith(runtime)})
+            ms = median_ms(calls, repeats)
+        for kind in ("full", "mid", "cached"):
+            ours, theirs = logits[f"compact {kind}"], logits[f"reference {kind}"]
+            out.append({"batch": batch, "kind": kind, "rows": rows[kind][1] - rows[kind][0],
+                        "reference_ms": ms[f"reference {kind}"], "compact_ms": ms[f"compact {kind}"],
+                        "speedup": ms[f"reference {kind}"] / ms[f"compact {kind}"],
+                        "max_abs_diff": float((ours - theirs).abs().max()),
+                        "argmax_equal": bool(torch.equal(ours.argmax(-1), theirs.argmax(-1)))})
+    return out
+
+
+def _runtime_view(model: Any, runtime: str) -> Any:
+    """A shallow copy of `model` (the same parameters and modules) running in `runtime`, so two
+    runtimes can be timed side by side without rebuilding the compact weights at each switch."""
+    import copy
+
+    from dllm_decode.models.compact import set_runtime
+
+    return set_runtime(copy.copy(model), runtime)
+
+
+def runtime_table(rows: Sequence[dict[str, Any]], header: str) -> list[str]:
+    """The `runtime_speedup` rows as a text table."""
+    lines = [header, f"{'batch':>5}  {'forward':<22}{'reference ms':>13}{'compact ms':>12}"
+                     f"{'speedup':>9}{'max |dlogit|':>14}  argmax equal"]
+    for r in rows:
+        what = {"full": f"full ({r['rows']} rows)", "mid": f"full, last {r['rows']} rows",
+                "cached": f"cached {r['rows']}-row step"}[r["kind"]]
+        lines.append(f"{r['batch']:>5}  {what:<22}{r['reference_ms']:>13.2f}{r['compact_ms']:>12.2f}"
+                     f"{r['speedup']:>8.2f}x{r['max_abs_diff']:>14.1e}  "
+                     f"{'yes' if r['argmax_equal'] else 'NO'}")
+    return lines
+
+
+def profile_runtime(model: Any, prompts: Sequence[str | list[int]], tokenizer: Any,
+                    gen_length: int, block_length: int, calls: int = 10, top: int = 8) -> list[str]:
+    """Where a forward's time goes in each runtime: the torch profiler's top ops by self CPU
+    time over `calls` full forwards and `calls` cached steps, as text lines."""
+    from torch.profiler import profile
+
+    from dllm_decode.models.compact import DLLM_RUNTIMES
+    from dllm_decode.models.layers import KVCache
+
+    canvas, mask, start, length = first_block(model, prompts, tokenizer, gen_length)
+    lines = []
+    with torch.inference_mode():
+        for runtime in DLLM_RUNTIMES:
+            view = _runtime_view(model, runtime)
+            kv = KVCache()
+            view(canvas, mask, kv=kv, rows=(start, length))
+            for kind, rows, cache in (("full", (start, length), None),
+                                      ("cached", (start, start + block_length), kv)):
+                view(canvas, mask, kv=cache, rows=rows)
+                with profile() as prof:
+                    for _ in range(calls):
+                        view(canvas, mask, kv=cache, rows=rows)
+                table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+                lines += ["", f"profile: {runtime}, {kind} forward (rows {rows[1] - rows[0]}), "
+                              f"{calls} calls", table]
+    return lines

@@ -59,14 +59,19 @@ answer_tokens_per_step; seconds for the batch)."""
 
 
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
-                chat_template: bool = True, trust_remote_code: bool = False) -> tuple[Decoder, Any]:
+                chat_template: bool = True, trust_remote_code: bool = False,
+                runtime: str | None = None) -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
-    `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default).
+    `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default);
+    `runtime` is the diffusion model's (`load_model`; the AR baseline names its own, `@compact`).
 
     Raises:
         ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
     """
+    if runtime == "compact" and spec.kind in ("ideal", "ar"):
+        raise ValueError(f"--runtime compact applies to the plain-torch diffusion models, not to "
+                         f"{str(spec)!r}" + (" (use `@compact` on the AR target)" if spec.kind == "ar" else ""))
     if spec.kind == "ideal":
         from dllm_decode.eval.tasks.tokenizer import load_tokenizer
         from dllm_decode.eval.theory.ideal import ideal_options
@@ -80,7 +85,8 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
         return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
             target.tokenizer
-    model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                           runtime=runtime)
     return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
 
 

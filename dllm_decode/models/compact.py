@@ -1,0 +1,284 @@
+"""The compact runtime: the Llama-style pre-norm block re-run with only its tensor operations.
+
+One implementation serves the diffusion models here (`BlockStackLM`: LLaDA, Dream, Fast-dLLM v2,
+SDAR and the embedded models; `runtime="compact"`) and the AR mode's `CompactCausalLM`
+(`dllm_decode.speculative.compact`). The block keeps the maths and drops ops (per-op cost is
+what dominates an AR step of the embedded models):
+  * q|k|v and gate|up are each one matrix, stored transposed ((in, out), contiguous): `x @ w` on
+    one-row inputs takes about half the time of `F.linear(x, w)` on CPU (measured; on 32 rows
+    and more the two are equal);
+  * each RMSNorm's scale is folded into the rows of the matrix that follows it
+    ((x * g) @ W = x @ (g[:, None] * W)): one multiply fewer per norm, equal up to float rounding;
+  * q and k are rotated in one op, from cos/sin tables computed once per model and looked up by
+    position (the same float32 values `layers.rope_tables` computes);
+  * the K/V cache contract is the model's own (`layers.KVCache`), so every cache, trimming and row
+    selection work unchanged;
+  * the last block runs its queries and MLP only on the rows the forward returns (exact).
+Measured on the embedded dLLM (1 CPU thread, gen 256): the forward is arithmetic-bound there (GEMMs
+and attention near the core's peak), so the gains are modest (`dllm-decode bench runtime`); the
+reference stays the default. Under autograd (training) the model keeps its reference forward:
+the fused copies are detached.
+The fused weights are rebuilt when a parameter changes (an optimizer step, `load_state_dict`,
+`.to()`), detected by the parameters' version counters, pointers and dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_decode.models.layers import KVCache, RMSNorm, rms_normalize
+
+DLLM_RUNTIMES = ("reference", "compact")
+"""How a diffusion model (`BlockStackLM`) runs its blocks: `reference` (the modules as written in
+`layers.py`) or `compact` (this module)."""
+
+
+def transposed(weight: Tensor, norm_scale: Tensor | None = None) -> Tensor:
+    """(out, in) -> contiguous (in, out), rows scaled by the preceding norm's scale if given."""
+    weight_t = weight.detach().t()
+    if norm_scale is not None:
+        weight_t = norm_scale.detach()[:, None] * weight_t
+    return weight_t.contiguous()
+
+
+def project(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
+    """(N, in) @ (in, out) [+ bias]."""
+    return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
+
+
+class RotaryTable:
+    """cos and sin of half-split (NeoX / HF-Llama) rotary embeddings for positions 0, 1, ...,
+    grown by doubling. `sin` has its first half negated, so that a rotation is
+    `x * cos + x.roll(D / 2, -1) * sin` (rotate_half(x) = cat(-x2, x1) = roll(x, D/2) with the
+    first half negated): q and k rotate together in one op.
+
+    Args:
+        inv_freq: (D/2,) float32 inverse frequencies.
+        dtype: the tables' dtype: float32 for models that rotate in full precision (LLaDA), the
+            model dtype otherwise (Llama, Qwen, Dream).
+        scale: attention scaling of the rotary type (1 for the default type).
+    """
+
+    def __init__(self, inv_freq: Tensor, dtype: torch.dtype, scale: float = 1.0):
+        self.inv_freq = inv_freq.detach().float()
+        self.dtype, self.scale = dtype, scale
+        self.cos = self.sin = torch.empty(0, device=inv_freq.device)
+
+    @classmethod
+    def for_theta(cls, head_dim: int, theta: float, dtype: torch.dtype,
+                  device: torch.device) -> "RotaryTable":
+        """The default rotary type (`layers.rope_tables`'s frequencies)."""
+        return cls(1.0 / theta ** (torch.arange(0, head_dim, 2, device=device,
+                                                dtype=torch.float32) / head_dim), dtype)
+
+    def reserve(self, end: int) -> None:
+        """Make the tables cover positions [0, end)."""
+        if end <= self.cos.shape[0]:
+            return
+        positions = torch.arange(max(256, 2 * end), dtype=torch.float32, device=self.inv_freq.device)
+        angles = positions[:, None] * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        self.cos = (angles.cos() * self.scale).to(self.dtype)
+        self.sin = (angles.sin() * self.scale).to(self.dtype)
+        self.sin[:, :angles.shape[1] // 2] *= -1
+
+    def span(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """(n, 1, D) rows for positions [start, end): broadcast over (B, n, heads, D)."""
+        self.reserve(end)
+        return self.cos[start:end, None], self.sin[start:end, None]
+
+    def at(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
+        """(*positions.shape, 1, D) rows for arbitrary positions; `max_position` (when the caller
+        knows a bound) saves a host sync."""
+        self.reserve((int(positions.max()) if max_position is None else max_position) + 1)
+        flat = positions.reshape(-1)             # index_select: far cheaper than advanced indexing
+        shape = (*positions.shape, 1, self.cos.shape[1])
+        return (self.cos.index_select(0, flat).view(shape),
+                self.sin.index_select(0, flat).view(shape))
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """One Llama-style pre-norm block with fused, transposed, norm-folded projections.
+
+    `x + attn(norm(x))` then `x + down(silu(gate(norm(x))) * up(norm(x)))`; the attention itself
+    (cache, mask) belongs to the caller, between `attention_inputs` and `finish`.
+
+    Attributes:
+        qkv: (d, (H + 2 Hkv) D), the attention norm's scale folded in; qkv_bias its bias or None.
+        out: (H D, d); out_bias its bias or None.
+        gate_up: (d, 2 F), the MLP norm's scale folded in; down: (F, d).
+        qk_scale: (H + Hkv, D) per-head q/k norm scales (Qwen3 / SDAR) or None.
+    """
+
+    qkv: Tensor
+    qkv_bias: Tensor | None
+    out: Tensor
+    out_bias: Tensor | None
+    gate_up: Tensor
+    down: Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    qk_scale: Tensor | None = None
+    qk_eps: float = 0.0
+
+    @classmethod
+    def fuse(cls, attn_norm: Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
+             ff_norm: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, *, heads: int,
+             kv_heads: int, eps: float, q_norm: RMSNorm | None = None,
+             k_norm: RMSNorm | None = None) -> "FusedBlock":
+        """From the block's modules (`attn_norm`, `ff_norm`: the norms' scales)."""
+        projections = (q, k, v)
+        biases = [p.bias for p in projections]
+        head_dim = q.weight.shape[0] // heads
+        qk_scale = None
+        if q_norm is not None:
+            qk_scale = torch.cat([q_norm.weight.detach().expand(heads, head_dim),
+                                  k_norm.weight.detach().expand(kv_heads, head_dim)])
+        return cls(
+            qkv=transposed(torch.cat([p.weight for p in projections]), attn_norm),
+            qkv_bias=None if biases[0] is None else torch.cat(biases).detach(),
+            out=transposed(o.weight), out_bias=None if o.bias is None else o.bias.detach(),
+            gate_up=transposed(torch.cat([gate.weight, up.weight]), ff_norm),
+            down=transposed(down.weight), heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+            eps=eps, qk_scale=qk_scale, qk_eps=0.0 if q_norm is None else q_norm.eps)
+
+    def attention_inputs(self, h: Tensor, cos: Tensor, sin: Tensor,
+                         full_precision: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries and keys and the values of `h` (B, n, d).
+
+        Args:
+            cos, sin: `RotaryTable` rows broadcasting over (B, n, H + Hkv, D).
+            full_precision: rotate in float32 and cast back (LLaDA); else in the model dtype.
+        Returns:
+            q (B, H, n, D), k and v (B, Hkv, n, D), views (not contiguous).
+        """
+        batch, n, _ = h.shape
+        heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
+        qkv = project(rms_normalize(h, self.eps).view(batch * n, -1), self.qkv, self.qkv_bias)
+        q_width = (heads + kv_heads) * head_dim
+        qk = qkv[:, :q_width].view(batch, n, heads + kv_heads, head_dim)
+        if self.qk_scale is not None:
+            qk = self.qk_scale * rms_normalize(qk, self.qk_eps)
+        dtype = qk.dtype
+        if full_precision:
+            qk = qk.float()
+        qk = (qk * cos + qk.roll(head_dim // 2, -1) * sin).to(dtype).transpose(1, 2)
+        v = qkv[:, q_width:].view(batch, n, kv_heads, head_dim).transpose(1, 2)
+        return qk[:, :heads], qk[:, heads:], v
+
+    def finish(self, h: Tensor, attended: Tensor) -> Tensor:
+        """`h` (B, n, d) plus the output projection of `attended` (B, H, n, D), then the MLP."""
+        batch, n, d = h.shape
+        o = attended.transpose(1, 2).reshape(batch * n, self.heads * self.head_dim)
+        h = h + project(o, self.out, self.out_bias).view(batch, n, d)
+        gate, up = (rms_normalize(h, self.eps) @ self.gate_up).chunk(2, -1)
+        return h + (F.silu(gate) * up) @ self.down
+
+
+def compact_problem(model: Any) -> str | None:
+    """Why `model` cannot run compact (a phrase), or None when it can."""
+    from dllm_decode.models.layers import BlockStackLM, PreNormBlock
+
+    if not isinstance(model, BlockStackLM):
+        return f"{type(model).__name__} is not one of this package's plain-torch models"
+    _, blocks = model.parts()
+    if not all(isinstance(b, PreNormBlock) for b in blocks):
+        return f"{type(model).__name__} has blocks other than the Llama-style pre-norm block"
+    if model.rotary_dim() != model.config.head_dim:
+        return "partial rotary embeddings"
+    return None
+
+
+def set_runtime(model: Any, runtime: str) -> Any:
+    """Run `model`'s blocks in `runtime` (one of `DLLM_RUNTIMES`); returns the model.
+
+    Raises:
+        ValueError: an unknown runtime, or `compact` for a model it does not cover (the message
+            says why).
+    """
+    if runtime not in DLLM_RUNTIMES:
+        raise ValueError(f"runtime must be one of {list(DLLM_RUNTIMES)}, got {runtime!r}")
+    if runtime == "compact" and (problem := compact_problem(model)) is not None:
+        raise ValueError(f"the compact runtime does not cover this model ({problem}); use "
+                         f"runtime 'reference'")
+    if runtime == "reference" and compact_problem(model) is not None:
+        return model                                   # other model kinds have one forward only
+    model.runtime = runtime
+    model.block_runner = compact_stack if runtime == "compact" else None
+    model.__dict__.pop("_compact", None)
+    return model
+
+
+class CompactStack:
+    """The blocks of a `BlockStackLM` in the compact runtime (built by `compact_stack`)."""
+
+    def __init__(self, model: Any):
+        _, blocks = model.parts()
+        self.blocks = [_fuse_prenorm(block) for block in blocks]
+        first = blocks[0]
+        self.full_precision = bool(first.rope_full_precision)
+        weight = self.blocks[0].qkv
+        self.rotary = RotaryTable.for_theta(
+            model.rotary_dim(), model.config.rope_theta,
+            torch.float32 if self.full_precision else weight.dtype, weight.device)
+
+    def __call__(self, h: Tensor, positions: Tensor, key_mask: Tensor | None, kv: KVCache | None,
+                 fed: tuple[int, int], max_position: int | None = None,
+                 keep: tuple[int, int] | None = None) -> Tensor:
+        """The blocks over `h` (B, n, d), the canvas rows `fed`, at `positions` (B, n) (at most
+        `max_position` when the caller knows it); returns the output rows `keep` = (i, j) of the
+        n (default all).
+
+        Exact shortcut: the last block's keys and values come from every fed row (they go to the
+        cache), but its queries, output projection and MLP run on rows `keep` only: a forward
+        asked for the active block and after (the loop's `rows`) skips them for the rows before.
+        """
+        cos, sin = self.rotary.at(positions, max_position)
+        last = len(self.blocks) - 1
+        keep = keep or (0, h.shape[1])
+        for layer, block in enumerate(self.blocks):
+            q, k, v = block.attention_inputs(h, cos, sin, self.full_precision)
+            if kv is not None:
+                k, v = kv.update(layer, k, v, fed)
+            mask = key_mask
+            if layer == last and keep != (0, h.shape[1]):
+                q, h = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]]
+                if mask is not None and mask.shape[2] > 1:          # per-query (block-causal)
+                    mask = mask[:, :, keep[0]:keep[1]]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               enable_gqa=block.heads != block.kv_heads)
+            h = block.finish(h, o)
+        return h
+
+
+def _fuse_prenorm(block: Any) -> FusedBlock:
+    attn_norm, q, k, v, o, ff_norm, gate, up, down = block.parts()
+    q_norm, k_norm = block.qk_norms()
+    return FusedBlock.fuse(attn_norm.weight, q, k, v, o, ff_norm.weight, gate, up, down,
+                           heads=block.n_heads, kv_heads=block.n_kv_heads, eps=attn_norm.eps,
+                           q_norm=q_norm, k_norm=k_norm)
+
+
+def compact_stack(model: nn.Module) -> CompactStack:
+    """`model`'s `CompactStack`, rebuilt when one of its parameters changed since it was built
+    (in place: an optimizer step, `load_state_dict`; or moved: `.to()`). `set_runtime` drops it,
+    which is needed only after Parameter objects are replaced (`load_state_dict(assign=True)`)."""
+    cached = model.__dict__.get("_compact")
+    if cached is not None and _fingerprint(cached[0]) == cached[1]:
+        return cached[2]
+    params = list(model.parameters())
+    stack = CompactStack(model)
+    model.__dict__["_compact"] = (params, _fingerprint(params), stack)   # not a submodule
+    return stack
+
+
+def _fingerprint(params: list[Tensor]) -> list[tuple[int, int, torch.dtype]]:
+    return [(p.data_ptr(), p._version, p.dtype) for p in params]

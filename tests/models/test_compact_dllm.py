@@ -1,0 +1,176 @@
+"""The compact runtime of the diffusion models (`models/compact.py`) against the reference blocks.
+
+Every case runs the same model object twice, `runtime="reference"` then `"compact"`, so the two
+see identical weights. float32: equal to float rounding. bfloat16: the compact logits are as close
+to the float32 reference as the bfloat16 reference itself is (folding a norm scale into a bf16
+matrix rounds differently, not worse).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_decode.models import KVCache, load_model
+from dllm_decode.models.compact import DLLM_RUNTIMES, compact_problem, set_runtime
+from dllm_decode.models.checkpoint import ModelLoadError
+from dllm_decode.testing import tiny_block_diffusion
+from tests.models.conftest import LENGTH, left_padded_batch, make_dream, make_llada
+
+FP32 = dict(atol=1e-4, rtol=1e-4)
+
+MODELS = {
+    "llada": lambda: make_llada(),
+    "llada_gqa": lambda: make_llada(n_kv_heads=2, include_qkv_bias=True),
+    "dream": lambda: make_dream(),
+    "fast_dllm": lambda: tiny_block_diffusion("fast_dllm", block_size=4),   # block-causal, shift
+    "sdar": lambda: tiny_block_diffusion("sdar", block_size=4),             # q/k norms, head_dim 12
+}
+
+
+def run(model, runtime: str, ids, mask, **kwargs) -> torch.Tensor:
+    set_runtime(model, runtime)
+    with torch.inference_mode():
+        return model(ids, attention_mask=mask, **kwargs)
+
+
+def cached_steps(model, runtime: str, ids, mask, rows: tuple[int, int],
+                 refresh: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
+    """A refresh (filling the cache; logits of rows `refresh`, default all), then a cached step
+    over `rows` after new tokens there."""
+    kv = KVCache()
+    full = run(model, runtime, ids, mask, kv=kv, rows=refresh or (0, ids.shape[1]))
+    edited = ids.clone()
+    edited[:, rows[0]:rows[1]] = torch.arange(rows[1] - rows[0]) % 7
+    step = run(model, runtime, edited, mask, kv=kv, rows=rows)
+    return full, step, kv.keys[-1], kv.values[-1]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("padded", [False, True])
+def test_float32_logits_equal_reference(name, padded):
+    model = MODELS[name]()
+    ids, mask = left_padded_batch((LENGTH, 7))
+    mask = mask if padded else None
+    for rows in [None, (3, 8)]:
+        kwargs = {} if rows is None else {"rows": rows}
+        torch.testing.assert_close(run(model, "compact", ids, mask, **kwargs),
+                                   run(model, "reference", ids, mask, **kwargs), **FP32)
+    for refresh in [(0, LENGTH), (4, LENGTH)]:     # a refresh asked for every row, or the rest
+        reference = cached_steps(model, "reference", ids, mask, (4, 8), refresh)
+        compact = cached_steps(model, "compact", ids, mask, (4, 8), refresh)
+        for ours, theirs in zip(compact, reference):     # refresh logits, cached step, stored K/V
+            torch.testing.assert_close(ours, theirs, **FP32)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bfloat16_error_is_the_reference_rounding(name):
+    model = MODELS[name]()
+    ids, mask = left_padded_batch((LENGTH, 7))
+    exact = cached_steps(model, "reference", ids, mask, (4, 8))[:2]
+    model = model.to(torch.bfloat16)
+    reference = cached_steps(model, "reference", ids, mask, (4, 8))[:2]
+    compact = cached_steps(model, "compact", ids, mask, (4, 8))[:2]
+    for ours, theirs, truth in zip(compact, reference, exact):
+        assert ours.dtype == torch.float32 and ours.isfinite().all()
+        rounding = (theirs - truth).abs().max()
+        assert (ours - truth).abs().max() <= 2 * rounding + 1e-3 * truth.abs().max()
+
+
+def test_embedded_model_matches_on_a_batch_with_a_cache():
+    model = load_model("embedded")
+    from dllm_decode.prompts import encode_prompts, left_pad
+
+    ids = encode_prompts(["sort : mia ella hank", "copy : lucy eric kevin ian sam"], model.tokenizer)
+    canvas, mask = left_pad(ids, 64, model.mask_token_id, model.eos_token_ids[0], torch.device("cpu"))
+    start = canvas.shape[1] - 64
+    reference = cached_steps(model, "reference", canvas, mask, (start, start + 32))
+    compact = cached_steps(model, "compact", canvas, mask, (start, start + 32))
+    for ours, theirs in zip(compact, reference):
+        torch.testing.assert_close(ours, theirs, **FP32)
+
+
+@pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
+def test_greedy_decode_is_identical(cache):
+    from dllm_decode import DecodeConfig, generate
+
+    model = load_model("embedded")
+    prompts = ["sort : mia ella hank", "reverse : lucy eric kevin", "copy : sam ian"]
+    config = DecodeConfig.from_dict({"scheduler": {"name": "threshold", "threshold": 0.9},
+                                     "cache": cache, "gen_length": 64, "block_length": 32})
+    results = {}
+    for runtime in DLLM_RUNTIMES:
+        set_runtime(model, runtime)
+        results[runtime] = generate(model, prompts, config)
+    assert results["compact"].text == results["reference"].text
+    assert torch.equal(results["compact"].nfe, results["reference"].nfe)
+    assert torch.equal(results["compact"].tokens, results["reference"].tokens)
+
+
+def test_block_diffusion_decode_is_identical_under_the_block_cache():
+    from dllm_decode import DecodeConfig, generate
+
+    model = load_model("embedded-bd")
+    config = DecodeConfig.from_dict({"scheduler": {"name": "threshold", "threshold": 0.9},
+                                     "cache": "block", "gen_length": 32,
+                                     "block_length": model.block_size})
+    texts = {}
+    for runtime in DLLM_RUNTIMES:
+        set_runtime(model, runtime)
+        texts[runtime] = generate(model, ["sort : mia ella hank", "copy : sam ian"], config).text
+    assert texts["compact"] == texts["reference"]
+
+
+def test_training_keeps_the_reference_forward_and_weights_are_refused_stale():
+    """Under autograd the compact copies (detached) are not used; after an in-place update the
+    compact runtime rebuilds its fused weights."""
+    model = set_runtime(make_llada(), "compact")
+    ids, _ = left_padded_batch()
+    loss = model(ids).logsumexp(-1).mean()
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05)
+    torch.testing.assert_close(run(model, "compact", ids, None), run(model, "reference", ids, None), **FP32)
+
+
+def test_unknown_and_unsupported_runtimes_are_refused():
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        set_runtime(make_llada(), "fast")
+    llada2 = tiny_block_diffusion("llada2")
+    assert compact_problem(llada2) is not None
+    with pytest.raises(ValueError, match="does not cover"):
+        set_runtime(llada2, "compact")
+    assert set_runtime(llada2, "reference") is llada2
+
+
+def test_load_model_takes_the_runtime():
+    assert load_model("embedded", runtime="compact").runtime == "compact"
+    assert load_model("embedded", runtime="reference").runtime == "reference"
+    with pytest.raises(ModelLoadError, match="runtime must be one of"):
+        load_model("embedded", runtime="fast")
+
+
+def test_cli_runtime_option():
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    runner = CliRunner()
+    ok = runner.invoke(main, ["--runtime", "compact", "--model", "tiny", "--prompt", "a b",
+                              "--gen-length", "8"])
+    assert ok.exit_code == 0, ok.output
+    refused = runner.invoke(main, ["--runtime", "compact", "--model", "ideal", "--prompt", "a b"])
+    assert refused.exit_code == 2 and "does not cover" in refused.output
+
+
+@pytest.mark.parametrize("make", [make_llada, make_dream], ids=["llada", "dream"])
+def test_checkpoint_loaded_compact_matches_the_reference(tmp_path, make):
+    make().save_pretrained(tmp_path)
+    reference = load_model(tmp_path, runtime="reference")
+    compact = load_model(tmp_path, runtime="compact")
+    ids, mask = left_padded_batch((LENGTH, 6))
+    with torch.inference_mode():
+        torch.testing.assert_close(compact(ids, attention_mask=mask),
+                                   reference(ids, attention_mask=mask), **FP32)
