@@ -44,8 +44,13 @@ class WinoScheduler(Scheduler):
     input. That costs no extra rows, needs no 4-D attention mask, and keeps the prefix and dual
     caches usable (the window's logits cover the whole block); but it is not leave-one-out: a
     masked-diffusion model (LLaDA, the embedded model) is trained only at masked positions, so
-    its prediction at a committed one is untrained and, if it mostly copies its input, rarely
-    fails the bar (WINO then acts as a strict threshold rule with an accept cap).
+    its prediction at a committed one is untrained. Measured on the embedded model (first block
+    of a threshold-0.3 decode, 48 prompts, 1,536 tokens, 24 of them differing from the
+    one-token-per-step decode): every differing token scores < 0.9 both ways, but so do 21.5% of
+    the agreeing ones here against 2.9% leave-one-out (AUC 0.92 vs 0.99), so this score re-masks
+    more good tokens than the reference's would (each costs a later commit, never a mask left).
+    Like the reference, it only verifies tokens of a block that is still open: a step that fills
+    the block is never checked.
 
     Fixes of the reference's pitfalls: batched (per-row caps and counts, where the reference
     takes a top-k over the flattened batch and shares one `last_accept`); termination (the
