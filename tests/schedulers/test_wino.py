@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -226,3 +227,19 @@ def test_composes_with_wrappers(wrapper):
         assert not (batched.tokens == model.mask_token_id).any() and (batched.nfe <= 16).all()
         alone = generate(model, prompts[1:2], config)
         assert torch.equal(alone.tokens[0], batched.tokens[1])
+
+
+def test_cli_builds_it_by_name_with_options_and_as_a_wrapper_base():
+    """(`eval` also takes `--scheduler wino:threshold=0.5`, through the same `component`.)"""
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    base = ["--model", "tiny", "--gen-length", "8", "--block-length", "4", "--prompt", "w1 w2", "--json"]
+    for args, wanted in ((["--scheduler", "wino", "-o", "threshold=0.5", "-o", "threshold_back=0.8"], (0.5, 0.8)),
+                         (["--scheduler", "credit", "-o", "base=wino", "-o", "base.threshold=0.6"], (0.6, 0.9))):
+        result = CliRunner().invoke(main, [*base, *args])
+        assert result.exit_code == 0, result.output
+        scheduler = json.loads(result.output)["config"]["scheduler"]
+        scheduler = scheduler.get("base", scheduler)
+        assert scheduler["name"] == "wino" and (scheduler["threshold"], scheduler["threshold_back"]) == wanted
