@@ -19,6 +19,7 @@ from dllm_decode.schedulers.local_leap import LocalLeapScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
 from dllm_decode.schedulers.saber import SaberScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.wino import WinoScheduler
 from dllm_decode.schedulers.wrapper import Wrapper
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
@@ -38,11 +39,12 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "oracle": OracleScheduler,                 # Learn2PD oracle: commit what matches a reference
     "edit": EditScheduler,                     # LLaDA2.1: M2T threshold + token-to-token edits
     "saber": SaberScheduler,                   # Saber: running-mean bar + backtracking (no cache)
+    "wino": WinoScheduler,                     # WINO: wide-in threshold + narrow-out re-masking in the block
 }
 
 __all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "KLASSScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
-           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
+           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]
