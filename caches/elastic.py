@@ -149,13 +149,12 @@ class ElasticCache(Cache):
             layers.keys[layer][:, :, a:e] = k
             layers.values[layer][:, :, a:e] = v
             p = stack.probs(layer, q, layers.keys[layer], mask)
-            similarity = self._similarity(stack, layers, positions, mask, layer,
-                                          state.tracked[layer], state.reference[layer])
-            drifted = (similarity < self.gamma) & (start == depth)
-            start = torch.where(drifted, layer, start)
-            state.tracked[layer] = chosen(p, a)
-            state.reference[layer] = self._attention(stack, layers, positions, mask, layer,
-                                                     state.tracked[layer])
+            old, new = state.tracked[layer], chosen(p, a)
+            both = self._attention(stack, layers, positions, mask, layer, torch.cat([old, new], 1))
+            now, reference = both.split(old.shape[1], dim=2)      # one attention for both sets
+            similarity = F.cosine_similarity(now, state.reference[layer], dim=-1).mean((1, 2))
+            start = torch.where((similarity < self.gamma) & (start == depth), layer, start)
+            state.tracked[layer], state.reference[layer] = new, reference
             h = stack.finish(layer, h, p, layers.values[layer])
         return h, start
 
@@ -166,12 +165,6 @@ class ElasticCache(Cache):
         x = layers.inputs[layer].gather(1, tracked[..., None].expand(-1, -1, layers.inputs[layer].shape[-1]))
         q, _, _ = stack.project(layer, x, stack.rope(positions.gather(1, tracked)), need_kv=False)
         return stack.probs(layer, q, layers.keys[layer], mask)
-
-    def _similarity(self, stack: Stack, layers: LayerState, positions: Tensor, mask: Tensor,
-                    layer: int, tracked: Tensor, reference: Tensor) -> Tensor:
-        """(B,) mean cosine similarity of the tracked tokens' attention now and when chosen."""
-        now = self._attention(stack, layers, positions, mask, layer, tracked)
-        return F.cosine_similarity(now, reference, dim=-1).mean((1, 2))
 
     def _refresh(self, stack: Stack, state: ElasticState, positions: Tensor, mask: Tensor,
                  start: Tensor, first: int, chosen) -> Tensor:

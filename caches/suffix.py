@@ -45,11 +45,13 @@ class SuffixCache(Cache):
     suffix offset d (0-based from the block end) with probability `scale * phi(x_d)`,
     `x_d = linspace(0, k, dpad_window)[d]`, phi the standard normal pdf, none beyond `dpad_window`.
 
-    The pruned canvas is then decoded through `kv`: `prefix` (Streaming-dLLM's and the default: one
-    full forward of the pruned canvas at the block start, then the block and the kept suffix
-    against the cached prefix K/V), `dual` (then the block rows only), or `none` (a full forward
-    of the pruned canvas every step). The first step of every block is a full forward, so it also
-    refreshes whenever the loop's block changes.
+    The pruned canvas is then decoded through `kv`: `none` (the default, DPad's plain setting: a
+    full forward of the pruned canvas every step), `prefix` (Streaming-dLLM's: one full forward of
+    the pruned canvas at the block start, then the block and the kept suffix against the cached
+    prefix K/V) or `dual` (then the block rows only). The first step of every block is a full
+    forward, so it also refreshes whenever the loop's block changes. The default is `none`
+    because on the small embedded model a stale prefix costs accuracy (as the plain prefix cache
+    does, `eval/bench/cache.py`); `suffix:kv=prefix` is Streaming-dLLM's full setting.
 
     Deviations: Streaming-dLLM's dynamic threshold (`confidence_alpha`) is a scheduler matter, not
     applied here (use any scheduler); DPad's one random draw per block comes from this cache's
@@ -64,7 +66,7 @@ class SuffixCache(Cache):
         window: window mode: suffix columns kept (Streaming-dLLM: 96 for most tasks at gen 256).
         tail_keep: window mode: last canvas columns kept (Streaming-dLLM: 1).
         k, scale, dpad_window: dpad mode (DPad GSM8K: 4.0, 2.0, 256).
-        kv: "prefix", "dual" or "none": how the pruned canvas is cached inside a block.
+        kv: "none", "prefix" or "dual": how the pruned canvas is cached inside a block.
         seed: dpad mode: the draws' seed.
     """
 
@@ -74,7 +76,7 @@ class SuffixCache(Cache):
     k: float = 4.0
     scale: float = 2.0
     dpad_window: int = 256
-    kv: str = "prefix"
+    kv: str = "none"
     seed: int = 0
 
     def __post_init__(self) -> None:
