@@ -118,13 +118,17 @@ class D2Cache(Cache):
         index, valid = self._select(state, masked, mask[:, 0, 0], (a, e), e - s - block_step, cut)
         rollout = _Rollout(torch.ones(batch, length, device=canvas.device), (index, valid))
         h = stack.rows(state.layers, canvas, positions, mask, index, rollout.add)
-        logits = stack.head(h)
-        state.conf = state.conf.scatter(1, index, confidence(logits, model.mask_token_id))
+        logits = stack.head(h[:, s - a:])                          # the block and the chosen columns
+        conf = confidence(logits, model.mask_token_id)
+        state.conf = state.conf.scatter(1, index[:, s - a:], conf)
         state.importance = rollout.importance()
         state.fed_from, state.since_refresh = s, state.since_refresh + 1
         state.refreshed = torch.zeros_like(state.refreshed)
         state.recomputed = valid.sum(-1)
-        return logits[:, :e - a], a, state
+        return logits[:, :e - s], s, state
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return state.select_rows(rows) if isinstance(state, D2State) else state
 
     def report(self, state: Any) -> dict[str, Tensor] | None:
         if not isinstance(state, D2State):

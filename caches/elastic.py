@@ -115,7 +115,10 @@ class ElasticCache(Cache):
         state.fed_from = s
         state.refreshed = stack.depth - start
         state.recomputed = torch.where(start < stack.depth, length, e - a)
-        return stack.head(h), a, state
+        return stack.head(h[:, s - a:]), s, state
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return state.select_rows(rows) if isinstance(state, ElasticState) else state
 
     def report(self, state: Any) -> dict[str, Tensor] | None:
         if not isinstance(state, ElasticState):
@@ -132,7 +135,10 @@ class ElasticCache(Cache):
         weight = masked[:, s:e].float()
         received = (rows * weight[..., None]).sum(1)                      # (B, L)
         received = received.masked_fill(masked | ~mask[:, 0, 0], -1.0)
-        return received.topk(min(self.track_num, received.shape[1]), dim=-1).indices
+        top = received.topk(min(self.track_num, received.shape[1]), dim=-1)
+        # a row with fewer committed columns than track_num repeats its best one (not an arbitrary
+        # masked or padding column, which would differ between a batch and the row alone)
+        return torch.where(top.values >= 0, top.indices, top.indices[:, :1])
 
     def _fed_rows(self, stack: Stack, state: ElasticState, canvas: Tensor, positions: Tensor,
                   mask: Tensor, fed: tuple[int, int], chosen) -> tuple[Tensor, Tensor]:

@@ -134,6 +134,9 @@ class SuffixCache(Cache):
         state.refreshed = torch.full_like(state.recomputed, depth if fresh or self.kv == "none" else 0)
         return logits[:, :e - s], s, state
 
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return state.select_rows(rows) if isinstance(state, SuffixState) else state
+
     def report(self, state: Any) -> dict[str, Tensor] | None:
         if not isinstance(state, SuffixState):
             return None
