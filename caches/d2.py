@@ -71,7 +71,9 @@ class D2Cache(Cache):
         rollout_p: nucleus mass of the attention-rollout selection (paper: 0.1).
         rollout_cap: the most columns the rollout adds per step.
         sigma: std of the certainty-density kernel, in columns (paper: 10.0); 0 = no density.
-        refresh_k: None, or a full forward every `refresh_k` steps.
+        refresh_k: None, or a full forward every `refresh_k` steps (of the batch: a row that
+            waits for the others' blocks still counts them, so with a period a batch is not
+            decoded exactly like each prompt alone; the default None is).
         suffix_window: None, or the masks after the block kept in attention and selectable.
     """
 
