@@ -343,9 +343,23 @@ def test_quick_cache_on_tiny(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [(r["batch"], r["cache"]) for r in report["rows"]] == [
-        (2, name) for name in ("none", "prefix", "dual", "dual:prefix_look=64")]
+        (2, name) for name in ("none", "prefix", "dual", "d2", "elastic", "suffix", "suffix:mode=dpad",
+                               "dual:prefix_look=64")]
     variant = report["options"]["caches"]["dual:prefix_look=64"]
     assert variant["name"] == "dual" and variant["prefix_look"] == 64
+    assert report["options"]["caches"]["suffix:mode=dpad"]["mode"] == "dpad"
+    rows = {r["cache"]: r for r in report["rows"]}
+    assert rows["dual"]["vs_dual"] == 1.0 and "vs_dual" in result.output
+    assert rows["d2"]["vs_dual"] == pytest.approx(rows["dual"]["seconds_per_sample"] / rows["d2"]["seconds_per_sample"])
+
+
+def test_cache_variant_replaces_a_default_new_cache_and_new_caches_can_be_left_out(tmp_path):
+    out = tmp_path / "cache.json"
+    result = _bench("cache", "--quick", "--model", "tiny", "--variant", "d2:current_k=4", "--variant",
+                    "elastic", "--no-new-caches", "--batch", "1", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["cache"] for r in report["rows"]] == ["none", "prefix", "dual", "d2:current_k=4", "elastic"]
 
 
 def test_quick_scaling_on_tiny(tmp_path):
