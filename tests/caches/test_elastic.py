@@ -99,3 +99,20 @@ def test_cli_names_it():
     assert out.exit_code == 0, out.output
     record = json.loads(out.output)
     assert record["config"]["cache"] == {"name": "elastic", "gamma": 0.9, "track_num": 4, "suffix_window": None}
+
+
+def test_cli_takes_options_inline_and_eval_too(tmp_path):
+    out = CliRunner().invoke(main, ["--model", "tiny", "--cache", "elastic:track_num=4,gamma=0.5", "-c",
+                                    "gamma=0.7", "--gen-length", "16", "--block-length", "8",
+                                    "--prompt", "w1 w2", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["config"]["cache"]["track_num"] == 4
+    assert json.loads(out.output)["config"]["cache"]["gamma"] == 0.7          # -c wins
+    bad = CliRunner().invoke(main, ["--model", "tiny", "--cache", "elastic:track=4", "--prompt", "w1"])
+    assert bad.exit_code == 2 and "unknown option 'track'" in bad.output
+
+
+def test_trace_has_cache_counts_only_when_the_cache_reports():
+    model = tiny_llada(seed=3)
+    assert "cache" not in decode(model, NoCache()).trace[0]
+    assert set(decode(model, ElasticCache()).trace[0]["cache"]) == {"refreshed_layers", "recomputed"}
