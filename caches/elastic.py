@@ -54,7 +54,9 @@ class ElasticCache(Cache):
         the first `window_length` masks); masks after the block keep the K/V of the last refresh,
         as its `block_caching=True`;
       * the drift cosine is over the key axis of each head's attention row, averaged over heads
-        and tracked tokens (the reference takes it over the head axis, a pitfall of §2.1);
+        and tracked tokens (`drift="keys"`, the default); `drift="heads"` is the reference's form,
+        over the head axis per key, averaged over the attended keys (spec §2.1 calls it a
+        pitfall; it is far more sensitive, so it refreshes more);
       * per batch row: each row refreshes from its own first drifted layer (batched == one by
         one); the deciding host sync (is there a drift at all, and from which layer) is one
         extra sync per step, the price of skipping work on the host;
@@ -67,11 +69,13 @@ class ElasticCache(Cache):
             every layer every step (then the logits equal `none`'s); 0 never refreshes.
         track_num: tracked tokens per layer (paper: 1).
         suffix_window: None, or the masks after the block kept in attention.
+        drift: "keys" or "heads": the axis of the drift cosine (above).
     """
 
     gamma: float = 0.9
     track_num: int = 1
     suffix_window: int | None = None
+    drift: str = "keys"
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -80,6 +84,8 @@ class ElasticCache(Cache):
             raise ValueError(f"track_num must be >= 1, got {self.track_num}")
         if self.suffix_window is not None and self.suffix_window < 0:
             raise ValueError(f"suffix_window must be >= 0 or None, got {self.suffix_window}")
+        if self.drift not in ("keys", "heads"):
+            raise ValueError(f"drift must be 'keys' or 'heads', got {self.drift!r}")
 
     def init_state(self, model: DiffusionLM) -> None:
         check_model(model, "elastic")
@@ -158,11 +164,21 @@ class ElasticCache(Cache):
             old, new = state.tracked[layer], chosen(p, a)
             both = self._attention(stack, layers, positions, mask, layer, torch.cat([old, new], 1))
             now, reference = both.split(old.shape[1], dim=2)      # one attention for both sets
-            similarity = F.cosine_similarity(now, state.reference[layer], dim=-1).mean((1, 2))
+            similarity = self._similarity(now, state.reference[layer], mask)
             start = torch.where((similarity < self.gamma) & (start == depth), layer, start)
             state.tracked[layer], state.reference[layer] = new, reference
             h = stack.finish(layer, h, p, layers.values[layer])
         return h, start
+
+    def _similarity(self, now: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
+        """(B,) mean cosine similarity of (B, H, T, L) attention now and when chosen: over the key
+        axis per head (`drift="keys"`), or over the head axis per attended key (`"heads"`, the
+        reference's `dim=1`)."""
+        if self.drift == "keys":
+            return F.cosine_similarity(now, reference, dim=-1).mean((1, 2))
+        keys = mask[:, 0].float()                                          # (B, 1, L)
+        per_key = F.cosine_similarity(now, reference, dim=1)               # (B, T, L)
+        return ((per_key * keys).sum(-1) / keys.sum(-1)).mean(-1)
 
     @staticmethod
     def _attention(stack: Stack, layers: LayerState, positions: Tensor, mask: Tensor, layer: int,

@@ -98,7 +98,8 @@ def test_cli_names_it():
                                     "--gen-length", "16", "--block-length", "8", "--prompt", "w1 w2", "--json"])
     assert out.exit_code == 0, out.output
     record = json.loads(out.output)
-    assert record["config"]["cache"] == {"name": "elastic", "gamma": 0.9, "track_num": 4, "suffix_window": None}
+    assert record["config"]["cache"] == {"name": "elastic", "gamma": 0.9, "track_num": 4, "suffix_window": None,
+                                       "drift": "keys"}
 
 
 def test_cli_takes_options_inline_and_eval_too(tmp_path):
@@ -116,3 +117,14 @@ def test_trace_has_cache_counts_only_when_the_cache_reports():
     model = tiny_llada(seed=3)
     assert "cache" not in decode(model, NoCache()).trace[0]
     assert set(decode(model, ElasticCache()).trace[0]["cache"]) == {"refreshed_layers", "recomputed"}
+
+
+def test_drift_on_the_head_axis_is_the_reference_form():
+    """drift="heads": per attended key a cosine over heads; gamma 0 never refreshes either way."""
+    model = tiny_llada(seed=3, layers=3)
+    result = decode(model, ElasticCache(drift="heads", gamma=0.0), cfg=config(stop_at_eos=False))
+    assert all(row == [0, 0, 0] for row in counts(result, "refreshed_layers")[1:])
+    forced = decode(model, ElasticCache(drift="heads", gamma=1.5))
+    assert_same_decode(forced, decode(model, NoCache()))
+    with pytest.raises(ValueError, match="drift must be"):
+        build(CACHES, "elastic", {"drift": "rows"})
