@@ -70,12 +70,17 @@ class ElasticCache(Cache):
         track_num: tracked tokens per layer (paper: 1).
         suffix_window: None, or the masks after the block kept in attention.
         drift: "keys" or "heads": the axis of the drift cosine (above).
+        depth_aware: refresh from the drifted layer (the paper). False: a drift anywhere
+            refreshes every layer (a full forward); the refresh of deeper layers alone starts
+            from cached inputs that are themselves stale, which the small embedded model does
+            not tolerate (`eval/bench/cache.py` figures in the README).
     """
 
     gamma: float = 0.9
     track_num: int = 1
     suffix_window: int | None = None
     drift: str = "keys"
+    depth_aware: bool = True
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -114,6 +119,8 @@ class ElasticCache(Cache):
             return stack.head(h[:, s:]), s, state
         a = min(state.fed_from, s)
         h, start = self._fed_rows(stack, state, canvas, positions, mask, (a, e), chosen)
+        if not self.depth_aware:                         # any drift: every layer, from the inputs
+            start = torch.where(start < stack.depth, 0, start)
         first = int(start.min())                         # the extra host sync: any refresh, from where
         if first < stack.depth:
             h = torch.where((start < stack.depth)[:, None, None],

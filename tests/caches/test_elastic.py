@@ -99,7 +99,7 @@ def test_cli_names_it():
     assert out.exit_code == 0, out.output
     record = json.loads(out.output)
     assert record["config"]["cache"] == {"name": "elastic", "gamma": 0.9, "track_num": 4, "suffix_window": None,
-                                       "drift": "keys"}
+                                       "drift": "keys", "depth_aware": True}
 
 
 def test_cli_takes_options_inline_and_eval_too(tmp_path):
@@ -128,3 +128,10 @@ def test_drift_on_the_head_axis_is_the_reference_form():
     assert_same_decode(forced, decode(model, NoCache()))
     with pytest.raises(ValueError, match="drift must be"):
         build(CACHES, "elastic", {"drift": "rows"})
+
+
+def test_without_depth_awareness_a_drift_refreshes_every_layer():
+    model = tiny_llada(seed=3, layers=3)
+    result = decode(model, ElasticCache(depth_aware=False), cfg=config(stop_at_eos=False))
+    assert {n for row in counts(result, "refreshed_layers") for n in row} <= {0, 3}
+    assert {n for row in counts(result, "refreshed_layers")[1:] for n in row} == {0, 3}
