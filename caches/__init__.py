@@ -1,13 +1,16 @@
-"""How the loop obtains logits for the active block: none, prefix, dual, block."""
+"""How the loop obtains logits for the active block: none, prefix, dual, block, d2, elastic, suffix."""
 
 from dllm_decode._namespace import require_namespaced
 
 require_namespaced(__name__)
 
 from dllm_decode.caches.block import BlockCache
+from dllm_decode.caches.d2 import D2Cache
 from dllm_decode.caches.dual import DualCache
+from dllm_decode.caches.elastic import ElasticCache
 from dllm_decode.caches.kv import BlockKVCache
 from dllm_decode.caches.prefix import PrefixCache
+from dllm_decode.caches.suffix import SuffixCache
 from dllm_decode.interfaces import Cache, NoCache
 
 CACHES: dict[str, type[Cache]] = {
@@ -15,6 +18,10 @@ CACHES: dict[str, type[Cache]] = {
     "prefix": PrefixCache,  # Fast-dLLM PrefixCache: block + suffix recomputed, prefix K/V cached
     "dual": DualCache,      # Fast-dLLM DualCache: block recomputed, prefix and suffix K/V cached
     "block": BlockCache,    # block-diffusion models: finished blocks' K/V cached, exact
+    "d2": D2Cache,          # d2Cache: block + chosen masks and rollout-selected tokens recomputed
+    "elastic": ElasticCache,  # Elastic-Cache: block recomputed, deeper layers refreshed on drift
+    "suffix": SuffixCache,  # Streaming-dLLM window / DPad dropout over the masked suffix
 }
 
-__all__ = ["CACHES", "BlockCache", "BlockKVCache", "DualCache", "NoCache", "PrefixCache"]
+__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DualCache", "ElasticCache", "NoCache",
+           "PrefixCache", "SuffixCache"]

@@ -240,6 +240,11 @@ class Cache(abc.ABC):
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return _index_rows(state, rows)
 
+    def report(self, state: Any) -> dict[str, Tensor] | None:
+        """What the last step did, per batch row, for the step trace: (B,) counts such as
+        `refreshed_layers` and `recomputed` (columns), or None (the default: nothing to say)."""
+        return None
+
     def trim(self, state: Any, width: int) -> Any:
         """Keep the first `width` canvas columns of the state: the loop cut off a tail that no
         row attends any more (end-of-text truncation). A cache that keeps per-column tensors in

@@ -462,6 +462,10 @@ class Decoding:
                  "tokens": tokens.cpu(), "confidence": inp.confidence.cpu(), "block_step": inp.step}
         if request.config.scheduler.revises != "none":
             entry.update(remask=remask.cpu(), edit=edit.cpu())
+        report = self.cache.report(self.cache_state)
+        if report is not None:             # per-step cache counts (refreshed layers, recomputed columns)
+            index = self._tensor(f"rows{g}", tuple(rows), rows)
+            entry["cache"] = {key: value.index_select(0, index).cpu() for key, value in report.items()}
         request.trace.append(entry)
 
     def _write(self, offset: int, commit: Tensor, tokens: Tensor, remask: Tensor, edit: Tensor,

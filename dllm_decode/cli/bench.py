@@ -232,12 +232,15 @@ def runtime_command(model_name: str, threads: int, repeats: int | None, per_task
               help="Stop a row after the block holding its end-of-text [stop].")
 @click.option("--variant", "variants", multiple=True, metavar="NAME[:KEY=VALUE,...]",
               help="Also compare this configured cache (e.g. dual:prefix_look=1024); repeatable.")
+@click.option("--new-caches/--no-new-caches", default=None,
+              help="Also compare d2, elastic, suffix and suffix:mode=dpad at their defaults [on].")
 def cache_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
                   gen_length: tuple[int, ...], json_path: str | None, quick: bool,
                   batch_sizes: tuple[int, ...], threshold: float | None, stop_at_eos: bool | None,
-                  variants: tuple[str, ...]) -> None:
-    """The block caches (none, prefix, dual, variants) over many prompts and batch sizes:
-    seconds per sample, answer and canvas tokens per second, NFE, speedup over none, agreement
+                  variants: tuple[str, ...], new_caches: bool | None) -> None:
+    """The caches (none, prefix, dual, d2, elastic, suffix, dpad, variants) over many prompts and
+    batch sizes: seconds per sample, answer and canvas tokens per second, NFE, speedup over none
+    and over dual (vs_dual), agreement
     with none and accuracy; one forward's cost at the first block beside each cell."""
     from dllm_decode.cli.options import parse_spec, usage_errors
     from dllm_decode.eval.bench.cache import CACHE_QUICK, CacheOptions, run_cache
@@ -250,7 +253,7 @@ def cache_command(model_name: str, threads: int, repeats: int | None, per_task: 
                        for text in variants for name, opts in [parse_spec(text)])
     options = _options(CacheOptions(), CACHE_QUICK, quick, repeats=repeats, per_task=per_task,
                        gen_lengths=gen_length, batch_sizes=batch_sizes, threshold=threshold,
-                       stop_at_eos=stop_at_eos, variants=caches)
+                       stop_at_eos=stop_at_eos, variants=caches, new_caches=new_caches)
     subject = _subject(model_name, threads)
     report = {"machine": machine(threads), **run_cache(subject, options, _say)}
     _emit(report, format_cache(report), json_path)

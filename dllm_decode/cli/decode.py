@@ -36,7 +36,8 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
                      callback=key_values,
                      help="Set a scheduler field (dotted for a wrapper's base: base.kappa=0.8); repeatable."),
         click.option("--cache", "cache_name", default="none", show_default=True,
-                     help="How logits are obtained: none, prefix, dual (`dllm-decode list`)."),
+                     help="How logits are obtained: none, prefix, dual, d2, elastic, suffix; NAME[:KEY=VALUE,...] "
+                          "sets fields inline (`dllm-decode list`)."),
         click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE",
                      callback=key_values, help="Set a cache field (refresh policy); repeatable."),
         click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]",

@@ -86,6 +86,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
     if gen_length != ANSWER and not (gen_length.isdigit() and int(gen_length) >= 1):
         raise click.BadParameter(f"expected an integer >= 1 or {ANSWER!r}, got {gen_length!r}",
                                  param_hint="--gen-length")
+    with usage_errors("--cache"):
+        cache_name, inline = parse_spec(cache_name)       # `--cache elastic:track_num=4` too
+        cache_opts = {**inline, **cache_opts}
     with usage_errors("--filter"):
         filters = tuple((name, tuple(sorted(options.items())))
                         for name, options in map(parse_spec, filter_specs))

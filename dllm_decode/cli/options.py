@@ -84,7 +84,8 @@ def decode_config(*, scheduler: Any, scheduler_options: Mapping[str, str], cache
         scheduler_obj = scheduler if not isinstance(scheduler, str) else \
             component("scheduler", {"name": scheduler, **scheduler_options})
     with usage_errors("--cache / -c"):
-        cache_obj = component("cache", {"name": cache, **(cache_options or {})})
+        name, inline = parse_spec(cache)                  # `--cache elastic:track_num=4` too
+        cache_obj = component("cache", {"name": name, **inline, **(cache_options or {})})
     with usage_errors("--filter"):
         filter_objs = tuple(component("filter", {"name": name, **options})
                             for name, options in map(parse_spec, filters))

@@ -2,8 +2,9 @@
 
 Setting (Fast-dLLM's published LLaDA runs, arXiv 2505.22618 §4): block 32, the `threshold`
 scheduler at 0.9, greedy. Every cell (generation length x batch size) decodes the same prompts
-(by default the task suite's test prompts, 4 per task: 48) under `none`, `prefix`, `dual` and
-any configured variant, in one `run_grid` (interleaved repeats; medians; speedups are ratios of
+(by default the task suite's test prompts, 4 per task: 48) under `none`, `prefix`, `dual`, the
+adaptive and suffix-pruning caches (`d2`, `elastic`, `suffix`, `suffix:mode=dpad`) and any configured
+variant, in one `run_grid` (interleaved repeats; medians; speedups are ratios of
 medians within a cell). Throughput is reported twice: answer tokens per second (tokens before the
 first end-of-text, what a reader receives) and canvas tokens per second (gen length x prompts,
 EOS filler included). Accuracy and agreement with `none` come from the same decodes. Beside each
@@ -28,7 +29,12 @@ from dllm_decode.interfaces import Cache
 from dllm_decode.registry import component_dict
 
 CACHE_NAMES = ("none", "prefix", "dual")
-"""Compared in every run (`none` is the reference); `CacheOptions.variants` adds configured ones."""
+"""Compared in every run (`none` is the reference, `dual` the one `vs_dual` divides by);
+`CacheOptions.variants` adds configured ones."""
+
+NEW_CACHES = ("d2", "elastic", "suffix", "suffix:mode=dpad")
+"""The adaptive and suffix-pruning caches, compared by default (`new_caches=False` leaves them out;
+a variant with the same label replaces one)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class CacheOptions:
         stop_at_eos: stop a row after the block holding its end-of-text (the loop's default);
             off, every decode spans the whole canvas (a long decode).
         variants: extra (label, cache) rows, e.g. ("dual:prefix_look=1024", DualCache(...)).
+        new_caches: also compare `NEW_CACHES` at their defaults.
     Raises:
         ValueError: a count below 1, a gen length the block does not divide, a threshold outside
             (0, 1], a variant label that repeats a cache name.
@@ -57,6 +64,7 @@ class CacheOptions:
     threshold: float = 0.9
     stop_at_eos: bool = True
     variants: tuple[tuple[str, Cache], ...] = ()
+    new_caches: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -70,20 +78,28 @@ class CacheOptions:
         for gen in self.gen_lengths:
             DecodeConfig(scheduler=ThresholdScheduler(self.threshold), gen_length=gen,
                          block_length=self.block_length)
-        labels = [*CACHE_NAMES, *(label for label, _ in self.variants)]
+        labels = [*CACHE_NAMES, *(label for label, _ in self.variants)]    # may replace a NEW_CACHES one
         if len(set(labels)) != len(labels):
             raise ValueError(f"cache labels must be unique, got {labels}")
 
     def caches(self) -> dict[str, Cache]:
-        from dllm_decode.caches import CACHES
+        from dllm_decode.registry import component
 
-        return {**{name: CACHES[name]() for name in CACHE_NAMES}, **dict(self.variants)}
+        defaults = {name: _spec(name) for name in CACHE_NAMES + (NEW_CACHES if self.new_caches else ())}
+        named = {label: component("cache", spec) for label, spec in defaults.items()}
+        return {**named, **dict(self.variants)}
 
     def config(self, gen: int, cache: Cache) -> DecodeConfig:
         from dllm_decode.schedulers import ThresholdScheduler
 
         return DecodeConfig(scheduler=ThresholdScheduler(self.threshold), cache=cache, gen_length=gen,
                             block_length=self.block_length, stop_at_eos=self.stop_at_eos)
+
+
+def _spec(label: str) -> dict[str, str]:
+    """`name:key=value,...` as a component mapping."""
+    name, _, rest = label.partition(":")
+    return {"name": name, **dict(item.split("=", 1) for item in rest.split(",") if item)}
 
 
 CACHE_QUICK = CacheOptions(gen_lengths=(64,), batch_sizes=(1, 4), per_task=1, repeats=1, forward_repeats=1)
@@ -110,6 +126,7 @@ def run_cache(subject: Subject, o: CacheOptions, say: Callable[[str], None] = la
     for gen in o.gen_lengths:
         for b in o.batch_sizes:
             none = measured[label_of(gen, b, "none")]
+            dual = measured[label_of(gen, b, "dual")]
             for name in caches:
                 m = measured[label_of(gen, b, name)]
                 seconds, answer = m.seconds(), m.answer_tokens()
@@ -120,12 +137,13 @@ def run_cache(subject: Subject, o: CacheOptions, say: Callable[[str], None] = la
                              "tokens_per_second": gen * len(samples) / seconds,
                              "answer_tokens": statistics.fmean(answer),
                              "nfe": statistics.fmean(m.nfe()), "speedup": none.seconds() / seconds,
+                             "vs_dual": dual.seconds() / seconds,
                              "same_tokens_as_none": 100 * sum(same) / len(same),
                              "accuracy": scored(subject.tasks, samples, m.texts())})
     return {"model": subject.label, "prompts": len(samples),
             "tasks": sorted({s.task for s in samples}),
             "options": {"gen_lengths": list(o.gen_lengths), "batch_sizes": list(o.batch_sizes),
                         "per_task": o.per_task, "repeats": o.repeats, "block_length": o.block_length,
-                        "threshold": o.threshold, "stop_at_eos": o.stop_at_eos,
+                        "threshold": o.threshold, "stop_at_eos": o.stop_at_eos, "new_caches": o.new_caches,
                         "caches": {name: component_dict(cache) for name, cache in caches.items()}},
             "forward_ms": costs, "rows": rows}

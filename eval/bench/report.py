@@ -154,10 +154,10 @@ def format_cache(report: dict[str, Any]) -> str:
               f"({c['full'] / c['prefix']:.2f}x)  dual {c['dual']:8.1f} ({c['full'] / c['dual']:.2f}x)"
               for c in report["forward_ms"]]
     lines += ["", f"  {'gen':>4} {'B':>3} {'cache':<24} {'s/sample':>9} {'ans tok/s':>9} {'tok/s':>8} "
-                  f"{'ans tok':>7} {'NFE':>6} {'speedup':>8} {'=none%':>6} {'acc%':>6}"]
+                  f"{'ans tok':>7} {'NFE':>6} {'speedup':>8} {'vs_dual':>8} {'=none%':>6} {'acc%':>6}"]
     lines += [f"  {r['gen']:>4} {r['batch']:>3} {r['cache']:<24} {r['seconds_per_sample']:>9.4f} "
               f"{r['answer_tokens_per_second']:>9.1f} {r['tokens_per_second']:>8.1f} {r['answer_tokens']:>7.1f} "
-              f"{r['nfe']:>6.2f} {r['speedup']:>7.2f}x {r['same_tokens_as_none']:>6.1f} "
+              f"{r['nfe']:>6.2f} {r['speedup']:>7.2f}x {r['vs_dual']:>7.2f}x {r['same_tokens_as_none']:>6.1f} "
               f"{_pct(_mean(r['accuracy']))}" for r in report["rows"]]
     return "\n".join(lines)
 

@@ -160,7 +160,7 @@ def test_cache_rows_read_the_right_medians():
     clock = FakeClock()
     model = ticking(tiny_llada_with_tokenizer(), clock)
     options = CacheOptions(gen_lengths=(16,), batch_sizes=(1, 3), per_task=1, repeats=1, forward_repeats=1,
-                           block_length=8)
+                           block_length=8, new_caches=False)   # the layer-wise caches skip the ticking forward
     report = run_cache(Subject(model, "tiny", model.tokenizer, None), options, clock=clock)
     rows = {(r["batch"], r["cache"]): r for r in report["rows"]}
     assert len(rows) == 6 and report["prompts"] == 7
@@ -172,6 +172,7 @@ def test_cache_rows_read_the_right_medians():
         assert one["speedup"] == pytest.approx(rows[1, "none"]["nfe"] / one["nfe"])
         assert rows[3, cache]["speedup"] == pytest.approx(rows[3, "none"]["seconds_per_sample"]
                                                           / rows[3, cache]["seconds_per_sample"])
+        assert one["vs_dual"] == pytest.approx(rows[1, "dual"]["nfe"] / one["nfe"])
     assert rows[1, "none"]["same_tokens_as_none"] == 100.0 and rows[1, "none"]["speedup"] == 1.0
     config = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=16, block_length=8)
     samples = samples_for(Subject(model, "tiny", model.tokenizer, None), 1, tasks=None)
@@ -342,9 +343,23 @@ def test_quick_cache_on_tiny(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [(r["batch"], r["cache"]) for r in report["rows"]] == [
-        (2, name) for name in ("none", "prefix", "dual", "dual:prefix_look=64")]
+        (2, name) for name in ("none", "prefix", "dual", "d2", "elastic", "suffix", "suffix:mode=dpad",
+                               "dual:prefix_look=64")]
     variant = report["options"]["caches"]["dual:prefix_look=64"]
     assert variant["name"] == "dual" and variant["prefix_look"] == 64
+    assert report["options"]["caches"]["suffix:mode=dpad"]["mode"] == "dpad"
+    rows = {r["cache"]: r for r in report["rows"]}
+    assert rows["dual"]["vs_dual"] == 1.0 and "vs_dual" in result.output
+    assert rows["d2"]["vs_dual"] == pytest.approx(rows["dual"]["seconds_per_sample"] / rows["d2"]["seconds_per_sample"])
+
+
+def test_cache_variant_replaces_a_default_new_cache_and_new_caches_can_be_left_out(tmp_path):
+    out = tmp_path / "cache.json"
+    result = _bench("cache", "--quick", "--model", "tiny", "--variant", "d2:current_k=4", "--variant",
+                    "elastic", "--no-new-caches", "--batch", "1", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["cache"] for r in report["rows"]] == ["none", "prefix", "dual", "d2:current_k=4", "elastic"]
 
 
 def test_quick_scaling_on_tiny(tmp_path):

@@ -1,0 +1,176 @@
+"""A layer-by-layer forward over the plain-torch bidirectional models, for the caches that choose,
+per step and per layer, which canvas columns to recompute and that read attention probabilities
+(d2Cache, Elastic-Cache; `shared/specs/revokable-and-caches.md` §4: "forward a subset of query
+rows per layer with full cached K/V", "read attention probabilities", "switch to full recompute
+from layer l").
+
+It reads the model's internals (`BlockStackLM.parts()`, each block's `parts()`), so it serves the
+LLaDA layout (the embedded model) and unshifted `DecoderLM`s; Dream (token shift) and the
+block-causal families get a one-line error. Attention is written out (scores, softmax, weighted
+sum) to expose the probabilities, in float32, like the references' `attn_implementation=eager`;
+its logits equal the fused SDPA forward's to float rounding (tested against `none`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from dllm_decode.models.layers import BlockStackLM, apply_rope, default_positions, rope_tables
+
+
+def check_model(model, cache_name: str) -> None:
+    """Raise a one-line ValueError unless `model` is a bidirectional plain-torch stack."""
+    name = getattr(model, "name_or_path", None) or type(model).__name__
+    if not getattr(model, "supports_kv", False):
+        raise ValueError(f"cache {cache_name} needs a model with a KV cache, and {name} has none "
+                         f"(supports_kv is False); accepted cache: 'none'")
+    if (not isinstance(model, BlockStackLM) or getattr(model, "token_shift", 0)
+            or getattr(model, "block_size", None)):
+        raise ValueError(f"cache {cache_name} runs the layers itself and supports the LLaDA layout "
+                         f"(bidirectional, unshifted); {name} is not one; accepted caches: none, prefix, dual")
+
+
+@dataclass
+class LayerState:
+    """Per layer: the input hidden states (B, L, d), the rotated keys and the values (B, Hkv, L, D)."""
+
+    inputs: list[Tensor]
+    keys: list[Tensor]
+    values: list[Tensor]
+
+    def select_rows(self, rows: Tensor) -> LayerState:
+        pick = lambda ts: [t.index_select(0, rows) for t in ts]   # noqa: E731
+        return LayerState(pick(self.inputs), pick(self.keys), pick(self.values))
+
+    def trim(self, width: int) -> LayerState:
+        return LayerState([t[:, :width] for t in self.inputs], [t[:, :, :width] for t in self.keys],
+                          [t[:, :, :width] for t in self.values])
+
+
+def key_mask(attention_mask: Tensor | None, batch: int, length: int, device: torch.device,
+             cut: int | None = None) -> Tensor:
+    """(B, 1, 1, L) bool keys every query may attend: real tokens; with `cut`, only the columns
+    before it and the last canvas column (suffix pruning keeps the tail, as Streaming-dLLM)."""
+    keep = torch.ones(batch, length, dtype=torch.bool, device=device) if attention_mask is None \
+        else attention_mask.bool()
+    if cut is not None and cut < length - 1:
+        columns = torch.arange(length, device=device)
+        keep = keep & ((columns < cut) | (columns == length - 1))
+    return keep[:, None, None, :]
+
+
+class Stack:
+    """The model seen one layer at a time: embed, rotary tables, attention with probabilities, the
+    rest of a block, and the head."""
+
+    def __init__(self, model: BlockStackLM):
+        self.model = model
+        self.embed, self.blocks = model.parts()
+
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    def positions(self, canvas: Tensor, attention_mask: Tensor | None) -> Tensor:
+        return default_positions(attention_mask, canvas.shape[0], canvas.shape[1], canvas.device)
+
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return rope_tables(positions, self.model.rotary_dim(), self.model.config.rope_theta)
+
+    def project(self, layer: int, h: Tensor, rope: tuple[Tensor, Tensor],
+                need_kv: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(B, H, n, D) rotated queries and (B, Hkv, n, D) rotated keys and values of rows `h`."""
+        block = self.blocks[layer]
+        attn_norm, q_proj, k_proj, v_proj, *_ = block.parts()
+        q_norm, k_norm = block.qk_norms()
+        a = attn_norm(h)
+        q = rearrange(q_proj(a), "b l (h d) -> b h l d", h=block.n_heads)
+        if q_norm is not None:
+            q = q_norm(q)
+        q = apply_rope(q, *rope, block.rope_full_precision)
+        if not need_kv:
+            return q, None, None
+        k = rearrange(k_proj(a), "b l (h d) -> b h l d", h=block.n_kv_heads)
+        v = rearrange(v_proj(a), "b l (h d) -> b h l d", h=block.n_kv_heads)
+        if k_norm is not None:
+            k = k_norm(k)
+        return q, apply_rope(k, *rope, block.rope_full_precision), v
+
+    def probs(self, layer: int, q: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
+        """(B, H, n, L) float32 attention probabilities of queries `q` over every key `mask` allows."""
+        block = self.blocks[layer]
+        if block.n_heads != block.n_kv_heads:
+            keys = keys.repeat_interleave(block.n_heads // block.n_kv_heads, 1)
+        scores = q.float() @ keys.float().transpose(-1, -2) * q.shape[-1] ** -0.5
+        return scores.masked_fill(~mask, float("-inf")).softmax(-1)
+
+    def finish(self, layer: int, h: Tensor, probs: Tensor, values: Tensor) -> Tensor:
+        """The rest of the block: output projection, residual, the gated FFN."""
+        block = self.blocks[layer]
+        *_, attn_out, ff_norm, gate, up, down = block.parts()
+        if block.n_heads != block.n_kv_heads:
+            values = values.repeat_interleave(block.n_heads // block.n_kv_heads, 1)
+        out = rearrange((probs @ values.float()).to(h.dtype), "b h l d -> b l (h d)")
+        h = h + attn_out(out)
+        f = ff_norm(h)
+        return h + down(F.silu(gate(f)) * up(f))
+
+    def head(self, h: Tensor) -> Tensor:
+        """Last-layer hidden states (B, n, d) -> float32 logits (B, n, V)."""
+        model = self.model
+        if hasattr(model.model, "transformer"):                          # LLaDA layout
+            t = model.model.transformer
+            h = t["ln_f"](h)
+            tied = model.config.weight_tying
+            head = t["wte"].weight if tied else t["ff_out"].weight
+            return F.linear(h, head, None if tied else t["ff_out"].bias).float()
+        return model.head(model.model.norm(h))                           # DecoderLM, unshifted
+
+    def full(self, canvas: Tensor, positions: Tensor, mask: Tensor,
+             on_layer=None) -> tuple[Tensor, LayerState]:
+        """Every column through every layer; fills a new `LayerState`. `on_layer(layer, probs)`
+        sees each layer's (B, H, L, L) probabilities. Returns the last hidden states (B, L, d)."""
+        rope = self.rope(positions)
+        h = self.embed(canvas)
+        state = LayerState([], [], [])
+        for layer in range(self.depth):
+            state.inputs.append(h)
+            q, k, v = self.project(layer, h, rope)
+            state.keys.append(k)
+            state.values.append(v)
+            p = self.probs(layer, q, k, mask)
+            if on_layer is not None:
+                on_layer(layer, p)
+            h = self.finish(layer, h, p, v)
+        return h, state
+
+    def rows(self, state: LayerState, canvas: Tensor, positions: Tensor, mask: Tensor,
+             index: Tensor, on_layer=None) -> Tensor:
+        """Columns `index` (B, n) through every layer against the cached K/V of the others; their
+        fresh inputs, keys and values are written into `state` in place (duplicate columns compute
+        equal values). `on_layer(layer, probs)` sees (B, H, n, L). Returns (B, n, d)."""
+        rope = self.rope(positions.gather(1, index))
+        h = self.embed(canvas.gather(1, index))
+        for layer in range(self.depth):
+            state.inputs[layer].scatter_(1, index[..., None].expand_as(h), h)
+            q, k, v = self.project(layer, h, rope)
+            at = index[:, None, :, None].expand_as(k)
+            state.keys[layer].scatter_(2, at, k)
+            state.values[layer].scatter_(2, at, v)
+            p = self.probs(layer, q, state.keys[layer], mask)
+            if on_layer is not None:
+                on_layer(layer, p)
+            h = self.finish(layer, h, p, state.values[layer])
+        return h
+
+
+def confidence(logits: Tensor, mask_id: int) -> Tensor:
+    """(B, n) float32 top probability with [MASK] excluded (the loop's greedy confidence)."""
+    logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
+                                       torch.finfo(torch.float32).min)
+    return logits.softmax(-1).amax(-1)
