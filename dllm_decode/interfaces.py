@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import Checked
 from dllm_decode.ops import argmax_mask
 
 
@@ -148,7 +149,7 @@ class Decision:
         return commit | forced, torch.where(forced, inp.candidates, tokens)
 
 
-class Scheduler(abc.ABC):
+class Scheduler(Checked, abc.ABC):
     """Decides which masked positions to commit at each step.
 
     Implementations are frozen dataclasses whose fields are their hyper-parameters, validated in
@@ -201,7 +202,7 @@ class Scheduler(abc.ABC):
         return _index_rows(state, rows)
 
 
-class Filter(abc.ABC):
+class Filter(Checked, abc.ABC):
     """Runs after the scheduler, like a logits-processor list: vetoes or adds commits, or truncates.
 
     Frozen dataclass, same rules as `Scheduler`. Filters are stateless.
@@ -214,7 +215,7 @@ class Filter(abc.ABC):
         """Return the (possibly changed) decision. Must not modify its inputs."""
 
 
-class Cache(abc.ABC):
+class Cache(Checked, abc.ABC):
     """How the loop obtains logits for the active block (none, prefix, dual).
 
     Frozen dataclass (its fields are the refresh policy) plus an explicit state from `init_state`.

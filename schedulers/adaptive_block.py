@@ -44,6 +44,7 @@ class AdaptiveBlockScheduler(Wrapper):
 
     base: Scheduler = field(default_factory=ThresholdScheduler)
     delimiter_threshold: float = 0.3
+    infinite_ok = ("delimiter_threshold",)          # documented: inf is a valid setting
     window: float = 0.25
     delimiter_ids: tuple[int, ...] = ()
 

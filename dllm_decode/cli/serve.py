@@ -56,8 +56,11 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     from dllm_decode.serve.protocol import Settings
     from dllm_decode.serve.worker import EngineWorker
 
+    if served_model_name is not None and not served_model_name.strip():
+        raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
     spec = model_spec(model_name)
     where = device_option(device)
+    _check_address(host, port)
     if spec.kind == "ar":
         record = {**record, "scheduler": _rule(record)}
     config = decode_record(**record)
@@ -73,6 +76,11 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code)
         kinds = ("scheduler",)
+    if spec.kind != "ar":
+        from dllm_decode.engine import check_cache
+
+        with usage_errors("--cache / -c"):
+            check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
     block_given = record["block_length"] is not None
     settings = Settings(model_id=served_model_name or str(spec),
@@ -83,6 +91,21 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     state = ServerState(EngineWorker(engine, threads), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address once before the model loads, so a bad host or a port in use is a usage
+    error at once rather than after minutes of loading."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(infos[0][4])
+    except OSError as err:
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {err.strerror or err}",
+                                 param_hint="--host / --port") from None
 
 
 def _causal(spec: Any, device: Any, max_draft: int) -> Any:

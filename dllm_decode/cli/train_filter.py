@@ -35,7 +35,7 @@ from dllm_decode.cli.decode import DEFAULT_MODEL
               help="Run EoTP after the filter in the rounds' rollouts (as deployed with `--filter eotp`).")
 @click.option("--save-rounds", is_flag=True,
               help="Also write each round's filter as OUT's stem + .round<r>.safetensors (0: before round 1).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cpu).")
 def train_filter_command(model_name: str, out: str, per_task: int, gen_length: int, block_length: int,
                          width: int, epochs: int, threshold: float, trajectory: str, rounds: int,

@@ -148,6 +148,11 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             causal LM included), tokenizer without a mask token for a generic masked LM, custom
             code without `trust_remote_code` (the message names `--trust-remote-code`).
     """
+    from dllm_decode.devices import check_device, check_dtype
+
+    dtype, device = check_dtype(dtype), check_device(device)
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a directory or a model name, got {type(path).__name__} {path!r}")
     directory = resolve_model_dir(path)
     config = read_config(directory)
     model_type = config.get("model_type")

@@ -144,6 +144,8 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
         raise APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
+    if options is not None and not stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     include_usage = _flag(options or {}, "include_usage")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import check_types
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.prompts import encode_prompts
 from dllm_decode.speculative.drafters.base import Draft, Drafter
@@ -57,6 +58,10 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         check_scheduler(self.scheduler)
+        check_types(self)
+        if not isinstance(self.sampling, Sampling):
+            raise TypeError(f"SpecConfig.sampling must be a Sampling, got {type(self.sampling).__name__} "
+                            f"{self.sampling!r}")
         if isinstance(self.scheduler, DraftLengthScheduler) and self.scheduler.lenience() is not None \
                 and not self.sampling.greedy:
             raise ValueError(f"{type(self.scheduler).__name__}'s lenient (rollback) verification is "

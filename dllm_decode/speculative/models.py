@@ -72,5 +72,8 @@ def _load_directory(directory: Path, dtype: torch.dtype, trust_remote_code: bool
     except (OSError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load a causal LM from {directory}: {first}") from None
+    except RuntimeError as err:              # transformers: tensor shapes differ from the config
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"{directory}: weights do not match config.json ({first[:200]})") from None
     model.tokenizer = load_tokenizer(directory, trust_remote_code)
     return model
