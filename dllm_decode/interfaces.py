@@ -180,6 +180,12 @@ class Scheduler(Checked, abc.ABC):
         """A new request (batch of rows) starts. Stateless rules keep the default."""
         return None
 
+    def check_fits(self, vocab_size: int, gen_length: int) -> None:
+        """Raise a one-line `ValueError` when the settings cannot serve a model of `vocab_size`
+        tokens and a canvas of `gen_length` (token ids the rule names outside the vocabulary, a
+        reference of another length). Called once per request, before any work; rules that
+        name no ids keep the default."""
+
     def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
         """At step 0 of a block: (B,) canvas column where this block ends, or None for the default.
 

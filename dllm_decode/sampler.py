@@ -144,6 +144,7 @@ class Decoding:
                             f"{type(tokenizer).__name__} {tokenizer!r}")
         tokenizer = tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None)
         ids = encode_prompts(prompts, tokenizer, self.model.vocab_size, self.mask_id)
+        config.scheduler.check_fits(int(self.model.vocab_size), config.gen_length)
         limit = getattr(self.model, "max_length", None)
         longest = max(len(row) for row in ids)
         if limit is not None and longest + config.gen_length > limit:

@@ -83,7 +83,7 @@ SIZE_KEYS = ("vocab_size", "embedding_size", "d_model", "n_heads", "n_kv_heads",
              "num_key_value_heads", "intermediate_size", "head_dim", "max_sequence_length",
              "max_position_embeddings", "bd_size", "block_size")
 """config.json keys that, when present and not null, must be positive integers (every family)."""
-TOKEN_KEYS = ("mask_token_id", "pad_token_id", "bos_token_id", "eos_token_id")
+TOKEN_KEYS = ("mask_token_id", "pad_token_id", "eos_token_id")
 """config.json keys that, when present and not null, must be token ids inside the vocabulary."""
 
 
