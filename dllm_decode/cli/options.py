@@ -19,6 +19,17 @@ TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTo
               "directories you trust.")
 
 
+class FloatRange(click.FloatRange):
+    """click's `FloatRange`, refusing NaN (it compares False with every bound, so click's own
+    range check lets it through). Every float option of the CLI uses this one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if out != out:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return out
+
+
 def trust_option(command: Any) -> Any:
     """`--trust-remote-code`: the opt-in transformers asks for (off by default)."""
     return click.option("--trust-remote-code", "trust_remote_code", is_flag=True, default=False,

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
+from dllm_decode.cli.options import FloatRange
 
 SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` (a causal LM, plain " \
     "or speculative, one request at a time each)."
@@ -24,9 +25,9 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="Requests that may wait for a row; beyond that a request gets 429.")
 @click.option("--max-tokens", type=click.IntRange(1), default=1024, show_default=True,
               help="The largest canvas (gen_length) a request may ask for.")
-@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0,
+@click.option("--request-timeout", type=FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="Seconds per request, queueing included (then 504).")
-@click.option("--shutdown-timeout", type=click.FloatRange(0, min_open=True), default=30.0,
+@click.option("--shutdown-timeout", type=FloatRange(0, min_open=True), default=30.0,
               show_default=True, help="On SIGINT/SIGTERM, seconds in-flight requests get to finish "
               "before they are cancelled.")
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
