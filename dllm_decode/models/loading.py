@@ -135,8 +135,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
 
     Args:
         path: directory with `config.json` + safetensors (+ tokenizer files), or a name.
-        dtype: parameter dtype (default: float32).
-        device: target device (default: CPU).
+        dtype: parameter dtype, a floating `torch.dtype` or its name (`float32`, `bfloat16`,
+            `float16`; default float32), checked as the CLI's `--dtype`.
+        device: target device or its name (default: CPU), checked as the CLI's `--device`.
         trust_remote_code: allow the directory's own Python code for its tokenizer (Dream-v0's
             `DreamTokenizer`) or, for the generic masked-LM fallback, its model class. LLaDA and
             Dream weights are always built by this package's own code.
