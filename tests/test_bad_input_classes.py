@@ -108,6 +108,10 @@ def test_decode_and_spec_records_check_their_types():
         SpecConfig(scheduler=rule, sampling=None)
     with pytest.raises(TypeError, match="top_k"):
         Sampling(top_k=1.5)
+    from dllm_decode.speculative import TreeShape
+
+    with pytest.raises(TypeError, match="TreeShape.branch"):
+        TreeShape(branch="2")
 
 
 def test_scheduler_ids_are_checked_against_the_model():
@@ -244,8 +248,15 @@ def test_server_body_nested_too_deep_is_a_400():
 
 
 def test_serve_refuses_before_loading():
+    import socket
+
     usage_error(invoke(["serve", "--model", "tiny", "--served-model-name", ""]), "--served-model-name")
     usage_error(invoke(["serve", "--model", "tiny", "--cache", "block", "--port", "0"]), "block")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = str(holder.getsockname()[1])
+        usage_error(invoke(["serve", "--model", "/nonexistent", "--port", port]), "--port")
 
 
 # ---- 5. API arguments -----------------------------------------------------------------------
