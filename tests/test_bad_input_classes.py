@@ -352,3 +352,16 @@ def test_bench_sub_options_fail_before_work():
     usage_error(invoke(["bench", "spec", "--quick", "--target", "bogus"]), "--target")
     usage_error(invoke(["bench", "tree", "--draft", "bogus"]), "--draft")
     usage_error(invoke(["spec", "--tree-min-prob", "nan", "--prompt", "x"]), "nan")
+
+
+def test_deeply_nested_json_lines_are_one_line_errors(tmp_path):
+    from dllm_decode.eval.harness.records import read_records
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"prompt": "w1", "dllm": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    usage_error(invoke(["--model", "tiny", "--gen-length", "8", "--block-length", "8", "--input", str(source),
+                        "--output", str(tmp_path / "out.jsonl")]), "nested too deeply")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("[" * 100000 + "]" * 100000 + "\n" + '{"a": 1}\n')
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_records(samples)
