@@ -365,3 +365,8 @@ def test_deeply_nested_json_lines_are_one_line_errors(tmp_path):
     samples.write_text("[" * 100000 + "]" * 100000 + "\n" + '{"a": 1}\n')
     with pytest.raises(ValueError, match="not valid JSON"):
         read_records(samples)
+
+
+def test_ideal_model_noise_must_be_finite():
+    usage_error(invoke(["--model", "ideal:noise=nan", "--gen-length", "8", "--block-length", "8",
+                        "--prompt", "copy : mia"]), "noise")
