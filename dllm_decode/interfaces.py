@@ -153,7 +153,9 @@ class Scheduler(Checked, abc.ABC):
     """Decides which masked positions to commit at each step.
 
     Implementations are frozen dataclasses whose fields are their hyper-parameters, validated in
-    `__post_init__`, every field defaulted. Per-request memory is the explicit `state` threaded
+    `__post_init__`, every field defaulted. The base class checks each int/float/bool/str field
+    against its annotation first (NaN and infinity refused unless listed in `infinite_ok`; see
+    `dllm_decode.fields`), so `__post_init__` checks only ranges. Per-request memory is the explicit `state` threaded
     through the hooks, never an attribute, so one instance serves many requests. No hook may
     modify its inputs in place, loop over batch rows, or sync with the host.
 
