@@ -68,8 +68,9 @@ def _load_directory(directory: Path, dtype: torch.dtype, trust_remote_code: bool
         raise untrusted_code_error(directory, "model", reference)
     from transformers.utils import logging as hf_logging
 
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()     # its load report of mismatched tensors: we say it in one line
+    hf_logging.disable_progress_bar()    # and a weights bar before a later one-line error
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True,
                                                      trust_remote_code=trust_remote_code)
@@ -83,6 +84,8 @@ def _load_directory(directory: Path, dtype: torch.dtype, trust_remote_code: bool
         raise ModelLoadError(f"{directory}: weights do not match config.json ({first[:200]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
     model.tokenizer = load_tokenizer(directory, trust_remote_code)
     return model
 
