@@ -99,11 +99,11 @@ def _check_address(host: str, port: int) -> None:
     error at once rather than after minutes of loading."""
     import socket
 
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET       # as uvicorn binds
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        with socket.socket(infos[0][0], socket.SOCK_STREAM) as probe:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(infos[0][4])
+            probe.bind((host, port))
     except OSError as err:
         raise click.BadParameter(f"cannot listen on {host}:{port}: {err.strerror or err}",
                                  param_hint="--host / --port") from None

@@ -103,8 +103,8 @@ def check_config(path: Path, config: dict[str, Any]) -> None:
     for key in TOKEN_KEYS:
         value = config.get(key)
         for item in (value if isinstance(value, list) and key == "eos_token_id" else [value]):
-            if item is None:
-                continue
+            if item is None or (key == "pad_token_id" and isinstance(item, int) and item < 0):
+                continue                         # no id (a negative pad is a common "none")
             if isinstance(item, bool) or not isinstance(item, int) or item < 0 or (vocab and item >= vocab):
                 bound = f"[0, {vocab})" if vocab else "[0, vocabulary size)"
                 raise ModelLoadError(f"{path}: {key} {item!r} is outside the vocabulary {bound}")
