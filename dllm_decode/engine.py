@@ -212,8 +212,9 @@ class Engine:
         id aside). Reads no engine state, so another thread may call it.
 
         Raises:
-            ValueError: prompt plus generation longer than the model's context; a decode record
-                this model cannot run.
+            ValueError: prompt plus generation longer than the model's context; a token id
+                outside the vocabulary; a cache the model cannot use, or scheduler ids it does
+                not have (`Scheduler.check_fits`); a decode record this model cannot run.
         """
         limit = getattr(self.model, "max_length", None)
         total = len(request.prompt) + request.config.gen_length
@@ -227,6 +228,8 @@ class Engine:
             _spec_config(self.model, request.config)
         else:
             check_cache(self.model, request.config)
+            if vocab is not None:
+                request.config.scheduler.check_fits(vocab, request.config.gen_length)
 
     def add(self, request: Request) -> None:
         """Queue a request.

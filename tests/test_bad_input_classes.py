@@ -231,6 +231,9 @@ def test_server_requests_are_checked_like_the_cli():
     block = dataclasses.replace(config, cache=registry("cache")["block"]())
     with pytest.raises(ValueError, match="block"):
         engine.check(Request(id="b", prompt=(5,), config=block))
+    ada = dataclasses.replace(config, scheduler=SCHEDULERS["adaptive_block"](delimiter_ids=(99999,)))
+    with pytest.raises(ValueError, match="delimiter_ids"):
+        engine.check(Request(id="c", prompt=(5,), config=ada))
 
 
 def test_server_body_nested_too_deep_is_a_400():

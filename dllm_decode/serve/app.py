@@ -191,7 +191,9 @@ def _admit(state: ServerState, job: Job) -> None:
         message = str(err)
         if "context" in message:
             raise APIError(400, message, param="prompt", code="context_length_exceeded") from None
-        param = "prompt" if "prompt" in message else "dllm.cache" if "cache" in message else None
+        param = ("prompt" if "prompt" in message else "dllm.cache" if "cache" in message else
+                 "dllm.scheduler" if any(w in message for w in ("scheduler", "oracle", "delimiter"))
+                 else None)
         raise APIError(400, message, param=param) from None
     state.in_flight += 1
 
