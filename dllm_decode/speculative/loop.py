@@ -264,12 +264,12 @@ def verify_round(target: Any, kv: KV, context: Tensor, draft: Draft, sampling: S
 
 
 def _check_causal(target: Any) -> None:
-    """A transformers-style causal LM (a `config` and a forward taking `past_key_values`); a
+    """A transformers-style causal LM (a forward taking `input_ids`, `past_key_values`); a
     masked diffusion LM here is a usage error, not an AttributeError deep in the loop."""
     if hasattr(target, "mask_token_id") and hasattr(target, "eos_token_ids"):
         raise TypeError(f"target {type(target).__name__} is a masked diffusion LM; "
                         f"speculative_generate needs a causal LM (decode it with generate)")
-    if getattr(target, "config", None) is None or not callable(target):
+    if not callable(target):
         raise TypeError(f"target must be a causal LM (a transformers *ForCausalLM or the compact "
                         f"runtime), got {type(target).__name__}")
 
