@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dllm_decode.fields import check_types
 from dllm_decode.interfaces import Cache, Filter, NoCache, Scheduler
 from dllm_decode.registry import component, component_dict
 
@@ -58,6 +59,7 @@ class DecodeConfig:
                                   *(("filters", f, Filter) for f in self.filters)):
             if not isinstance(value, kind):
                 raise TypeError(f"{name} must be a {kind.__name__} instance, got {type(value).__name__}")
+        check_types(self)                   # stop_at_eos a bool, the counts integers, ...
         for name in ("gen_length", "block_length", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

@@ -164,6 +164,21 @@ class _Live:
     done: bool = False
 
 
+def check_cache(model: Any, config: Any) -> None:
+    """Raise the `ValueError` the decode would raise at its first step when `config`'s cache
+    cannot run on `model` (a block cache on a model without block-causal attention, a KV cache
+    on a model without one): checked before any work (CLI startup, each server request)."""
+    config.cache.init_state(model)
+
+
+def _vocab_size(model: Any) -> int | None:
+    target = model.target if isinstance(model, SpeculativeModel) else model
+    vocab = getattr(target, "vocab_size", None)
+    if vocab is None:
+        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
 class Engine:
     """Continuous batching over the one denoising loop (see the module docstring).
 
@@ -197,16 +212,24 @@ class Engine:
         id aside). Reads no engine state, so another thread may call it.
 
         Raises:
-            ValueError: prompt plus generation longer than the model's context; a decode record
-                this model cannot run.
+            ValueError: prompt plus generation longer than the model's context; a token id
+                outside the vocabulary; a cache the model cannot use, or scheduler ids it does
+                not have (`Scheduler.check_fits`); a decode record this model cannot run.
         """
         limit = getattr(self.model, "max_length", None)
         total = len(request.prompt) + request.config.gen_length
         if limit is not None and total > limit:
             raise ValueError(f"prompt ({len(request.prompt)} tokens) + gen_length "
                              f"({request.config.gen_length}) exceeds the model's context of {limit} tokens")
+        vocab = _vocab_size(self.model)
+        if vocab is not None and (bad := next((t for t in request.prompt if not 0 <= t < vocab), None)) is not None:
+            raise ValueError(f"the prompt holds token id {bad}, outside the vocabulary [0, {vocab})")
         if self.speculative:
             _spec_config(self.model, request.config)
+        else:
+            check_cache(self.model, request.config)
+            if vocab is not None:
+                request.config.scheduler.check_fits(vocab, request.config.gen_length)
 
     def add(self, request: Request) -> None:
         """Queue a request.

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import Checked
 from dllm_decode.ops import argmax_mask
 
 
@@ -148,11 +149,13 @@ class Decision:
         return commit | forced, torch.where(forced, inp.candidates, tokens)
 
 
-class Scheduler(abc.ABC):
+class Scheduler(Checked, abc.ABC):
     """Decides which masked positions to commit at each step.
 
     Implementations are frozen dataclasses whose fields are their hyper-parameters, validated in
-    `__post_init__`, every field defaulted. Per-request memory is the explicit `state` threaded
+    `__post_init__`, every field defaulted. The base class checks each int/float/bool/str field
+    against its annotation first (NaN and infinity refused unless listed in `infinite_ok`; see
+    `dllm_decode.fields`), so `__post_init__` checks only ranges. Per-request memory is the explicit `state` threaded
     through the hooks, never an attribute, so one instance serves many requests. No hook may
     modify its inputs in place, loop over batch rows, or sync with the host.
 
@@ -179,6 +182,12 @@ class Scheduler(abc.ABC):
         """A new request (batch of rows) starts. Stateless rules keep the default."""
         return None
 
+    def check_fits(self, vocab_size: int, gen_length: int) -> None:
+        """Raise a one-line `ValueError` when the settings cannot serve a model of `vocab_size`
+        tokens and a canvas of `gen_length` (token ids the rule names outside the vocabulary, a
+        reference of another length). Called once per request, before any work; rules that
+        name no ids keep the default."""
+
     def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
         """At step 0 of a block: (B,) canvas column where this block ends, or None for the default.
 
@@ -201,7 +210,7 @@ class Scheduler(abc.ABC):
         return _index_rows(state, rows)
 
 
-class Filter(abc.ABC):
+class Filter(Checked, abc.ABC):
     """Runs after the scheduler, like a logits-processor list: vetoes or adds commits, or truncates.
 
     Frozen dataclass, same rules as `Scheduler`. Filters are stateless.
@@ -214,7 +223,7 @@ class Filter(abc.ABC):
         """Return the (possibly changed) decision. Must not modify its inputs."""
 
 
-class Cache(abc.ABC):
+class Cache(Checked, abc.ABC):
     """How the loop obtains logits for the active block (none, prefix, dual).
 
     Frozen dataclass (its fields are the refresh policy) plus an explicit state from `init_state`.

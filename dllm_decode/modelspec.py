@@ -60,6 +60,9 @@ class ModelSpec:
             head, at, tail = body.rpartition("@")
             if at and tail in RUNTIMES:
                 body, runtime = head, tail
+            elif at and "/" not in tail and head.strip():
+                raise ValueError(f"{text!r}: unknown runtime {tail!r}; choose from "
+                                 f"{'|'.join(RUNTIMES)}")
             target, _, draft = body.partition("+")
             if not target.strip():
                 raise ValueError(f"{text!r}: `ar:` needs a target model (e.g. `ar:ar_target`)")

@@ -31,6 +31,11 @@ def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: 
     ids: list[list[int]] = []
     for i, prompt in enumerate(prompts):
         if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"prompt {i} is not valid text: {prompt[err.start]!r} at character "
+                                 f"{err.start} is a lone surrogate (no Unicode character)") from None
             if tokenizer is None:
                 raise ValueError("string prompts need a tokenizer (the model ships none): pass token ids")
             row = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt.strip() else []

@@ -67,6 +67,9 @@ def component(kind: str, spec: Any) -> Any:
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, Mapping):
+        if not dataclasses.is_dataclass(spec) or isinstance(spec, type):
+            raise TypeError(f"a {kind} must be a registry name, a mapping with 'name' or a {kind} "
+                            f"object, got {type(spec).__name__} {spec!r}")
         return spec
     options = dict(spec)
     name = options.pop("name", None)

@@ -66,6 +66,14 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     return decoding.result(key)
 
 
+class UnknownRequest(KeyError, ValueError):
+    """A `Decoding` call named a request key it cannot answer for (unknown, taken, or not yet
+    finished). A `ValueError` like every bad argument, and a `KeyError` as before."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class Decoding:
     """A running batch: requests (each its own config, generator and lengths) decoded together
     with one cache, advanced by `step()`.
@@ -86,6 +94,8 @@ class Decoding:
                             f"{type(model).__name__} lacks {missing}")
         if not isinstance(cache, Cache):
             raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
+        if not isinstance(trace, bool):
+            raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
         self.device = _device_of(model)
@@ -129,8 +139,12 @@ class Decoding:
         key = key if key is not None else len(self.requests) + len(self.pending) + len(self.results)
         if any(r.key == key for r in [*self.requests, *(p[0] for p in self.pending)]) or key in self.results:
             raise ValueError(f"request key {key!r} is already in use")
+        if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+            raise TypeError(f"tokenizer must be a tokenizer (callable, with decode), got "
+                            f"{type(tokenizer).__name__} {tokenizer!r}")
         tokenizer = tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None)
         ids = encode_prompts(prompts, tokenizer, self.model.vocab_size, self.mask_id)
+        config.scheduler.check_fits(int(self.model.vocab_size), config.gen_length)
         limit = getattr(self.model, "max_length", None)
         longest = max(len(row) for row in ids)
         if limit is not None and longest + config.gen_length > limit:
@@ -156,6 +170,9 @@ class Decoding:
         Raises:
             KeyError: no finished request has that key (still decoding, cancelled, or taken).
         """
+        if key not in self.results:
+            raise self._missing(key, "has no result yet: it is still decoding (call step() until "
+                                     "it is among the finished keys)")
         request = self.results.pop(key)
         tokens = request.out[:, -request.gen_length:].cpu()
         is_eos = torch.isin(tokens, torch.tensor(self.eos_ids))
@@ -174,7 +191,7 @@ class Decoding:
         request = self.results.get(key) or next(
             (r for r in [*self.requests, *(p[0] for p in self.pending)] if r.key == key), None)
         if request is None:
-            raise KeyError(f"no request {key!r} in this batch")
+            raise self._missing(key, "")
         canvas = request.out.clone()
         if key not in self.results and self.rows is not None:
             mine = [i for i, r in enumerate(self.bounds.request) if self.requests[r] is request]
@@ -189,8 +206,18 @@ class Decoding:
 
     def nfe_of(self, key: Hashable) -> int:
         """Forwards a request still decoding has taken part in with work to do (its most busy row)."""
-        request = next(r for r in self.requests if r.key == key)
+        request = next((r for r in self.requests if r.key == key), None)
+        if request is None:
+            raise self._missing(key, "is not decoding (waiting to join, finished or cancelled)")
         return int(request.nfe.max())
+
+    def _missing(self, key: Hashable, in_flight: str) -> UnknownRequest:
+        """The error for a key this batch cannot answer for: unknown, or (`in_flight`) known but
+        not in the state the call needs."""
+        known = key in self.results or any(r.key == key for r in [*self.requests, *(p[0] for p in self.pending)])
+        if known and in_flight:
+            return UnknownRequest(f"request {key!r} {in_flight}")
+        return UnknownRequest(f"no request {key!r} in this batch (results are handed over once)")
 
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""

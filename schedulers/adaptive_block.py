@@ -44,6 +44,7 @@ class AdaptiveBlockScheduler(Wrapper):
 
     base: Scheduler = field(default_factory=ThresholdScheduler)
     delimiter_threshold: float = 0.3
+    infinite_ok = ("delimiter_threshold",)          # documented: inf is a valid setting
     window: float = 0.25
     delimiter_ids: tuple[int, ...] = ()
 
@@ -58,6 +59,12 @@ class AdaptiveBlockScheduler(Wrapper):
             raise ValueError(f"window must be in (0, 1], got {self.window}")
         if any(not isinstance(i, int) or i < 0 for i in self.delimiter_ids):
             raise ValueError(f"delimiter_ids must be token ids >= 0, got {self.delimiter_ids}")
+
+    def check_fits(self, vocab_size: int, gen_length: int) -> None:
+        super().check_fits(vocab_size, gen_length)
+        if bad := [i for i in self.delimiter_ids if i >= vocab_size]:
+            raise ValueError(f"adaptive_block: delimiter_ids {bad} are outside the model's "
+                             f"vocabulary [0, {vocab_size})")
 
     def block_end(self, inp: StepInput, state: dict[str, Any]) -> tuple[Tensor | None, dict[str, Any]]:
         fallback, state = super().block_end(inp, state)

@@ -27,6 +27,7 @@ class EntropyBoundScheduler(Scheduler):
     """
 
     gamma: float = 0.001
+    infinite_ok = ("gamma",)          # documented: inf is a valid setting
 
     def __post_init__(self) -> None:
         if math.isnan(self.gamma) or self.gamma < 0.0:

@@ -32,6 +32,7 @@ class EntropyThresholdScheduler(Scheduler):
     """
 
     threshold: float = 0.5
+    infinite_ok = ("threshold",)          # documented: inf is a valid setting
 
     def __post_init__(self) -> None:
         if math.isnan(self.threshold) or self.threshold < 0.0:

@@ -48,6 +48,11 @@ class OracleScheduler(Scheduler):
     def __post_init__(self) -> None:
         if self.on_stall not in STALL_RULES:
             raise ValueError(f"on_stall must be one of {STALL_RULES}, got {self.on_stall!r}")
+        if not isinstance(self.reference, tuple) or not all(
+                isinstance(row, tuple) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                               for t in row) for row in self.reference):
+            raise TypeError(f"OracleScheduler.reference must be a tuple of rows of token ids >= 0 "
+                            f"(build it with from_reference), got {self.reference!r:.80}")
         if len({len(row) for row in self.reference}) > 1:
             raise ValueError(f"reference rows must all have the same length, got "
                              f"{sorted({len(row) for row in self.reference})}")
@@ -57,6 +62,16 @@ class OracleScheduler(Scheduler):
         """An oracle for (B, G) reference token ids (e.g. `oracle_reference(...)`)."""
         rows = tokens.tolist() if isinstance(tokens, Tensor) else tokens
         return cls(reference=tuple(tuple(int(t) for t in row) for row in rows), **fields)
+
+    def check_fits(self, vocab_size: int, gen_length: int) -> None:
+        if not self.reference:
+            return
+        if len(self.reference[0]) != gen_length:
+            raise ValueError(f"oracle: the reference has {len(self.reference[0])} tokens per row; "
+                             f"the canvas has gen_length {gen_length}")
+        if (top := max(max(row) for row in self.reference)) >= vocab_size:
+            raise ValueError(f"oracle: the reference holds token id {top}, outside the model's "
+                             f"vocabulary [0, {vocab_size})")
 
     def init_state(self, batch_size: int, device: torch.device) -> Tensor:
         """(B, G) reference ids for this request's rows."""

@@ -48,6 +48,9 @@ class Wrapper(Scheduler):
     def post_steps(self) -> int:                             # type: ignore[override]
         return self.base.post_steps
 
+    def check_fits(self, vocab_size: int, gen_length: int) -> None:
+        self.base.check_fits(vocab_size, gen_length)
+
     def own_state(self, batch_size: int, device: torch.device) -> dict[str, Any]:
         """The wrapper's own per-request state entries (none by default)."""
         return {}

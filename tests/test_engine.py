@@ -185,15 +185,17 @@ def test_requests_with_the_same_cache_share_one_running_batch():
     assert engine.stats()["groups"] == 1 and engine.rows_in_use == 3
 
 
-def test_a_failing_batch_reports_errors_and_the_others_finish():
-    """A batch whose cache cannot serve the model fails its requests; another batch finishes."""
+def test_a_cache_the_model_cannot_use_is_refused_and_the_others_finish():
+    """A request whose cache cannot serve the model is refused when added (before any work,
+    as the server's admission check); the others finish."""
     model = oracle()
     cfg = config("low_confidence", gen_length=8, block_length=8)
     engine = Engine(model)
     engine.add(Request("ok", [3], cfg))
-    engine.add(Request("bad", [3], dataclasses.replace(cfg, cache=component("cache", "prefix"))))
+    with pytest.raises(ValueError, match="KV cache"):
+        engine.add(Request("bad", [3], dataclasses.replace(cfg, cache=component("cache", "prefix"))))
     outputs, _, _ = run(engine)
-    assert outputs["bad"].finish_reason == "error" and "KV cache" in outputs["bad"].error, outputs["bad"]
+    assert "bad" not in outputs
     assert outputs["ok"].finish_reason == "length" and len(outputs["ok"].tokens) == 8
 
 

@@ -44,6 +44,8 @@ def read_requests(input_path: str, output_path: str) -> list[tuple[str, dict[str
             body = json.loads(line)
         except json.JSONDecodeError as err:
             raise click.BadParameter(f"{where} is not valid JSON ({err.msg})", param_hint="--input") from None
+        except RecursionError:
+            raise click.BadParameter(f"{where} is nested too deeply to be a request", param_hint="--input") from None
         if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
             raise click.BadParameter(f"{where} needs an object with a string `prompt`", param_hint="--input")
         unknown = sorted(set(body) - LINE_KEYS)

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import writable_file
+from dllm_decode.cli.options import FloatRange, writable_file
 
 MODEL_HELP = ("The masked diffusion LM: `embedded` (a random-weight stand-in of its size when it is "
               "not installed), `tiny` (random, speed only) or a model directory.")
@@ -87,6 +87,27 @@ def _subject(model_name: str, threads: int) -> Any:
     logging.disable_progress_bar()
     with usage_errors("--model"):
         return load_subject(model_name)
+
+
+def _causal_named(text: str | None, hint: str, default: str | None = None) -> None:
+    """A causal LM the user named explicitly must exist: a usage error before any work, not a
+    suite skipped at run time (defaults keep skipping when not installed)."""
+    if text is None or text == default:
+        return
+    from pathlib import Path
+
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.speculative.gguf import WHEEL_MODELS
+    from dllm_decode.speculative.models import resolve_causal_dir
+
+    with usage_errors(hint):
+        if text in WHEEL_MODELS:
+            return
+        if text.endswith(".gguf"):
+            if not Path(text).expanduser().is_file():
+                raise ValueError(f"GGUF file {text!r} does not exist")
+            return
+        resolve_causal_dir(text)
 
 
 def _emit(report: dict[str, Any], text: str, json_path: str | None) -> None:
@@ -226,7 +247,7 @@ def runtime_command(model_name: str, threads: int, repeats: int | None, per_task
 @bench_options(gen_lengths=True)
 @click.option("--batch", "batch_sizes", type=click.IntRange(1), multiple=True,
               help="A batch size; repeatable.")
-@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--threshold", type=FloatRange(0, 1, min_open=True), default=None,
               help="Of the threshold scheduler (1.0: about one token per step, a long decode).")
 @click.option("--stop-at-eos/--no-stop-at-eos", default=None,
               help="Stop a row after the block holding its end-of-text [stop].")
@@ -312,6 +333,8 @@ def spec_command(model_name: str, threads: int, repeats: int | None, per_task: i
 
     with usage_errors("--model"):
         diffusion_spec(model_name)
+    _causal_named(target, "--target")
+    _causal_named(draft, "--draft")
     options = _options(SpecOptions(), SPEC_QUICK, quick, repeats=repeats, per_task=per_task,
                        max_new_tokens=gen_length, dllm=model_name, target=target, draft=draft,
                        target_runtimes=target_runtimes, smollm2=smollm2,
@@ -327,7 +350,7 @@ def spec_command(model_name: str, threads: int, repeats: int | None, per_task: i
 @bench_options(gen_lengths=True, model_help="The block-diffusion model.", model_default="embedded-bd")
 @click.option("--ar", "ar_model", default=None, help="Its AR parent, run greedy in the compact runtime [ar_target].")
 @click.option("--dllm", default=None, help="The LLaDA-style dLLM compared beside them [embedded].")
-@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True), default=None,
+@click.option("--threshold", type=FloatRange(0, 1, min_open=True), default=None,
               help="The threshold rule's confidence [0.9].")
 def bd_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
                gen_length: tuple[int, ...], json_path: str | None, quick: bool,
@@ -373,6 +396,9 @@ def serving_command(model_name: str, requests: int, clients: int, max_batch: int
         from dllm_decode.eval.bench.subject import diffusion_spec
 
         diffusion_spec(model_name)
+    if block > gen or gen % block:
+        raise click.BadParameter(f"--block-length {block} must divide --gen-length {gen}",
+                                 param_hint="--block-length")
     report = run(model_name, requests, clients, max_batch, gen, block, progress=_say)
     _emit(report, format_report(report), json_path)
 
@@ -391,8 +417,8 @@ def serving_command(model_name: str, requests: int, clients: int, max_batch: int
               help="Target runtime; repeatable [both].")
 @click.option("--tree-branch", type=click.IntRange(1, 16), default=4, show_default=True)
 @click.option("--tree-budget", type=click.IntRange(1), default=16, show_default=True)
-@click.option("--tree-min-prob", type=click.FloatRange(0, 1), default=0.05, show_default=True)
-@click.option("--bild-fallback", type=click.FloatRange(0, 1), default=0.6, show_default=True)
+@click.option("--tree-min-prob", type=FloatRange(0, 1), default=0.05, show_default=True)
+@click.option("--bild-fallback", type=FloatRange(0, 1), default=0.6, show_default=True)
 @click.option("--bild-rollbacks", default="none,1,2,3,5", show_default=True,
               help="Comma list of alpha_rb in nats, `none` = exact.")
 @click.option("--self-per-task", type=click.IntRange(0), default=2, show_default=True,
@@ -416,6 +442,12 @@ def tree_command(target: str, draft: str, dllm: str, per_task: int, repeats: int
     from dllm_decode.eval.bench.spec_tree import parse_rollbacks, run
     from dllm_decode.speculative import TreeShape
 
+    _causal_named(target, "--target", "ar_target")
+    _causal_named(draft, "--draft", "ar_draft")
+    with usage_errors("--dllm"):
+        from dllm_decode.eval.bench.subject import diffusion_spec
+
+        diffusion_spec(dllm)
     with usage_errors("--bild-rollbacks"):
         rollbacks = parse_rollbacks(bild_rollbacks)
     with usage_errors("--tree-budget"):

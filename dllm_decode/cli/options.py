@@ -19,6 +19,17 @@ TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTo
               "directories you trust.")
 
 
+class FloatRange(click.FloatRange):
+    """click's `FloatRange`, refusing NaN (it compares False with every bound, so click's own
+    range check lets it through). Every float option of the CLI uses this one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if out != out:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return out
+
+
 def trust_option(command: Any) -> Any:
     """`--trust-remote-code`: the opt-in transformers asks for (off by default)."""
     return click.option("--trust-remote-code", "trust_remote_code", is_flag=True, default=False,
@@ -104,24 +115,12 @@ def device_option(text: str | None) -> Any:
     Raises:
         click.BadParameter: not a device name, or one this torch build or machine lacks.
     """
-    import torch
+    from dllm_decode.devices import check_device
 
-    if text is None:
-        return torch.device("cpu")
     try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise click.BadParameter(f"{text!r} is not a torch device; use cpu, cuda, cuda:N or mps",
-                                 param_hint="--device") from None
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
-    if not available.get(device.type, False):
-        raise click.BadParameter(f"device {text!r} is not available on this machine (torch "
-                                 f"{torch.__version__}); use cpu", param_hint="--device")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise click.BadParameter(f"device {text!r}: this machine has {torch.cuda.device_count()} "
-                                 f"CUDA device(s)", param_hint="--device")
-    return device
+        return check_device(text)
+    except (TypeError, ValueError) as err:
+        raise click.BadParameter(str(err), param_hint="--device") from None
 
 
 def torch_dtype(name: str | None) -> Any:
@@ -186,23 +185,30 @@ def read_prompt(prompt: str | None) -> str:
 
 def writable_file(path: str, hint: str) -> Any:
     """Check an output file before any work starts (nothing computed is lost to a bad path):
-    its folder is created when missing, and the folder (and the file, when it exists) must be
-    writable. Returns the `Path`."""
-    import os
+    its folder is created when missing, and the file is really opened for writing (appending
+    to an existing one, so nothing in it is lost; a new one is removed again): permission bits
+    say nothing to root, and places like /proc refuse files whatever they say. Returns the `Path`."""
     from pathlib import Path
 
     target = Path(path).expanduser()
     if target.is_dir():
         raise click.BadParameter(f"{path!r} is a directory; give a file path", param_hint=hint)
     writable_dir(str(target.parent), hint)
-    if target.exists() and not os.access(target, os.W_OK):
-        raise click.BadParameter(f"{path!r} is not writable", param_hint=hint)
+    existed = target.exists()
+    try:
+        with open(target, "ab" if existed else "xb"):
+            pass
+    except OSError as err:
+        raise click.BadParameter(f"cannot write {path!r}: {err.strerror or err}", param_hint=hint) from None
+    if not existed:
+        target.unlink(missing_ok=True)
     return target
 
 
 def writable_dir(path: str, hint: str) -> Any:
-    """Create an output folder (with its parents) and check it is writable. Returns the `Path`."""
-    import os
+    """Create an output folder (with its parents) and check a file can really be created in it
+    (a throw-away one, removed again). Returns the `Path`."""
+    import tempfile
     from pathlib import Path
 
     folder = Path(path).expanduser()
@@ -210,8 +216,8 @@ def writable_dir(path: str, hint: str) -> Any:
         raise click.BadParameter(f"{path!r} exists and is not a directory", param_hint=hint)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
     except OSError as err:
-        raise click.BadParameter(f"cannot create {path!r}: {err.strerror}", param_hint=hint) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"{path!r} is not writable", param_hint=hint)
+        raise click.BadParameter(f"cannot write to {path!r}: {err.strerror or err}", param_hint=hint) from None
     return folder

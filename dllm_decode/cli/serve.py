@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
+from dllm_decode.cli.options import FloatRange
 
 SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` (a causal LM, plain " \
     "or speculative, one request at a time each)."
@@ -24,9 +25,9 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="Requests that may wait for a row; beyond that a request gets 429.")
 @click.option("--max-tokens", type=click.IntRange(1), default=1024, show_default=True,
               help="The largest canvas (gen_length) a request may ask for.")
-@click.option("--request-timeout", type=click.FloatRange(0, min_open=True), default=600.0,
+@click.option("--request-timeout", type=FloatRange(0, min_open=True), default=600.0,
               show_default=True, help="Seconds per request, queueing included (then 504).")
-@click.option("--shutdown-timeout", type=click.FloatRange(0, min_open=True), default=30.0,
+@click.option("--shutdown-timeout", type=FloatRange(0, min_open=True), default=30.0,
               show_default=True, help="On SIGINT/SIGTERM, seconds in-flight requests get to finish "
               "before they are cancelled.")
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
@@ -56,8 +57,11 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     from dllm_decode.serve.protocol import Settings
     from dllm_decode.serve.worker import EngineWorker
 
+    if served_model_name is not None and not served_model_name.strip():
+        raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
     spec = model_spec(model_name)
     where = device_option(device)
+    _check_address(host, port)
     if spec.kind == "ar":
         record = {**record, "scheduler": _rule(record)}
     config = decode_record(**record)
@@ -73,6 +77,11 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime)
         kinds = ("scheduler",)
+    if spec.kind != "ar":
+        from dllm_decode.engine import check_cache
+
+        with usage_errors("--cache / -c"):
+            check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
     block_given = record["block_length"] is not None
     settings = Settings(model_id=served_model_name or str(spec),
@@ -83,6 +92,21 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     state = ServerState(EngineWorker(engine, threads), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address once before the model loads, so a bad host or a port in use is a usage
+    error at once rather than after minutes of loading."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET       # as uvicorn binds
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as err:
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {err.strerror or err}",
+                                 param_hint="--host / --port") from None
 
 
 def _causal(spec: Any, device: Any, max_draft: int) -> Any:

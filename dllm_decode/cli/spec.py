@@ -6,7 +6,7 @@ import json
 
 import click
 
-from dllm_decode.cli.options import key_values
+from dllm_decode.cli.options import FloatRange, key_values
 
 RUNTIME_CHOICES = ("hf", "compact")
 
@@ -30,15 +30,15 @@ RUNTIME_CHOICES = ("hf", "compact")
                    "(1: a chain). For model, layerskip, lookup and staged drafts.")
 @click.option("--tree-budget", type=click.IntRange(1, 512), default=16, show_default=True,
               help="Most tree nodes the target verifies per round (the chain first).")
-@click.option("--tree-min-prob", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+@click.option("--tree-min-prob", type=FloatRange(0, 1, max_open=True), default=0.0,
               show_default=True, help="Smallest draft path probability of a node off the chain.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
               help="Most tokens drafted per round (k).")
-@click.option("--temperature", type=click.FloatRange(0, 100), default=0.0, show_default=True,
+@click.option("--temperature", type=FloatRange(0, 100), default=0.0, show_default=True,
               help="0: greedy verification; > 0: speculative sampling.")
 @click.option("--top-k", type=click.IntRange(1), default=None)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None)
+@click.option("--top-p", type=FloatRange(0, 1, min_open=True), default=None)
 @click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
 @click.option("--dllm-scheduler", default="threshold", show_default=True,
               help="Unmasking scheduler of a `dllm` drafter.")

@@ -7,6 +7,7 @@ import json
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
+from dllm_decode.cli.options import FloatRange
 
 
 @click.command("train-filter")
@@ -19,23 +20,23 @@ from dllm_decode.cli.decode import DEFAULT_MODEL
 @click.option("--block-length", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--width", type=click.IntRange(1), default=32, show_default=True, help="Filter input width.")
 @click.option("--epochs", type=click.IntRange(1), default=2000, show_default=True)
-@click.option("--threshold", type=click.FloatRange(0, 1), default=0.96, show_default=True,
+@click.option("--threshold", type=FloatRange(0, 1), default=0.96, show_default=True,
               help="Accept threshold the held-out report uses.")
 @click.option("--trajectory", type=click.Choice(["baseline", "oracle", "both"]), default="baseline",
               show_default=True, help="Log steps of the reference decode, of the oracle, or both.")
 @click.option("--rounds", type=click.IntRange(0), default=0, show_default=True,
               help="On-policy (DAgger) rounds after the first fit: decode the prompts under the filter "
                    "itself (+ EoTP), log its states against the reference, retrain on all data.")
-@click.option("--beta", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+@click.option("--beta", type=FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of a round's steps that take the oracle's commits (round r: beta * decay^(r-1)).")
-@click.option("--beta-decay", type=click.FloatRange(0, 1), default=0.5, show_default=True)
+@click.option("--beta-decay", type=FloatRange(0, 1), default=0.5, show_default=True)
 @click.option("--balance/--no-balance", default=False, show_default=True,
               help="Weight positive and negative slots equally in the loss.")
 @click.option("--rollout-eotp/--no-rollout-eotp", default=True, show_default=True,
               help="Run EoTP after the filter in the rounds' rollouts (as deployed with `--filter eotp`).")
 @click.option("--save-rounds", is_flag=True,
               help="Also write each round's filter as OUT's stem + .round<r>.safetensors (0: before round 1).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
 @click.option("--device", default=None, help="torch device (default: cpu).")
 def train_filter_command(model_name: str, out: str, per_task: int, gen_length: int, block_length: int,
                          width: int, epochs: int, threshold: float, trajectory: str, rounds: int,

@@ -37,9 +37,18 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"the embedded model is not installed at {path}")
         return path
+    if not text.strip():
+        raise ModelLoadError("the model name is empty; give a model directory or a shipped name "
+                             f"({', '.join(sorted(EMBEDDED_NAMES))})")
     path = Path(text).expanduser()
     if path.is_dir():
         return path
+    if path.exists():
+        raise ModelLoadError(f"model {text!r} is a file, not a directory (a checkpoint directory "
+                             f"holds config.json and the weights)")
+    if text in ("ar_target", "ar_draft"):
+        raise ModelLoadError(f"{text!r} is a shipped causal (AR) model, not a diffusion LM; use it "
+                             f"as `ar:{text}` (eval) or with `dllm-decode spec --target/--draft`")
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         try:
             from huggingface_hub import snapshot_download
@@ -56,12 +65,49 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{directory} has no config.json")
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from None
+    except UnicodeDecodeError as err:
+        raise ModelLoadError(f"{path} is not UTF-8 text (byte {err.start})") from None
+    except RecursionError:
+        raise ModelLoadError(f"{path} is nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    check_config(path, config)
     return config
+
+
+SIZE_KEYS = ("vocab_size", "embedding_size", "d_model", "n_heads", "n_kv_heads", "n_layers",
+             "mlp_hidden_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "intermediate_size", "head_dim", "max_sequence_length",
+             "max_position_embeddings", "bd_size", "block_size")
+"""config.json keys that, when present and not null, must be positive integers (every family)."""
+TOKEN_KEYS = ("mask_token_id", "pad_token_id", "eos_token_id")
+"""config.json keys that, when present and not null, must be token ids inside the vocabulary."""
+
+
+def check_config(path: Path, config: dict[str, Any]) -> None:
+    """The sizes and special token ids of any family's config.json, checked once on load, so a
+    bad value is one line naming the file and key rather than an error deep inside a layer.
+
+    Raises:
+        ModelLoadError: a size that is not a positive integer, or a special id that is not an
+            integer inside [0, vocabulary size) (an eos list: each id).
+    """
+    for key in SIZE_KEYS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ModelLoadError(f"{path}: {key} must be a positive integer, got {value!r}")
+    vocab = max(config.get("vocab_size") or 0, config.get("embedding_size") or 0)
+    for key in TOKEN_KEYS:
+        value = config.get(key)
+        for item in (value if isinstance(value, list) and key == "eos_token_id" else [value]):
+            if item is None or (key == "pad_token_id" and isinstance(item, int) and item < 0):
+                continue                         # no id (a negative pad is a common "none")
+            if isinstance(item, bool) or not isinstance(item, int) or item < 0 or (vocab and item >= vocab):
+                bound = f"[0, {vocab})" if vocab else "[0, vocabulary size)"
+                raise ModelLoadError(f"{path}: {key} {item!r} is outside the vocabulary {bound}")
 
 
 def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:

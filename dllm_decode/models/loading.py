@@ -136,8 +136,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
 
     Args:
         path: directory with `config.json` + safetensors (+ tokenizer files), or a name.
-        dtype: parameter dtype (default: float32).
-        device: target device (default: CPU).
+        dtype: parameter dtype, a floating `torch.dtype` or its name (`float32`, `bfloat16`,
+            `float16`; default float32), checked as the CLI's `--dtype`.
+        device: target device or its name (default: CPU), checked as the CLI's `--device`.
         trust_remote_code: allow the directory's own Python code for its tokenizer (Dream-v0's
             `DreamTokenizer`) or, for the generic masked-LM fallback, its model class. LLaDA and
             Dream weights are always built by this package's own code.
@@ -153,6 +154,11 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             code without `trust_remote_code` (the message names `--trust-remote-code`); a
             `runtime` that is unknown or does not cover the model.
     """
+    from dllm_decode.devices import check_device, check_dtype
+
+    dtype, device = check_dtype(dtype), check_device(device)
+    if not isinstance(path, (str, Path)):
+        raise TypeError(f"path must be a directory or a model name, got {type(path).__name__} {path!r}")
     if runtime is not None:
         from dllm_decode.models.compact import DLLM_RUNTIMES
 

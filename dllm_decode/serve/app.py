@@ -174,6 +174,8 @@ async def _json(http: Any) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise APIError(400, f"the request body is not valid JSON ({err})") from None
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply") from None
 
 
 def _admit(state: ServerState, job: Job) -> None:
@@ -186,7 +188,13 @@ def _admit(state: ServerState, job: Job) -> None:
     try:
         state.worker.engine.check(_request(job))
     except ValueError as err:
-        raise APIError(400, str(err), param="prompt", code="context_length_exceeded") from None
+        message = str(err)
+        if "context" in message:
+            raise APIError(400, message, param="prompt", code="context_length_exceeded") from None
+        param = ("prompt" if "prompt" in message else "dllm.cache" if "cache" in message else
+                 "dllm.scheduler" if any(w in message for w in ("scheduler", "oracle", "delimiter"))
+                 else None)
+        raise APIError(400, message, param=param) from None
     state.in_flight += 1
 
 

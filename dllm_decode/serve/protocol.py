@@ -20,6 +20,7 @@ from typing import Any
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
+from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.prompts import chat_prompt
 from dllm_decode.registry import component, component_dict, registry
@@ -85,7 +86,8 @@ class Settings:
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
 
     def __post_init__(self) -> None:
-        if not self.model_id:
+        check_types(self)
+        if not self.model_id.strip():
             raise ValueError("model_id must be a non-empty name")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -144,6 +146,8 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
         raise APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
+    if options is not None and not stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     include_usage = _flag(options or {}, "include_usage")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import check_types
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.prompts import encode_prompts
 from dllm_decode.speculative.drafters.base import Draft, Drafter
@@ -57,6 +58,10 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         check_scheduler(self.scheduler)
+        check_types(self)
+        if not isinstance(self.sampling, Sampling):
+            raise TypeError(f"SpecConfig.sampling must be a Sampling, got {type(self.sampling).__name__} "
+                            f"{self.sampling!r}")
         if isinstance(self.scheduler, DraftLengthScheduler) and self.scheduler.lenience() is not None \
                 and not self.sampling.greedy:
             raise ValueError(f"{type(self.scheduler).__name__}'s lenient (rollback) verification is "
@@ -142,22 +147,29 @@ def speculative_generate(target: Any, prompt: str | Sequence[int] | Tensor, conf
             longer than the target's context (positions past it would be garbage, not an error).
     """
     started = time.perf_counter()
+    if not isinstance(config, SpecConfig):
+        raise TypeError(f"config must be a SpecConfig, got {type(config).__name__} "
+                        f"(build one: SpecConfig(scheduler=..., max_new_tokens=...))")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise TypeError(f"drafter must be a Drafter or None, got {type(drafter).__name__}")
+    _check_causal(target)
     tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
     kv = new_kv(target)
     device = kv.ids.device
-    (ids,) = encode_prompts([prompt] if not isinstance(prompt, Tensor) else [prompt.tolist()], tokenizer)
+    vocab = _vocab_size(target)
+    (ids,) = encode_prompts([prompt] if not isinstance(prompt, Tensor) else [prompt.tolist()], tokenizer,
+                            vocab)
     limit = context_of(target)
     if limit is not None and len(ids) + config.max_new_tokens > limit:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({config.max_new_tokens}) "
                          f"exceeds the model's context of {limit} tokens")
     context = torch.tensor(ids, dtype=torch.long, device=device)
-    eos = tuple(eos_ids) if eos_ids is not None else eos_ids_of(target, tokenizer)
+    eos = _check_eos(eos_ids, vocab) if eos_ids is not None else eos_ids_of(target, tokenizer)
     eos_tensor = torch.tensor(eos, dtype=torch.long, device=device)
     scheduler, sampling = config.scheduler, config.sampling
     adaptive = isinstance(scheduler, DraftLengthScheduler)
     sched_state = scheduler.init_state(1, device)
     draft_state = drafter.init_state() if drafter is not None else None
-    vocab = _vocab_size(target)
     lenience = scheduler.lenience() if adaptive else None
     appended: list[int] = []
     drafted: list[int] = []
@@ -251,8 +263,30 @@ def verify_round(target: Any, kv: KV, context: Tensor, draft: Draft, sampling: S
     return Verdict(new, path, keep_path(kv, context.shape[0], path), logits[rows])
 
 
+def _check_causal(target: Any) -> None:
+    """A transformers-style causal LM (a forward taking `input_ids`, `past_key_values`); a
+    masked diffusion LM here is a usage error, not an AttributeError deep in the loop."""
+    if hasattr(target, "mask_token_id") and hasattr(target, "eos_token_ids"):
+        raise TypeError(f"target {type(target).__name__} is a masked diffusion LM; "
+                        f"speculative_generate needs a causal LM (decode it with generate)")
+    if not callable(target):
+        raise TypeError(f"target must be a causal LM (a transformers *ForCausalLM or the compact "
+                        f"runtime), got {type(target).__name__}")
+
+
+def _check_eos(eos_ids: Any, vocab: int) -> tuple[int, ...]:
+    if isinstance(eos_ids, (str, bytes)) or not isinstance(eos_ids, Sequence):
+        raise TypeError(f"eos_ids must be a sequence of token ids, got {type(eos_ids).__name__}")
+    for item in eos_ids:
+        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < vocab:
+            raise ValueError(f"eos_ids holds {item!r}; end-of-text ids must be integers in [0, {vocab})")
+    return tuple(eos_ids)
+
+
 def eos_ids_of(model: Any, tokenizer: Any = None) -> tuple[int, ...]:
     """End-of-text ids from the tokenizer, the generation config and the model config."""
+    if model is None:
+        raise TypeError("eos_ids_of needs a model, got None")
     found: list[int] = []
     sources = (getattr(tokenizer, "eos_token_id", None),
                getattr(getattr(model, "generation_config", None), "eos_token_id", None),

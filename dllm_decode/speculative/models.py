@@ -66,11 +66,42 @@ def _load_directory(directory: Path, dtype: torch.dtype, trust_remote_code: bool
     reference = custom_code(directory, "config.json", "AutoModelForCausalLM")
     if reference and not trust_remote_code:
         raise untrusted_code_error(directory, "model", reference)
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()     # its load report of mismatched tensors: we say it in one line
+    hf_logging.disable_progress_bar()    # and a weights bar before a later one-line error
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True,
                                                      trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ModelLoadError(f"cannot load a causal LM from {directory}: {first}") from None
+    except RuntimeError as err:              # transformers: tensor shapes differ from the config
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "ignore_mismatched_sizes" in first:          # it points at a report we keep quiet
+            first = _shape_mismatch(directory, config)
+        raise ModelLoadError(f"{directory}: weights do not match config.json ({first[:200]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
     model.tokenizer = load_tokenizer(directory, trust_remote_code)
     return model
+
+
+def _shape_mismatch(directory: Path, config: dict[str, Any]) -> str:
+    """Which size disagrees, read from the safetensors header (no weights loaded)."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(directory / "model.safetensors"), framework="pt") as file:
+            for name in file.keys():
+                if name.endswith("embed_tokens.weight"):
+                    rows, width = file.get_slice(name).get_shape()
+                    return (f"{name} is {rows} x {width}; config.json says vocab_size "
+                            f"{config.get('vocab_size')}, hidden_size {config.get('hidden_size')}")
+    except Exception:  # noqa: BLE001 - a sharded or unreadable file: say it plainly
+        pass
+    return "tensor shapes differ from the sizes config.json gives"
+

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import check_types
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -31,6 +33,7 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
+        check_types(self)
         if not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:

@@ -48,6 +48,7 @@ fresh `init_state` each round, as if each round were a new block.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -217,7 +218,13 @@ def draft_length_rule(spec: Any) -> Scheduler:
     """
     from dllm_decode.registry import component, registry
 
-    name = spec if isinstance(spec, str) else dict(spec).get("name")
+    if isinstance(spec, Scheduler):
+        check_scheduler(spec)
+        return spec
+    if not isinstance(spec, (str, Mapping)):
+        raise TypeError(f"a draft-length rule must be a name, a mapping with 'name' or a Scheduler, "
+                        f"got {type(spec).__name__} {spec!r}")
+    name = spec if isinstance(spec, str) else spec.get("name")
     if name not in SPEC_SCHEDULERS and name not in registry("scheduler"):
         raise ValueError(f"unknown scheduler {name!r}; choose from "
                          f"{sorted({*SPEC_SCHEDULERS, *registry('scheduler')})}")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import check_types
+
 
 @dataclass(frozen=True)
 class TreeShape:
@@ -49,6 +51,7 @@ class TreeShape:
     min_prob: float = 0.0
 
     def __post_init__(self) -> None:
+        check_types(self)
         if not 1 <= self.branch <= 16:
             raise ValueError(f"tree branch must be in [1, 16], got {self.branch}")
         if not 1 <= self.budget <= 512:

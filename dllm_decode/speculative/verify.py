@@ -144,8 +144,36 @@ def greedy_verify(drafts: Tensor, target_logits: Tensor) -> tuple[Tensor, int]:
     Returns:
         (n + 1,) long tokens to append and n, the number of accepted drafts.
     """
+    _check_chain(drafts, target_logits, "target_logits")
     path, new = greedy_tree(drafts, None, target_logits)
     return new, len(path)
+
+
+def _check_chain(drafts: Tensor, target: Tensor, name: str, draft_probs: Tensor | None = None) -> None:
+    """The chain entry points' shapes and values (the loop calls the tree functions directly,
+    so this costs it nothing): (g,) integer drafts inside the vocabulary, (g + 1, V) target rows,
+    (g, V) draft rows, probabilities finite and non-negative."""
+    if not isinstance(drafts, Tensor) or drafts.dim() != 1 or drafts.dtype.is_floating_point \
+            or drafts.dtype == torch.bool:
+        raise ValueError(f"drafts must be a (g,) integer tensor, got "
+                         f"{tuple(drafts.shape) if isinstance(drafts, Tensor) else type(drafts).__name__}"
+                         f"{' ' + str(drafts.dtype) if isinstance(drafts, Tensor) else ''}")
+    g = drafts.shape[0]
+    if not isinstance(target, Tensor) or target.dim() != 2 or target.shape[0] != g + 1:
+        raise ValueError(f"{name} must be ({g + 1}, V) for {g} drafts, got "
+                         f"{tuple(target.shape) if isinstance(target, Tensor) else type(target).__name__}")
+    vocab = target.shape[1]
+    if g and not bool(((drafts >= 0) & (drafts < vocab)).all()):
+        raise ValueError(f"drafts hold ids outside the vocabulary [0, {vocab})")
+    rows = [(name, target)] if name.endswith("probs") else []
+    if draft_probs is not None:
+        if not isinstance(draft_probs, Tensor) or tuple(draft_probs.shape) != (g, vocab):
+            raise ValueError(f"draft_probs must be ({g}, {vocab}), got "
+                             f"{tuple(draft_probs.shape) if isinstance(draft_probs, Tensor) else type(draft_probs).__name__}")
+        rows.append(("draft_probs", draft_probs))
+    for label, probs in rows:
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise ValueError(f"{label} must hold finite non-negative probabilities")
 
 
 def speculative_verify(drafts: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
@@ -165,5 +193,6 @@ def speculative_verify(drafts: Tensor, draft_probs: Tensor | None, target_probs:
     Returns:
         (n + 1,) long tokens to append and n, the number of accepted drafts.
     """
+    _check_chain(drafts, target_probs, "target_probs", draft_probs)
     path, new = sample_tree(drafts, None, draft_probs, target_probs, generator)
     return new, len(path)

@@ -57,8 +57,8 @@ class Setting:
     def block_for(self, gen_length: int, natural: int | None = None) -> int:
         """The block length used on a canvas of `gen_length`: when unset, the model's `natural`
         block (a block-diffusion model's own) or else the whole canvas. On answer-length canvases
-        (`gen_length` None) a block that does not divide an example's canvas also becomes the
-        whole canvas; a fixed canvas keeps the value as given, so a bad one fails validation
+        (`gen_length` None) a block that does not divide an example's canvas is refused by
+        `runner.plan` before any decode (the fallback here is the whole canvas); a fixed canvas keeps the value as given, so a bad one fails validation
         instead of being replaced."""
         if self.block_length is None:
             return natural if natural and self.gen_length is not None else gen_length

@@ -41,7 +41,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             if number >= len(lines) - 1:            # the last (possibly unterminated) line
                 break
             raise ValueError(f"{path}:{number} is not valid JSON; only the last line may be "
@@ -63,7 +63,7 @@ def repair(path: str | Path) -> int:
         try:
             if data[last_start:].strip():
                 json.loads(data[last_start:])
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             keep = last_start
     if keep < len(data):
         with path.open("r+b") as handle:

@@ -196,6 +196,12 @@ def plan(settings: Sequence[Setting], runs: Sequence[TaskRun], tokenizer: Any, m
             for i, example in enumerate(run.examples):
                 if setting.gen_length is None:
                     length = lengths.setdefault((run.name, i), answer_length(tokenizer, example))
+                    block = setting.block_length
+                    if block is not None and (block > length or length % block):
+                        raise ValueError(f"block_length {block} does not fit the answer-length "
+                                         f"canvas of {length} tokens ({run.name} example {i}); with "
+                                         f"gen_length 'answer' leave the block length out (one block "
+                                         f"per canvas) or give one that divides every answer length")
                 else:
                     length = setting.gen_length
                 by_length.setdefault(length, []).append(i)

@@ -25,6 +25,7 @@ with their two-word names and JSON-style lists included, is refused with a one-l
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 
 import torch
@@ -62,8 +63,9 @@ class IdealModel(nn.Module):
         super().__init__()
         if gen_length < 1:
             raise ValueError(f"gen_length must be >= 1, got {gen_length}")
-        if noise < 0:
-            raise ValueError(f"noise must be >= 0, got {noise}")
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) \
+                or noise < 0:
+            raise ValueError(f"ideal: noise must be a finite number >= 0, got {noise!r}")
         self.vocab = vocabulary()
         self.words = {i: w for w, i in self.vocab.items()}
         self.gen_length = gen_length

@@ -328,7 +328,8 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
         score = TASKS[example.task].score
         reference = None
         for name, (config, cache, filters) in runs.items():
-            result = generate(model, [example.prompt], dataclasses.replace(config, cache=cache, filters=filters))
+            result = generate(model, [example.prompt], dataclasses.replace(
+                config, cache=cache if cache is not None else config.cache, filters=tuple(filters)))
             rows[name].append((score(example, result.text[0]), int(result.nfe[0]),
                                float(result.tokens_per_step[0]), result.seconds))
             reference = result.tokens if reference is None else reference

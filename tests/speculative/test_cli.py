@@ -54,7 +54,8 @@ def test_runtimes_give_the_same_tokens(checkpoint, runtimes):
 def test_compact_runtime_refuses_a_non_llama_draft(tmp_path, checkpoint):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, bos_token_id=VOCAB - 1,
+                               eos_token_id=VOCAB - 1)).save_pretrained(tmp_path)   # ids inside the vocabulary
     tiny_tokenizer(VOCAB).save_pretrained(tmp_path)
     result = run("--target", checkpoint, "--draft", str(tmp_path), "--draft-runtime", "compact",
                  "--prompt", PROMPT)

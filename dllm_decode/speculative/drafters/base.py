@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import Checked
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.tree import depths, is_chain, spine as spine_of
 
@@ -78,7 +79,7 @@ class Draft:
                      torch.zeros(0, device=device), forwards=forwards)
 
 
-class Drafter(abc.ABC):
+class Drafter(Checked, abc.ABC):
     """Proposes tokens that continue a context; the target verifies them in one forward.
 
     Per-request memory (a KV cache, ...) is the explicit `state` from `init_state`, never an

@@ -56,6 +56,13 @@ def layer_subset(model: nn.Module, layers: Sequence[int]) -> nn.Module:
     if not isinstance(getattr(inner, "layers", None), nn.ModuleList):
         raise ValueError(f"layer skipping needs a decoder with `model.layers`; "
                          f"{type(model).__name__} has none")
+    count = len(inner.layers)
+    layers = list(layers)
+    if not layers:
+        raise ValueError("layer skipping needs at least one layer to keep")
+    for i in layers:
+        if isinstance(i, bool) or not isinstance(i, int) or not -count <= i < count:
+            raise ValueError(f"layer {i!r} does not exist; {type(model).__name__} has layers 0..{count - 1}")
     shallow_inner = copy.copy(inner)
     shallow_inner._modules = dict(inner._modules)
     shallow_inner._modules["layers"] = nn.ModuleList(inner.layers[i] for i in layers)

@@ -145,6 +145,9 @@ def make_drafter(text: str, context: DraftContext) -> tuple[Drafter | None, Any]
         ValueError: a bad argument, a draft that does not share the target's vocabulary, or
             (`ModelLoadError`) a draft model that cannot be loaded.
     """
+    if not isinstance(text, str):
+        raise TypeError(f"the draft must be text such as 'none', 'ar_draft' or 'lookup:3', got "
+                        f"{type(text).__name__} {text!r}")
     if not text.strip():
         raise ValueError(f"the draft is empty. {DRAFT_HELP}")
     kind, arg = parse_draft(text)

@@ -1,0 +1,152 @@
+"""One type check for every frozen-dataclass record: each field's value against its annotation.
+
+`Checked` is a mixin of the component base classes (`Scheduler`, `Cache`, `Filter`, `Drafter`):
+its `__init_subclass__` wraps each subclass's `__post_init__`, so every registered component gets
+the same check without a line of its own. Records that are not components (`DecodeConfig`,
+`SpecConfig`, `Sampling`) call `check_types` / `check_finite` from their `__post_init__`.
+
+The rules, for fields annotated with plain types (optionally `| None`, or `tuple[T, ...]`):
+  * `int` refuses bools, floats and text;
+  * `float` refuses bools and non-numbers, and (after the class's own range checks, so their
+    messages stay) NaN, and infinity unless the class lists the field in `infinite_ok`;
+  * `bool` refuses anything but `True`/`False`;
+  * `str` refuses anything but text.
+Fields of any other annotation (components, tensors, callables) are left to the class.
+The message names the class, the field, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import typing
+from typing import Any, ClassVar
+
+_SIMPLE = (bool, int, float, str)
+_HINTS: dict[type, dict[str, tuple[str, type, bool]]] = {}
+
+
+def _kinds(cls: type) -> dict[str, tuple[str, type, bool]]:
+    """field -> (shape "one"|"tuple", base type, optional) for fields of checkable annotation."""
+    if cls in _HINTS:
+        return _HINTS[cls]
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:                                    # an unresolvable forward reference
+        hints = {}
+        for f in dataclasses.fields(cls):
+            if isinstance(f.type, str):
+                try:
+                    hints[f.name] = eval(f.type, {"__builtins__": {}}, {t.__name__: t for t in (*_SIMPLE, tuple)})  # noqa: S307
+                except Exception:
+                    continue
+            else:
+                hints[f.name] = f.type
+    out: dict[str, tuple[str, type, bool]] = {}
+    for f in dataclasses.fields(cls):
+        annotation = hints.get(f.name)
+        if annotation is None:
+            continue
+        shape, optional = "one", False
+        args = typing.get_args(annotation)
+        if typing.get_origin(annotation) is tuple:
+            if len(args) == 2 and args[1] is Ellipsis and args[0] in _SIMPLE:
+                out[f.name] = ("tuple", args[0], False)
+            continue
+        if args and type(None) in args:                  # `T | None`
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) != 1:
+                continue
+            annotation, optional = rest[0], True
+        if annotation in _SIMPLE:
+            out[f.name] = (shape, annotation, optional)
+    _HINTS[cls] = out
+    return out
+
+
+_ACCEPTED = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "text"}
+
+
+def _wrong_type(kind: type, value: Any) -> bool:
+    if kind is bool:
+        return not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    if kind is float:
+        return isinstance(value, bool) or not isinstance(value, numbers.Real)
+    return not isinstance(value, str)
+
+
+def _label(obj: Any, name: str) -> str:
+    return f"{type(obj).__name__}.{name}"
+
+
+def check_types(obj: Any, only: tuple[str, ...] | None = None) -> None:
+    """Raise TypeError naming the class, field, value and accepted type for a field whose value
+    is not of its annotated plain type (`only`: check just these fields)."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    for name, (shape, kind, optional) in _kinds(type(obj)).items():
+        if only is not None and name not in only:
+            continue
+        value = getattr(obj, name)
+        if value is None and optional:
+            continue
+        accepted = _ACCEPTED[kind] + (" or None" if optional else "")
+        if shape == "tuple":
+            if not isinstance(value, tuple):
+                raise TypeError(f"{_label(obj, name)} must be a tuple of {_ACCEPTED[kind].split(' ', 1)[1]}s, "
+                                f"got {type(value).__name__} {value!r}")
+            for item in value:
+                if _wrong_type(kind, item):
+                    raise TypeError(f"{_label(obj, name)} must hold only {_ACCEPTED[kind].split(' ', 1)[1]}s, "
+                                    f"got {type(item).__name__} {item!r} in {value!r}")
+        elif _wrong_type(kind, value):
+            raise TypeError(f"{_label(obj, name)} must be {accepted}, got {type(value).__name__} {value!r}")
+
+
+def check_finite(obj: Any, infinite_ok: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:
+    """Raise ValueError for a float field holding NaN, or infinity unless the field is listed
+    in `infinite_ok` (or the class's `infinite_ok`)."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    infinite_ok = (*infinite_ok, *getattr(obj, "infinite_ok", ()))
+    for name, (shape, kind, _optional) in _kinds(type(obj)).items():
+        if kind is not float or (only is not None and name not in only):
+            continue
+        value = getattr(obj, name)
+        for item in (value if shape == "tuple" else (value,)):
+            if item is None or isinstance(item, bool) or not isinstance(item, numbers.Real):
+                continue
+            if math.isnan(item):
+                raise ValueError(f"{_label(obj, name)} must be a number, got nan")
+            if math.isinf(item) and name not in infinite_ok:
+                raise ValueError(f"{_label(obj, name)} must be finite, got {item}")
+
+
+class Checked:
+    """Mixin: every dataclass subclass checks its fields' types before its own `__post_init__`
+    and their finiteness after it (see the module docstring). A subclass whose float field may
+    be infinite lists it in `infinite_ok`."""
+
+    infinite_ok: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None:
+            inherited = getattr(cls, "__post_init__", None)
+            own = getattr(inherited, "__wrapped__", inherited)
+        else:
+            own = getattr(own, "__wrapped__", own)
+
+        def __post_init__(self: Any) -> None:
+            check_types(self)
+            if own is not None:
+                own(self)
+            check_finite(self)
+
+        __post_init__.__wrapped__ = own  # type: ignore[attr-defined]
+        __post_init__.__qualname__ = f"{cls.__qualname__}.__post_init__"
+        cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
