@@ -117,6 +117,16 @@ def _emit(report: dict[str, Any], text: str, json_path: str | None) -> None:
             json.dump(report, f, indent=1, default=str)
 
 
+def _cache_variants(texts: tuple[str, ...], hint: str) -> tuple[tuple[str, Any], ...]:
+    """`NAME[:KEY=VALUE,...]` texts -> (text, cache) pairs; a bad one is a usage error."""
+    from dllm_decode.cli.options import parse_spec, usage_errors
+    from dllm_decode.registry import component
+
+    with usage_errors(hint):
+        return tuple((text, component("cache", {"name": name, **opts}))
+                     for text in texts for name, opts in [parse_spec(text)])
+
+
 def _say(line: str) -> None:
     click.echo(line, err=True)
 
@@ -263,15 +273,11 @@ def cache_command(model_name: str, threads: int, repeats: int | None, per_task: 
     batch sizes: seconds per sample, answer and canvas tokens per second, NFE, speedup over none
     and over dual (vs_dual), agreement
     with none and accuracy; one forward's cost at the first block beside each cell."""
-    from dllm_decode.cli.options import parse_spec, usage_errors
     from dllm_decode.eval.bench.cache import CACHE_QUICK, CacheOptions, run_cache
     from dllm_decode.eval.bench.report import format_cache
     from dllm_decode.eval.bench.subject import machine
-    from dllm_decode.registry import component
 
-    with usage_errors("--variant"):
-        caches = tuple((text, component("cache", {"name": name, **opts}))
-                       for text in variants for name, opts in [parse_spec(text)])
+    caches = _cache_variants(variants, "--variant")
     options = _options(CacheOptions(), CACHE_QUICK, quick, repeats=repeats, per_task=per_task,
                        gen_lengths=gen_length, batch_sizes=batch_sizes, threshold=threshold,
                        stop_at_eos=stop_at_eos, variants=caches, new_caches=new_caches)
@@ -285,18 +291,21 @@ def cache_command(model_name: str, threads: int, repeats: int | None, per_task: 
                                          "--quick: gen 16, 32, 64, block 16, batch 4, 1 repeat.")
 @bench_options(gen_lengths=True)
 @click.option("--batch", type=click.IntRange(1), default=None, help="Prompts per decode call.")
+@click.option("--cache", "caches", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+              help="Also time the default decode under this cache (e.g. suffix); repeatable.")
 def scaling_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
                     gen_length: tuple[int, ...], json_path: str | None, quick: bool,
-                    batch: int | None) -> None:
-    """Time per sample against gen length, for the default decode (threshold, no cache) and one
-    token per step, with the fitted exponent (log-log least squares)."""
+                    batch: int | None, caches: tuple[str, ...]) -> None:
+    """Time per sample against gen length, for the default decode (threshold, no cache), one
+    token per step and the default decode under each --cache, with the fitted exponent (log-log
+    least squares)."""
     from dllm_decode.cli.options import usage_errors
     from dllm_decode.eval.bench.report import format_scaling
     from dllm_decode.eval.bench.scaling import SCALING_QUICK, ScalingOptions, lengths_for, run_scaling
     from dllm_decode.eval.bench.subject import machine
 
     options = _options(ScalingOptions(), SCALING_QUICK, quick, repeats=repeats, per_task=per_task,
-                       gen_lengths=gen_length, batch=batch)
+                       gen_lengths=gen_length, batch=batch, caches=_cache_variants(caches, "--cache"))
     subject = _subject(model_name, threads)
     with usage_errors("--gen-length"):
         lengths_for(subject, options)

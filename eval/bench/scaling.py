@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dllm_decode.config import DecodeConfig
@@ -36,6 +36,7 @@ class ScalingOptions:
         batch: prompts per `generate` call.
         per_task: test prompts per task, every task of the suite.
         repeats: interleaved repeats.
+        caches: (label, cache) pairs; each adds the default decode under that cache.
     Raises:
         ValueError: a count below 1, or a length the block does not divide.
     """
@@ -46,6 +47,7 @@ class ScalingOptions:
     per_task: int = 1
     repeats: int = 3
     seed: int = 0
+    caches: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         check_counts(self, "block_length", "batch", "per_task", "repeats")
@@ -53,13 +55,13 @@ class ScalingOptions:
             self.configs(gen)
 
     def configs(self, gen: int) -> dict[str, DecodeConfig]:
-        """The two decodes compared, at one length."""
+        """The decodes compared, at one length."""
         from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
-        return {"default": DecodeConfig(scheduler=ThresholdScheduler(), gen_length=gen,
-                                        block_length=self.block_length),
-                "one token per step": DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=gen,
-                                                   block_length=self.block_length)}
+        default = DecodeConfig(scheduler=ThresholdScheduler(), gen_length=gen, block_length=self.block_length)
+        return {"default": default,
+                "one token per step": replace(default, scheduler=LowConfidenceScheduler()),
+                **{f"default, cache {label}": replace(default, cache=cache) for label, cache in self.caches}}
 
 
 SCALING_QUICK = ScalingOptions(gen_lengths=(16, 32, 64), block_length=16, batch=4, per_task=1, repeats=1)

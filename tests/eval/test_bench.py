@@ -224,6 +224,18 @@ def test_scaling_seconds_per_sample_are_the_forwards():
                     ScalingOptions(gen_lengths=(512,), block_length=8, repeats=1), clock=clock)
 
 
+def test_scaling_cache_rows_decode_under_their_cache():
+    from dllm_decode.caches import DualCache
+    from dllm_decode.eval.bench.scaling import ScalingOptions
+
+    cache = DualCache(block_refresh=False)
+    configs = ScalingOptions(caches=(("dual:block_refresh=false", cache),)).configs(64)
+    assert list(configs) == ["default", "one token per step", "default, cache dual:block_refresh=false"]
+    cached = configs["default, cache dual:block_refresh=false"]
+    assert cached.cache is cache and cached.scheduler == configs["default"].scheduler
+    assert cached.gen_length == 64
+
+
 # --- oracle gap ------------------------------------------------------------------------------
 
 def test_token_waits_on_a_known_model():
