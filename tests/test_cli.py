@@ -78,3 +78,13 @@ def test_ideal_model_decodes_a_task_prompt():
                  "--prompt", "sort : mia ella hank", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["text"] == "ella hank mia"
+
+
+def test_scheduler_fields_inline_as_in_eval_and_o_wins():
+    result = run("--model", "tiny", "--gen-length", "8", "--block-length", "8", "--prompt", "w1 w2",
+                 "--scheduler", "wino:threshold=0.5,max_accept=0", "-o", "max_accept=3", "--json")
+    assert result.exit_code == 0, result.output
+    scheduler = json.loads(result.output)["config"]["scheduler"]
+    assert (scheduler["name"], scheduler["threshold"], scheduler["max_accept"]) == ("wino", 0.5, 3)
+    bad = run("--model", "tiny", "--prompt", "w1", "--scheduler", "wino:bogus=1")
+    assert bad.exit_code == 2 and "unknown option 'bogus'" in bad.output

@@ -31,7 +31,8 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
     return _apply(command, [
         click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True, help=model_help),
         click.option("--scheduler", default=DEFAULT_SCHEDULER, show_default=True,
-                     help="Unmasking policy (`dllm-decode list` shows every one with its fields)."),
+                     help="Unmasking policy (`dllm-decode list` shows every one with its fields); "
+                          "NAME[:KEY=VALUE,...] sets fields inline."),
         click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
                      callback=key_values,
                      help="Set a scheduler field (dotted for a wrapper's base: base.kappa=0.8); repeatable."),

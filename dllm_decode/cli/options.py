@@ -92,8 +92,10 @@ def decode_config(*, scheduler: Any, scheduler_options: Mapping[str, str], cache
     from dllm_decode.registry import component
 
     with usage_errors("--scheduler / -o"):
-        scheduler_obj = scheduler if not isinstance(scheduler, str) else \
-            component("scheduler", {"name": scheduler, **scheduler_options})
+        if isinstance(scheduler, str):                    # `--scheduler wino:threshold=0.5` too
+            name, inline = parse_spec(scheduler)
+            scheduler = component("scheduler", {"name": name, **inline, **scheduler_options})
+        scheduler_obj = scheduler
     with usage_errors("--cache / -c"):
         name, inline = parse_spec(cache)                  # `--cache elastic:track_num=4` too
         cache_obj = component("cache", {"name": name, **inline, **(cache_options or {})})
