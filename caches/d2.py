@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.caches.layerwise import LayerState, Stack, check_model, confidence, key_mask
+from dllm_decode.caches.layerwise import LayerState, Stack, check_model, confidence
 from dllm_decode.interfaces import Cache, DiffusionLM
 
 
@@ -105,10 +105,7 @@ class D2Cache(Cache):
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
         stack, (s, e) = Stack(model), block
         batch, length = canvas.shape
-        positions = stack.positions(canvas, attention_mask)
-        cut = None if self.suffix_window is None else e + self.suffix_window
-        mask = key_mask(attention_mask, batch, length, canvas.device, cut)
-        masked = canvas == model.mask_token_id
+        positions, mask, masked = stack.inputs(canvas, attention_mask, e, self.suffix_window)
         if state is None or (self.refresh_k is not None and state.since_refresh + 1 >= self.refresh_k):
             rollout = _Rollout(torch.ones(batch, length, device=canvas.device), None)
             h, layers = stack.full(canvas, positions, mask, rollout.add)
@@ -117,6 +114,7 @@ class D2Cache(Cache):
             state = D2State(layers, conf, rollout.importance(), s, 0, full, torch.full_like(full, length))
             return stack.head(h[:, s:]), s, state
         a = min(state.fed_from, s)
+        cut = None if self.suffix_window is None else e + self.suffix_window
         index, valid = self._select(state, masked, mask[:, 0, 0], (a, e), e - s - block_step, cut)
         rollout = _Rollout(torch.ones(batch, length, device=canvas.device), (index, valid))
         h = stack.rows(state.layers, canvas, positions, mask, index, rollout.add)

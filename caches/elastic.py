@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.caches.layerwise import LayerState, Stack, check_model, key_mask
+from dllm_decode.caches.layerwise import LayerState, Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
 
 
@@ -100,10 +100,7 @@ class ElasticCache(Cache):
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
         stack, (s, e) = Stack(model), block
         batch, length = canvas.shape
-        positions = stack.positions(canvas, attention_mask)
-        cut = None if self.suffix_window is None else e + self.suffix_window
-        mask = key_mask(attention_mask, batch, length, canvas.device, cut)
-        masked = canvas == model.mask_token_id
+        positions, mask, masked = stack.inputs(canvas, attention_mask, e, self.suffix_window)
         chosen = lambda p, rows: self._track(p, rows, s, e, masked, mask)   # noqa: E731
         if state is None:
             tracked, reference = [], []

@@ -79,6 +79,14 @@ class Stack:
     def positions(self, canvas: Tensor, attention_mask: Tensor | None) -> Tensor:
         return default_positions(attention_mask, canvas.shape[0], canvas.shape[1], canvas.device)
 
+    def inputs(self, canvas: Tensor, attention_mask: Tensor | None, block_end: int,
+               suffix_window: int | None) -> tuple[Tensor, Tensor, Tensor]:
+        """(positions, key mask, masked columns) of a step: what every adaptive cache starts from;
+        `suffix_window` keeps only that many columns after the block (plus the last one)."""
+        cut = None if suffix_window is None else block_end + suffix_window
+        mask = key_mask(attention_mask, canvas.shape[0], canvas.shape[1], canvas.device, cut)
+        return self.positions(canvas, attention_mask), mask, canvas == self.model.mask_token_id
+
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         return rope_tables(positions, self.model.rotary_dim(), self.model.config.rope_theta)
 

@@ -17,6 +17,7 @@ from dllm_decode.cli import main
 from dllm_decode.interfaces import Decision, Filter, Scheduler, StepInput
 from dllm_decode.registry import build
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
+from tests.caches.helpers import assert_same_decode
 from dllm_decode.schedulers import SCHEDULERS, ThresholdScheduler
 
 VOCAB, MASK, EOS = 37, 36, 35
@@ -54,16 +55,6 @@ def config(scheduler=None, gen=16, block=8, **kw) -> DecodeConfig:
 def decode(model, cache, prompts=PROMPTS, cfg=None, filters=(), **kw):
     cfg = dataclasses.replace(cfg or config(), cache=cache, filters=tuple(filters))
     return generate(model, prompts, cfg, trace=True, **kw)
-
-
-def assert_same_decode(result, reference, atol=1e-5) -> None:
-    """Same tokens, NFE and, step by step, the same confidences (the logits, seen through softmax)."""
-    assert torch.equal(result.tokens, reference.tokens)
-    assert torch.equal(result.nfe, reference.nfe)
-    assert len(result.trace) == len(reference.trace)
-    for step, ref in zip(result.trace, reference.trace):
-        assert step["offset"] == ref["offset"]
-        torch.testing.assert_close(step["confidence"], ref["confidence"], atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
