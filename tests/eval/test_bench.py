@@ -330,10 +330,12 @@ def test_quick_stack_and_loop_on_a_given_row(tmp_path):
     report = json.loads(out.read_text())
     assert "schedulers" not in report                      # --best skips the scheduler table
     by = {r["label"]: r for r in report["stack"]["rows"]}
-    assert {"threshold+dual", "preset:eb_eotp+dual(suffix)+eotp"} <= set(by)
+    assert {"threshold+dual", "preset:eb_eotp+dual(suffix)+eotp", "preset:eb_eotp+suffix window+eotp"} <= set(by)
     assert "preset:eb_eotp+eotp+eotp" not in "".join(by)   # the preset's EoTP is not added twice
     s = report["stack"]["speedups"]["threshold"]
     assert s["dual_cache"] == pytest.approx(by["threshold"]["seconds"] / by["threshold+dual"]["seconds"])
+    assert s["window_stack_vs_baseline"] == pytest.approx(
+        by["low_confidence"]["seconds"] / by["threshold+suffix window+eotp"]["seconds"])
     result = _bench("loop", "--quick", "--model", "tiny", "--best", "threshold", "--json", str(out))
     assert result.exit_code == 0, result.output
     loop = json.loads(out.read_text())["loop"]
