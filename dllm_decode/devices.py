@@ -58,3 +58,8 @@ def check_dtype(value: Any) -> torch.dtype | None:
     if not value.is_floating_point:
         raise ValueError(f"dtype {value} is not a floating dtype; choose from {sorted(DTYPES)}")
     return value
+
+
+def device_name(device: torch.device) -> str:
+    """A report's name for `device`: the GPU's model name on CUDA, else the device type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type

@@ -224,31 +224,43 @@ def compile_command(**shared: Any) -> None:
               help="Prompts per forward; repeatable [1].")
 @click.option("--profile", is_flag=True, help="Also print the torch profiler's top ops of each "
                                               "compact forward.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:N [cpu].")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Weights and activations [the model's own].")
 def runtime_command(model_name: str, threads: int, repeats: int | None, per_task: int | None,
                     gen_length: int | None, json_path: str | None, quick: bool, block_length: int,
-                    batch_sizes: tuple[int, ...], profile: bool) -> None:
+                    batch_sizes: tuple[int, ...], profile: bool, device: str | None,
+                    dtype: str | None) -> None:
     """One forward, the reference blocks against the compact runtime (fused projections, folded
     norms, rotary lookup): a full forward and a cached block step, ratios of interleaved medians,
     and how far the logits differ."""
+    from dllm_decode.cli.options import device_option
+    from dllm_decode.devices import DTYPES, device_name
     from dllm_decode.eval.bench.forward import runtime_speedup, runtime_table
     from dllm_decode.eval.bench.subject import samples_for
 
+    chosen = device_option(device) if device is not None else None
     subject = _subject(model_name, threads)
+    if chosen is not None or dtype is not None:
+        subject.model.to(device=chosen, dtype=DTYPES[dtype] if dtype else None)
     gen = gen_length or (32 if quick else 256)
     block = min(block_length, 8) if quick else block_length
     count = repeats or (3 if quick else 15)
     batches = batch_sizes or (1,)
     prompts = [s.prompt for s in samples_for(subject, per_task or 1, tasks=None)][:max(batches)]
     rows = runtime_speedup(subject.model, prompts, subject.tokenizer, gen, block, count, batches)
-    header = (f"compact runtime vs reference ({model_name}, {threads} thread(s), gen {gen}, "
-              f"block {block}, {count} interleaved repeats; median ms per forward)")
+    weights = next(subject.model.parameters())
+    header = (f"compact runtime vs reference ({model_name}, {str(weights.dtype)[6:]} on "
+              f"{device_name(weights.device)}, {threads} thread(s), gen {gen}, block {block}, "
+              f"{count} interleaved repeats; median ms per forward)")
     lines = runtime_table(rows, header)
     if profile:
         from dllm_decode.eval.bench.forward import profile_runtime
 
         lines += profile_runtime(subject.model, prompts[:1], subject.tokenizer, gen, block)
     _emit({"runtime": rows, "gen_length": gen, "block_length": block, "repeats": count,
-           "threads": threads}, "\n".join(lines), json_path)
+           "threads": threads, "device": device_name(weights.device), "dtype": str(weights.dtype)},
+          "\n".join(lines), json_path)
 
 
 @bench_command.command("cache", epilog="Defaults: 4 prompts per task of every task (48), gen 256 and "
@@ -489,6 +501,8 @@ def tree_command(target: str, draft: str, dllm: str, per_task: int, repeats: int
               help="Forwards per block (a fixed count: random weights never pass a threshold).")
 @click.option("--cache", "caches", type=click.Choice(["none", "prefix", "dual"]), multiple=True,
               help="Caches to compare; repeatable [none, prefix, dual].")
+@click.option("--runtime", "runtimes", type=click.Choice(["reference", "compact"]), multiple=True,
+              help="Runtimes to compare on the same weights; repeatable [reference].")
 @click.option("--repeats", type=click.IntRange(1), default=None, help="Interleaved repeats.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=_json_path,
@@ -496,8 +510,8 @@ def tree_command(target: str, draft: str, dllm: str, per_task: int, repeats: int
 @click.option("--quick", is_flag=True, help="A seconds-long configuration (smoke test).")
 def shaped_command(shape: str | None, layers: int | None, device: str | None, dtype: str | None,
                    batch_sizes: tuple[int, ...], gen_length: int | None, block_length: int | None,
-                   steps_per_block: int | None, caches: tuple[str, ...], repeats: int | None,
-                   threads: int, json_path: str | None, quick: bool) -> None:
+                   steps_per_block: int | None, caches: tuple[str, ...], runtimes: tuple[str, ...],
+                   repeats: int | None, threads: int, json_path: str | None, quick: bool) -> None:
     """The GPU path: a LLaDA-8B-shaped model with random weights built on --device; tokens/s,
     loop overhead and cache speed-ups at each batch size, one interleaved run."""
     import torch
@@ -509,7 +523,8 @@ def shaped_command(shape: str | None, layers: int | None, device: str | None, dt
     options = _options(ShapedOptions(), ShapedOptions(**SHAPED_QUICK), quick, shape=shape, layers=layers,
                        device=str(chosen) if device is not None else None, dtype=dtype,
                        batch_sizes=batch_sizes, gen_length=gen_length, block_length=block_length,
-                       steps_per_block=steps_per_block, caches=caches, repeats=repeats)
+                       steps_per_block=steps_per_block, caches=caches, runtimes=runtimes,
+                       repeats=repeats)
     torch.set_num_threads(threads)
     report = run_shaped(options, _say)
     _emit(report, format_shaped(report), json_path)

@@ -28,10 +28,19 @@ def first_block(model: Any, prompts: Sequence[str | list[int]], tokenizer: Any,
     return canvas, mask, canvas.shape[1] - gen_length, canvas.shape[1]
 
 
-def median_ms(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
-    """Median milliseconds of each zero-argument call, the calls interleaved."""
+def median_ms(calls: dict[str, Callable[[], Any]], repeats: int,
+              sync: Callable[[], None] | None = None) -> dict[str, float]:
+    """Median milliseconds of each zero-argument call, the calls interleaved; `sync` (e.g.
+    `torch.cuda.synchronize`) runs before and after each call, so queued device work is counted
+    where it belongs."""
+    def timed(call: Callable[[], Any]) -> Callable[[], Any]:
+        if sync is None:
+            return call
+        sync()
+        return lambda: (call(), sync())
+
     runs = interleave([(name, [call]) for name, call in calls.items()], repeats,
-                      lambda label, index, call: call)
+                      lambda label, index, call: timed(call))
     return {name: 1000 * r.seconds() for name, r in runs.items()}
 
 
@@ -91,14 +100,17 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     block runs on those rows only) and a cached step (rows [s, s + block) against a K/V cache the
     same runtime filled), interleaved. Per batch size: median milliseconds per
     runtime and kind, the speedups, and how far the logits differ (max |difference| and whether
-    every row's argmax agrees). Both runtimes use the same weights (`_runtime_view`)."""
+    every row's argmax agrees). Both runtimes use the same weights (`runtime_view`)."""
     from dllm_decode.models.compact import DLLM_RUNTIMES
     from dllm_decode.models.layers import KVCache
 
     out = []
-    views = {runtime: _runtime_view(model, runtime) for runtime in DLLM_RUNTIMES}
+    views = {runtime: runtime_view(model, runtime) for runtime in DLLM_RUNTIMES}
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     for batch in batch_sizes:
         canvas, mask, start, length = first_block(model, list(prompts)[:batch], tokenizer, gen_length)
+        canvas, mask = canvas.to(device), (mask.to(device) if mask is not None else None)
         rows = {"full": (start, length), "mid": (start + gen_length // 2, length),
                 "cached": (start, start + block_length)}
         calls, logits = {}, {}
@@ -110,8 +122,9 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
                 calls[f"{runtime} mid"] = lambda view=view: view(canvas, mask, rows=rows["mid"])
                 calls[f"{runtime} cached"] = lambda view=view, kv=kv: view(canvas, mask, kv=kv,
                                                                           rows=rows["cached"])
-                logits.update({name: call() for name, call in calls.items() if name.startswith(runtime)})
-            ms = median_ms(calls, repeats)
+                logits.update({name: call().float() for name, call in calls.items()
+                               if name.startswith(runtime)})
+            ms = median_ms(calls, repeats, sync)
         for kind in ("full", "mid", "cached"):
             ours, theirs = logits[f"compact {kind}"], logits[f"reference {kind}"]
             out.append({"batch": batch, "kind": kind, "rows": rows[kind][1] - rows[kind][0],
@@ -122,7 +135,7 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     return out
 
 
-def _runtime_view(model: Any, runtime: str) -> Any:
+def runtime_view(model: Any, runtime: str) -> Any:
     """A shallow copy of `model` (the same parameters and modules) running in `runtime`, so two
     runtimes can be timed side by side without rebuilding the compact weights at each switch."""
     import copy
@@ -158,7 +171,7 @@ def profile_runtime(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     lines = []
     with torch.inference_mode():
         for runtime in DLLM_RUNTIMES:
-            view = _runtime_view(model, runtime)
+            view = runtime_view(model, runtime)
             kv = KVCache()
             view(canvas, mask, kv=kv, rows=(start, length))
             for kind, rows, cache in (("full", (start, length), None),

@@ -7,6 +7,8 @@ make the threshold rule commit one token per step, so the benchmark decodes a fi
 tokens per step (`low_confidence` with `steps_per_block`) and every configuration does the same
 number of forwards; tokens/s counts canvas tokens (a random model's answers mean nothing).
 `--layers` shrinks the depth (a CPU smoke run, or a GPU that cannot hold 16 GB of weights).
+`--runtime compact` times the compact runtime (`models/compact.py`) beside the reference blocks,
+on the same weights (the fused copies take as much memory again), each row with its ratio.
 
 Loop overhead is the share of wall-clock outside the model's forward; on CUDA the forward timer
 synchronises around every forward, so that share is real GPU idle time, not launch latency.
@@ -28,6 +30,7 @@ SHAPES: dict[str, dict[str, Any]] = {
                      max_sequence_length=1024, mask_token_id=3, eos_token_id=2, pad_token_id=0),
 }
 CACHES = ("none", "prefix", "dual")
+RUNTIMES = ("reference", "compact")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class ShapedOptions:
     steps_per_block: int = 4
     repeats: int = 2
     caches: tuple[str, ...] = CACHES
+    runtimes: tuple[str, ...] = ("reference",)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -61,6 +65,8 @@ class ShapedOptions:
         unknown = set(self.caches) - set(CACHES)
         if unknown or not self.caches:
             raise ValueError(f"caches must be some of {list(CACHES)}, got {list(self.caches)}")
+        if set(self.runtimes) - set(RUNTIMES) or not self.runtimes:
+            raise ValueError(f"runtimes must be some of {list(RUNTIMES)}, got {list(self.runtimes)}")
 
 
 SHAPED_QUICK = dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,
@@ -105,36 +111,49 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     from dllm_decode.eval.bench.measure import Combo, Measured, decode_once
     from dllm_decode.schedulers import LowConfidenceScheduler
 
+    from dllm_decode.devices import device_name
+    from dllm_decode.eval.bench.forward import runtime_view
+
     model = shaped_model(options)
+    views = {runtime: runtime_view(model, runtime) for runtime in options.runtimes}
     sync = torch.cuda.synchronize if torch.device(options.device).type == "cuda" else None
     prompts = prompts_for(model, options, max(options.batch_sizes))
     configs = {cache: DecodeConfig(scheduler=LowConfidenceScheduler(steps_per_block=options.steps_per_block),
                                    cache=REGISTRY[cache](), gen_length=options.gen_length,
                                    block_length=options.block_length, stop_at_eos=False)
                for cache in options.caches}
-    plans = [(f"{cache}@B{b}", [prompts[i:i + b] for i in range(0, len(prompts), b)])
-             for cache in options.caches for b in options.batch_sizes]
-    decode_once(model, prompts[:1], configs[options.caches[0]], sync=sync)          # warm-up
+    plans = [(f"{cache}@B{b}@{runtime}", [prompts[i:i + b] for i in range(0, len(prompts), b)])
+             for runtime in options.runtimes for cache in options.caches for b in options.batch_sizes]
+    for runtime, view in views.items():                                              # warm-up
+        decode_once(view, prompts[:1], configs[options.caches[0]], sync=sync)
     parameters = sum(p.numel() for p in model.parameters())
     say(f"{options.shape} on {options.device}: {len(plans)} configurations x {options.repeats} repeats")
 
     def job(label: str, index: int, chunk: list[list[int]]) -> Callable[[], Any]:
-        config = configs[label.split("@")[0]]
-        return lambda: decode_once(model, chunk, config, sync=sync)
+        cache, _, runtime = label.split("@")
+        return lambda: decode_once(views[runtime], chunk, configs[cache], sync=sync)
 
     runs = interleave(plans, options.repeats, job)
+
+    def seconds(cache: str, b: int, runtime: str) -> float:
+        return runs[f"{cache}@B{b}@{runtime}"].seconds()
+
     rows = []
-    for cache in options.caches:
-        for b in options.batch_sizes:
-            measured = Measured(Combo(cache, configs[cache]), runs[f"{cache}@B{b}"])
-            seconds = measured.seconds()
-            rows.append({"cache": cache, "batch": b, "seconds": seconds,
-                         "tokens_per_second": options.gen_length * len(prompts) / seconds,
-                         "overhead": measured.overhead(), "nfe": statistics.fmean(measured.nfe()),
-                         "vs_none": runs[f"none@B{b}"].seconds() / seconds if "none" in options.caches else None})
+    for runtime in options.runtimes:
+        for cache in options.caches:
+            for b in options.batch_sizes:
+                measured = Measured(Combo(cache, configs[cache]), runs[f"{cache}@B{b}@{runtime}"])
+                spent = measured.seconds()
+                rows.append({"runtime": runtime, "cache": cache, "batch": b, "seconds": spent,
+                             "tokens_per_second": options.gen_length * len(prompts) / spent,
+                             "overhead": measured.overhead(), "nfe": statistics.fmean(measured.nfe()),
+                             "vs_none": (seconds("none", b, runtime) / spent
+                                         if "none" in options.caches else None),
+                             "vs_reference": (seconds(cache, b, "reference") / spent
+                                              if "reference" in options.runtimes else None)})
     return {"options": {**options.__dict__, "batch_sizes": list(options.batch_sizes),
-                        "caches": list(options.caches)},
-            "device_name": torch.cuda.get_device_name() if sync else "cpu",
+                        "caches": list(options.caches), "runtimes": list(options.runtimes)},
+            "device_name": device_name(torch.device(options.device)),
             "parameters": parameters, "prompts": len(prompts), "rows": rows}
 
 
@@ -146,9 +165,14 @@ def format_shaped(report: dict[str, Any]) -> str:
              f"{report['device_name']}; "
              f"{report['prompts']} prompts of {o['prompt_length']} tokens, gen {o['gen_length']}, "
              f"block {o['block_length']}, {o['steps_per_block']} steps per block",
-             f"{'cache':<8}{'batch':>6}{'tokens/s':>12}{'overhead':>10}{'NFE':>7}{'vs none':>9}"]
+             f"{'runtime':<11}{'cache':<8}{'batch':>6}{'tokens/s':>12}{'overhead':>10}{'NFE':>7}"
+             f"{'vs none':>9}{'vs reference':>14}"]
+
+    def ratio(value: float | None) -> str:
+        return f"{value:.2f}x" if value is not None else "-"
+
     for row in report["rows"]:
-        vs = f"{row['vs_none']:.2f}x" if row["vs_none"] is not None else "-"
-        lines.append(f"{row['cache']:<8}{row['batch']:>6}{row['tokens_per_second']:>12.1f}"
-                     f"{row['overhead']:>9.1%}{row['nfe']:>7.1f}{vs:>9}")
+        lines.append(f"{row['runtime']:<11}{row['cache']:<8}{row['batch']:>6}"
+                     f"{row['tokens_per_second']:>12.1f}{row['overhead']:>9.1%}{row['nfe']:>7.1f}"
+                     f"{ratio(row['vs_none']):>9}{ratio(row['vs_reference']):>14}")
     return "\n".join(lines)

@@ -19,3 +19,19 @@ def test_bench_runtime_prints_every_kind_and_writes_json(tmp_path):
     assert [(r["batch"], r["kind"]) for r in rows] == [(b, k) for b in (1, 2)
                                                        for k in ("full", "mid", "cached")]
     assert all(r["argmax_equal"] and r["max_abs_diff"] < 1e-4 and r["speedup"] > 0 for r in rows)
+
+
+def test_bench_runtime_takes_a_dtype(tmp_path):
+    out = tmp_path / "runtime.json"
+    result = CliRunner().invoke(main, ["bench", "runtime", "--quick", "--model", "tiny", "--repeats", "1",
+                                       "--dtype", "bfloat16", "--device", "cpu", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["dtype"] == "torch.bfloat16" and report["device"] == "cpu"
+    assert "bfloat16 on cpu" in result.output
+    assert all(r["argmax_equal"] and r["max_abs_diff"] < 0.5 for r in report["runtime"])
+
+
+def test_bench_runtime_refuses_a_missing_device():
+    result = CliRunner().invoke(main, ["bench", "runtime", "--quick", "--model", "tiny", "--device", "tpu:9"])
+    assert result.exit_code == 2 and "--device" in result.output and "Traceback" not in result.output

@@ -25,6 +25,22 @@ def test_quick_run_reports_every_cache_and_batch(tmp_path, one_thread):
         assert 0.0 <= row["overhead"] < 1.0 and row["tokens_per_second"] > 0
     assert rows[("none", 1)]["vs_none"] == 1.0
     assert report["options"]["layers"] == 1
+    assert {r["runtime"] for r in report["rows"]} == {"reference"}
+
+
+def test_compact_runtime_rows_beside_the_reference(tmp_path, one_thread):
+    out = tmp_path / "shaped.json"
+    result = CliRunner().invoke(main, ["bench", "shaped", "--quick", "--layers", "1", "--cache", "none",
+                                       "--cache", "dual", "--runtime", "reference", "--runtime",
+                                       "compact", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = {(r["runtime"], r["cache"], r["batch"]): r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {(r, c, b) for r in ("reference", "compact") for c in ("none", "dual") for b in (1, 2)}
+    for (runtime, cache, batch), row in rows.items():
+        assert row["nfe"] == 8.0 and row["vs_reference"] > 0
+        reference = rows[("reference", cache, batch)]
+        assert row["vs_reference"] == pytest.approx(reference["seconds"] / row["seconds"])
+    assert "vs reference" in result.output and "compact" in result.output
 
 
 def test_shape_and_prompts():
@@ -37,7 +53,8 @@ def test_shape_and_prompts():
 
 
 @pytest.mark.parametrize("bad", [dict(shape="gpt"), dict(layers=0), dict(batch_sizes=()),
-                                 dict(gen_length=30, block_length=16), dict(caches=("block",))])
+                                 dict(gen_length=30, block_length=16), dict(caches=("block",)),
+                                 dict(runtimes=()), dict(runtimes=("fast",))])
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
         ShapedOptions(**bad)
