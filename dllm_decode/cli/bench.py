@@ -485,7 +485,7 @@ def tree_command(target: str, draft: str, dllm: str, per_task: int, repeats: int
 
 
 @bench_command.command("shaped", epilog="Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, "
-                                        "prompts of 64 tokens, gen 256, block 32, 4 steps per block, "
+                                        "prompts of 64 tokens, gen 256, block 32, 2 steps per block, "
                                         "none / prefix / dual, 2 repeats; --quick: the embedded shape, "
                                         "batch 1, 2, gen 32, 1 repeat.")
 @click.option("--shape", type=click.Choice(["llada-8b", "embedded"]), default=None,

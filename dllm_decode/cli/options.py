@@ -38,8 +38,8 @@ def trust_option(command: Any) -> Any:
 
 RUNTIME_HELP = ("How a plain-torch diffusion model (LLaDA, Dream, Fast-dLLM v2, SDAR, the embedded "
                 "models) runs its blocks: `reference` (the modules as written) or `compact` (fused "
-                "projections, folded norms, rotary table lookup; same logits to float rounding) "
-                "[the model's default].")
+                "projections sharing the model's weights, rotary table lookup; same logits to float "
+                "rounding) [compact where it covers the model].")
 
 
 def runtime_option(command: Any) -> Any:

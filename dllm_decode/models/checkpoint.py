@@ -164,7 +164,9 @@ def save_checkpoint(directory: str | Path, config: dict[str, Any], model: nn.Mod
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    # own contiguous copies: the compact runtime leaves weights as views of shared matrices
+    state = {k: v.detach().to(dtype).clone(memory_format=torch.contiguous_format)
+             for k, v in model.state_dict().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
 

@@ -4,20 +4,24 @@ One implementation serves the diffusion models here (`BlockStackLM`: LLaDA, Drea
 SDAR and the embedded models; `runtime="compact"`) and the AR mode's `CompactCausalLM`
 (`dllm_decode.speculative.compact`). The block keeps the maths and drops ops (per-op cost is
 what dominates an AR step of the embedded models):
-  * q|k|v and gate|up are each one matrix, stored transposed ((in, out), contiguous): `x @ w` on
-    one-row inputs takes about half the time of `F.linear(x, w)` on CPU (measured; on 32 rows
-    and more the two are equal);
-  * each RMSNorm's scale is folded into the rows of the matrix that follows it
+  * q|k|v and gate|up are each one matrix, stored in the layout the CPU kernels are fastest at
+    for the dtype (`transposed`);
+  * in the AR runtime each RMSNorm's scale is folded into the rows of the matrix that follows it
     ((x * g) @ W = x @ (g[:, None] * W)): one multiply fewer per norm, equal up to float rounding;
   * q and k are rotated in one op, from cos/sin tables computed once per model and looked up by
     position (the same float32 values `layers.rope_tables` computes);
   * the K/V cache contract is the model's own (`layers.KVCache`), so every cache, trimming and row
     selection work unchanged;
   * the last block runs its queries and MLP only on the rows the forward returns (exact).
-Measured on the embedded dLLM (1 CPU thread, gen 256): the forward is arithmetic-bound there (GEMMs
-and attention near the core's peak), so the gains are modest (`dllm-decode bench runtime`); the
-reference stays the default. Under autograd (training) the model keeps its reference forward:
-the fused copies are detached.
+The diffusion models share their weights with it: q|k|v and gate|up are concatenated once and the
+modules' own weights become views of those matrices (no second copy), and the norms' scales are
+applied as the reference applies them, so the logits equal the reference's to float rounding
+(bit-equal on CPU). The AR mode's `CompactCausalLM` instead folds the norm scales into its own
+copies (its source model can be dropped). `load_model` runs compact by default
+(`default_runtime`): on an H100 a batch-1 forward is launch-bound and compact is 1.4-1.5x faster
+(`bench runtime --device cuda`, `bench shaped --runtime compact`); on this CPU the forward is
+arithmetic-bound and the two are within 0.98-1.2x. Under autograd (training) the model keeps its
+reference forward.
 The fused weights are rebuilt when a parameter changes (an optimizer step, `load_state_dict`,
 `.to()`), detected by the parameters' version counters, pointers and dtypes.
 """
@@ -52,6 +56,26 @@ def transposed(weight: Tensor, norm_scale: Tensor | None = None) -> Tensor:
 def project(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
     """(N, in) @ (in, out) [+ bias]."""
     return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def _share(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """The (in, out) operand of the linears' stacked weights (in `transposed`'s layout) and their
+    stacked bias, with each linear's weight and bias rebound as views of them: the reference
+    modules and the compact runtime read one copy of the weights."""
+    with torch.no_grad(), torch.inference_mode(False):
+        weights = [linear.weight.detach() for linear in linears]
+        operand = transposed(torch.cat(weights) if len(weights) > 1 else weights[0])
+        bias = None
+        if linears[0].bias is not None:
+            bias = torch.cat([linear.bias.detach() for linear in linears])
+        start = 0
+        for linear in linears:
+            end = start + linear.weight.shape[0]
+            linear.weight.data = operand[:, start:end].t()
+            if bias is not None:
+                linear.bias.data = bias[start:end]
+            start = end
+    return operand, bias
 
 
 class RotaryTable:
@@ -117,6 +141,8 @@ class FusedBlock:
         out: (H D, d); out_bias its bias or None.
         gate_up: (d, 2 F), the MLP norm's scale folded in; down: (F, d).
         qk_scale: (H + Hkv, D) per-head q/k norm scales (Qwen3 / SDAR) or None.
+        attn_scale, ff_scale: the norms' scales when they are not folded into `qkv` / `gate_up`
+            (a block fused with `share=True`), else None.
     """
 
     qkv: Tensor
@@ -131,27 +157,44 @@ class FusedBlock:
     eps: float
     qk_scale: Tensor | None = None
     qk_eps: float = 0.0
+    attn_scale: Tensor | None = None
+    ff_scale: Tensor | None = None
 
     @classmethod
     def fuse(cls, attn_norm: Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
              ff_norm: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, *, heads: int,
              kv_heads: int, eps: float, q_norm: RMSNorm | None = None,
-             k_norm: RMSNorm | None = None) -> "FusedBlock":
-        """From the block's modules (`attn_norm`, `ff_norm`: the norms' scales)."""
-        projections = (q, k, v)
-        biases = [p.bias for p in projections]
+             k_norm: RMSNorm | None = None, share: bool = False) -> "FusedBlock":
+        """From the block's modules (`attn_norm`, `ff_norm`: the norms' scales).
+
+        `share=False` builds folded copies (the source can be dropped afterwards). `share=True`
+        adds no memory: the modules' weights become views of the fused matrices (`_share`) and
+        the norms' scales are applied as the reference applies them, not folded in.
+        """
         head_dim = q.weight.shape[0] // heads
         qk_scale = None
         if q_norm is not None:
             qk_scale = torch.cat([q_norm.weight.detach().expand(heads, head_dim),
                                   k_norm.weight.detach().expand(kv_heads, head_dim)])
+        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps, qk_scale=qk_scale,
+                     qk_eps=0.0 if q_norm is None else q_norm.eps)
+        if share:
+            (qkv, qkv_bias), (out, out_bias) = _share(q, k, v), _share(o)
+            return cls(qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
+                       gate_up=_share(gate, up)[0], down=_share(down)[0],
+                       attn_scale=attn_norm.detach(), ff_scale=ff_norm.detach(), **shape)
+        biases = [p.bias for p in (q, k, v)]
         return cls(
-            qkv=transposed(torch.cat([p.weight for p in projections]), attn_norm),
+            qkv=transposed(torch.cat([p.weight for p in (q, k, v)]), attn_norm),
             qkv_bias=None if biases[0] is None else torch.cat(biases).detach(),
             out=transposed(o.weight), out_bias=None if o.bias is None else o.bias.detach(),
             gate_up=transposed(torch.cat([gate.weight, up.weight]), ff_norm),
-            down=transposed(down.weight), heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-            eps=eps, qk_scale=qk_scale, qk_eps=0.0 if q_norm is None else q_norm.eps)
+            down=transposed(down.weight), **shape)
+
+    def normalized(self, h: Tensor, scale: Tensor | None) -> Tensor:
+        """RMSNorm of `h`, its scale applied unless folded into the next matrix."""
+        x = rms_normalize(h, self.eps)
+        return x if scale is None else scale * x
 
     def attention_inputs(self, h: Tensor, cos: Tensor, sin: Tensor,
                          full_precision: bool = False) -> tuple[Tensor, Tensor, Tensor]:
@@ -165,7 +208,7 @@ class FusedBlock:
         """
         batch, n, _ = h.shape
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        qkv = project(rms_normalize(h, self.eps).view(batch * n, -1), self.qkv, self.qkv_bias)
+        qkv = project(self.normalized(h, self.attn_scale).view(batch * n, -1), self.qkv, self.qkv_bias)
         q_width = (heads + kv_heads) * head_dim
         qk = qkv[:, :q_width].view(batch, n, heads + kv_heads, head_dim)
         if self.qk_scale is not None:
@@ -182,7 +225,7 @@ class FusedBlock:
         batch, n, d = h.shape
         o = attended.transpose(1, 2).reshape(batch * n, self.heads * self.head_dim)
         h = h + project(o, self.out, self.out_bias).view(batch, n, d)
-        gate, up = (rms_normalize(h, self.eps) @ self.gate_up).chunk(2, -1)
+        gate, up = (self.normalized(h, self.ff_scale) @ self.gate_up).chunk(2, -1)
         return h + (F.silu(gate) * up) @ self.down
 
 
@@ -198,6 +241,13 @@ def compact_problem(model: Any) -> str | None:
     if model.rotary_dim() != model.config.head_dim:
         return "partial rotary embeddings"
     return None
+
+
+def default_runtime(model: Any) -> str:
+    """`compact` where it covers `model`, else `reference`: the compact runtime's logits are the
+    reference's up to float rounding, it holds no second copy of the weights, and it is never
+    slower in `bench runtime` / `bench shaped` (1.4x per forward at batch 1 on an H100)."""
+    return "compact" if compact_problem(model) is None else "reference"
 
 
 def set_runtime(model: Any, runtime: str) -> Any:
@@ -267,7 +317,7 @@ def _fuse_prenorm(block: Any) -> FusedBlock:
     q_norm, k_norm = block.qk_norms()
     return FusedBlock.fuse(attn_norm.weight, q, k, v, o, ff_norm.weight, gate, up, down,
                            heads=block.n_heads, kv_heads=block.n_kv_heads, eps=attn_norm.eps,
-                           q_norm=q_norm, k_norm=k_norm)
+                           q_norm=q_norm, k_norm=k_norm, share=True)
 
 
 def compact_stack(model: nn.Module) -> CompactStack:
@@ -277,8 +327,8 @@ def compact_stack(model: nn.Module) -> CompactStack:
     cached = model.__dict__.get("_compact")
     if cached is not None and _fingerprint(cached[0]) == cached[1]:
         return cached[2]
+    stack = CompactStack(model)              # rebinds the block weights as views of its matrices
     params = list(model.parameters())
-    stack = CompactStack(model)
     model.__dict__["_compact"] = (params, _fingerprint(params), stack)   # not a submodule
     return stack
 

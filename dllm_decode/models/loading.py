@@ -143,8 +143,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             `DreamTokenizer`) or, for the generic masked-LM fallback, its model class. LLaDA and
             Dream weights are always built by this package's own code.
         runtime: how the plain-torch models run their blocks, one of
-            `models.compact.DLLM_RUNTIMES` (`reference`, `compact`); None keeps the model's
-            default. Models outside the compact runtime's scope ignore `reference`.
+            `models.compact.DLLM_RUNTIMES` (`reference`, `compact`); None: `compact` where it
+            covers the model (`models.compact.default_runtime`). Models outside the compact
+            runtime's scope ignore `reference`.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
@@ -193,13 +194,12 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     model.eos_token_ids = eos + turn_end_ids(tokenizer, eos)
     check_token_ids(directory, model)
     model.name_or_path = str(path)
-    if runtime is not None:
-        from dllm_decode.models.compact import set_runtime
+    from dllm_decode.models.compact import default_runtime, set_runtime
 
-        try:
-            set_runtime(model, runtime)
-        except ValueError as err:
-            raise ModelLoadError(f"{directory}: {first_line(err)}") from None
+    try:
+        set_runtime(model, runtime or default_runtime(model))
+    except ValueError as err:
+        raise ModelLoadError(f"{directory}: {first_line(err)}") from None
     return model
 
 

@@ -45,7 +45,7 @@ class ShapedOptions:
     prompt_length: int = 64
     gen_length: int = 256
     block_length: int = 32
-    steps_per_block: int = 4
+    steps_per_block: int = 2
     repeats: int = 2
     caches: tuple[str, ...] = CACHES
     runtimes: tuple[str, ...] = ("reference",)

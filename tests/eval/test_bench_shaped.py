@@ -21,7 +21,7 @@ def test_quick_run_reports_every_cache_and_batch(tmp_path, one_thread):
     rows = {(r["cache"], r["batch"]): r for r in report["rows"]}
     assert set(rows) == {(c, b) for c in ("none", "prefix", "dual") for b in (1, 2)}
     for row in rows.values():
-        assert row["nfe"] == 8.0                      # 2 blocks x 4 steps, whatever the cache
+        assert row["nfe"] == 4.0                      # 2 blocks x 2 steps, whatever the cache
         assert 0.0 <= row["overhead"] < 1.0 and row["tokens_per_second"] > 0
     assert rows[("none", 1)]["vs_none"] == 1.0
     assert report["options"]["layers"] == 1
@@ -37,7 +37,7 @@ def test_compact_runtime_rows_beside_the_reference(tmp_path, one_thread):
     rows = {(r["runtime"], r["cache"], r["batch"]): r for r in json.loads(out.read_text())["rows"]}
     assert set(rows) == {(r, c, b) for r in ("reference", "compact") for c in ("none", "dual") for b in (1, 2)}
     for (runtime, cache, batch), row in rows.items():
-        assert row["nfe"] == 8.0 and row["vs_reference"] > 0
+        assert row["nfe"] == 4.0 and row["vs_reference"] > 0
         reference = rows[("reference", cache, batch)]
         assert row["vs_reference"] == pytest.approx(reference["seconds"] / row["seconds"])
     assert "vs reference" in result.output and "compact" in result.output

@@ -165,6 +165,34 @@ def test_load_model_takes_the_runtime():
         load_model("embedded", runtime="fast")
 
 
+def test_compact_is_the_default_where_it_covers_the_model(tmp_path):
+    assert load_model("embedded").runtime == "compact"
+    tiny_block_diffusion("llada2").save_pretrained(tmp_path)      # MoE, partial rotary
+    assert load_model(tmp_path).runtime == "reference"
+
+
+def test_compact_holds_no_second_copy_of_the_weights():
+    """The fused matrices are the modules' own weights: the storages behind the parameters and the
+    compact blocks add up to the parameters' bytes, before and after a compact forward."""
+    model = set_runtime(make_llada(n_kv_heads=2, include_qkv_bias=True), "compact")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    ids, mask = left_padded_batch()
+    compact = run(model, "compact", ids, mask)
+    blocks = model.__dict__["_compact"][2].blocks
+    tensors = [*model.parameters(), *(t for b in blocks for t in vars(b).values() if torch.is_tensor(t))]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    assert sum(storages.values()) == weights
+    torch.testing.assert_close(compact, run(model, "reference", ids, mask), **FP32)
+
+
+def test_a_model_run_compact_saves_and_reloads(tmp_path):
+    model = set_runtime(make_llada(include_qkv_bias=True), "compact")
+    ids, mask = left_padded_batch()
+    before = run(model, "compact", ids, mask)
+    model.save_pretrained(tmp_path)                  # the shared views are written as own tensors
+    torch.testing.assert_close(run(load_model(tmp_path), "compact", ids, mask), before, **FP32)
+
+
 def test_cli_runtime_option():
     from click.testing import CliRunner
 
