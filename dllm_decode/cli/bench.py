@@ -231,9 +231,9 @@ def runtime_command(model_name: str, threads: int, repeats: int | None, per_task
                     gen_length: int | None, json_path: str | None, quick: bool, block_length: int,
                     batch_sizes: tuple[int, ...], profile: bool, device: str | None,
                     dtype: str | None) -> None:
-    """One forward, the reference blocks against the compact runtime (fused projections, folded
-    norms, rotary lookup): a full forward and a cached block step, ratios of interleaved medians,
-    and how far the logits differ."""
+    """One forward, the reference blocks against the compact runtime (fused projections, rotary
+    lookup): a full forward and a cached block step, ratios of interleaved medians, and how far
+    the logits differ."""
     from dllm_decode.cli.options import device_option
     from dllm_decode.devices import DTYPES, device_name
     from dllm_decode.eval.bench.forward import runtime_speedup, runtime_table

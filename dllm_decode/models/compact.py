@@ -20,7 +20,7 @@ applied as the reference applies them, so the logits equal the reference's to fl
 copies (its source model can be dropped). `load_model` runs compact by default
 (`default_runtime`): on an H100 a batch-1 forward is launch-bound and compact is 1.4-1.5x faster
 (`bench runtime --device cuda`, `bench shaped --runtime compact`); on this CPU the forward is
-arithmetic-bound and the two are within 0.98-1.2x. Under autograd (training) the model keeps its
+arithmetic-bound and compact is 0.96-1.32x (`bench runtime`). Under autograd (training) the model keeps its
 reference forward.
 The fused weights are rebuilt when a parameter changes (an optimizer step, `load_state_dict`,
 `.to()`), detected by the parameters' version counters, pointers and dtypes.
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import KVCache, RMSNorm, rms_normalize
+from dllm_decode.models.layers import KVCache, RMSNorm, rms_norm, rms_normalize
 
 DLLM_RUNTIMES = ("reference", "compact")
 """How a diffusion model (`BlockStackLM`) runs its blocks: `reference` (the modules as written in
@@ -131,15 +131,17 @@ class RotaryTable:
 
 @dataclass(frozen=True)
 class FusedBlock:
-    """One Llama-style pre-norm block with fused, transposed, norm-folded projections.
+    """One Llama-style pre-norm block with fused projections (norm scales folded in, or shared
+    weights and applied norms: `fuse`).
 
     `x + attn(norm(x))` then `x + down(silu(gate(norm(x))) * up(norm(x)))`; the attention itself
     (cache, mask) belongs to the caller, between `attention_inputs` and `finish`.
 
     Attributes:
-        qkv: (d, (H + 2 Hkv) D), the attention norm's scale folded in; qkv_bias its bias or None.
+        qkv: (d, (H + 2 Hkv) D), the attention norm's scale folded in unless `attn_scale` is set;
+            qkv_bias its bias or None.
         out: (H D, d); out_bias its bias or None.
-        gate_up: (d, 2 F), the MLP norm's scale folded in; down: (F, d).
+        gate_up: (d, 2 F), the MLP norm's scale folded in unless `ff_scale` is set; down: (F, d).
         qk_scale: (H + Hkv, D) per-head q/k norm scales (Qwen3 / SDAR) or None.
         attn_scale, ff_scale: the norms' scales when they are not folded into `qkv` / `gate_up`
             (a block fused with `share=True`), else None.
@@ -193,8 +195,7 @@ class FusedBlock:
 
     def normalized(self, h: Tensor, scale: Tensor | None) -> Tensor:
         """RMSNorm of `h`, its scale applied unless folded into the next matrix."""
-        x = rms_normalize(h, self.eps)
-        return x if scale is None else scale * x
+        return rms_normalize(h, self.eps) if scale is None else rms_norm(h, scale, self.eps)
 
     def attention_inputs(self, h: Tensor, cos: Tensor, sin: Tensor,
                          full_precision: bool = False) -> tuple[Tensor, Tensor, Tensor]:
