@@ -185,6 +185,23 @@ def test_compact_holds_no_second_copy_of_the_weights():
     torch.testing.assert_close(compact, run(model, "reference", ids, mask), **FP32)
 
 
+def test_shared_weights_follow_a_state_load_and_a_dtype_change():
+    model, other = make_llada(include_qkv_bias=True), make_llada(include_qkv_bias=True)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.normal_(0.0, 0.1)
+    ids, mask = left_padded_batch()
+    run(model, "compact", ids, mask)                       # the weights are views now
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask), **FP32)
+    model.to(torch.bfloat16)                               # rebuilt in bf16's layout
+    assert model.__dict__.get("_compact") is not None
+    halved = run(model, "compact", ids, mask)
+    assert model.__dict__["_compact"][2].blocks[0].qkv.dtype == torch.bfloat16
+    torch.testing.assert_close(halved, run(model, "reference", ids, mask), atol=0.05, rtol=0.02)
+
+
 def test_a_model_run_compact_saves_and_reloads(tmp_path):
     model = set_runtime(make_llada(include_qkv_bias=True), "compact")
     ids, mask = left_padded_batch()
