@@ -28,6 +28,7 @@ The fused weights are rebuilt when a parameter changes (an optimizer step, `load
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import KVCache, RMSNorm, rms_norm, rms_normalize
+from dllm_decode.models.layers import RUNTIME_STATE, KVCache, RMSNorm, rms_norm, rms_normalize
 
 DLLM_RUNTIMES = ("reference", "compact")
 """How a diffusion model (`BlockStackLM`) runs its blocks: `reference` (the modules as written in
@@ -62,7 +63,9 @@ def _share(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     """The (in, out) operand of the linears' stacked weights (in `transposed`'s layout) and their
     stacked bias, with each linear's weight and bias rebound as views of them: the reference
     modules and the compact runtime read one copy of the weights."""
-    with torch.no_grad(), torch.inference_mode(False):
+    # the new storage is an inference tensor exactly when the old one was (a model loaded under
+    # torch.inference_mode): a Parameter must not mix the two kinds
+    with torch.no_grad(), torch.inference_mode(linears[0].weight.is_inference()):
         weights = [linear.weight.detach() for linear in linears]
         operand = transposed(torch.cat(weights) if len(weights) > 1 else weights[0])
         bias = None
@@ -94,7 +97,8 @@ class RotaryTable:
     def __init__(self, inv_freq: Tensor, dtype: torch.dtype, scale: float = 1.0):
         self.inv_freq = inv_freq.detach().float()
         self.dtype, self.scale = dtype, scale
-        self.cos = self.sin = torch.empty(0, device=inv_freq.device)
+        empty = torch.empty(0, 0, device=inv_freq.device)
+        self.tables = (empty, empty)       # (cos, sin), replaced together: threads may read them
 
     @classmethod
     def for_theta(cls, head_dim: int, theta: float, dtype: torch.dtype,
@@ -105,28 +109,31 @@ class RotaryTable:
 
     def reserve(self, end: int) -> None:
         """Make the tables cover positions [0, end)."""
-        if end <= self.cos.shape[0]:
+        if end <= self.tables[0].shape[0]:
             return
         positions = torch.arange(max(256, 2 * end), dtype=torch.float32, device=self.inv_freq.device)
         angles = positions[:, None] * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1)
-        self.cos = (angles.cos() * self.scale).to(self.dtype)
-        self.sin = (angles.sin() * self.scale).to(self.dtype)
-        self.sin[:, :angles.shape[1] // 2] *= -1
+        cos = (angles.cos() * self.scale).to(self.dtype)
+        sin = (angles.sin() * self.scale).to(self.dtype)
+        sin[:, :angles.shape[1] // 2] *= -1
+        if end > self.tables[0].shape[0]:
+            self.tables = (cos, sin)
 
     def span(self, start: int, end: int) -> tuple[Tensor, Tensor]:
         """(n, 1, D) rows for positions [start, end): broadcast over (B, n, heads, D)."""
         self.reserve(end)
-        return self.cos[start:end, None], self.sin[start:end, None]
+        cos, sin = self.tables
+        return cos[start:end, None], sin[start:end, None]
 
     def at(self, positions: Tensor, max_position: int | None = None) -> tuple[Tensor, Tensor]:
         """(*positions.shape, 1, D) rows for arbitrary positions; `max_position` (when the caller
         knows a bound) saves a host sync."""
         self.reserve((int(positions.max()) if max_position is None else max_position) + 1)
         flat = positions.reshape(-1)             # index_select: far cheaper than advanced indexing
-        shape = (*positions.shape, 1, self.cos.shape[1])
-        return (self.cos.index_select(0, flat).view(shape),
-                self.sin.index_select(0, flat).view(shape))
+        cos, sin = self.tables
+        shape = (*positions.shape, 1, cos.shape[1])
+        return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,9 @@ class FusedBlock:
             qkv_bias its bias or None.
         out: (H D, d); out_bias its bias or None.
         gate_up: (d, 2 F), the MLP norm's scale folded in unless `ff_scale` is set; down: (F, d).
-        qk_scale: (H + Hkv, D) per-head q/k norm scales (Qwen3 / SDAR) or None.
+        q_scale, k_scale: (D,) per-head q/k norm scales (Qwen3 / SDAR), the norms' own weights
+            (not copies: an update that bumps no version counter, as fused AdamW's, is seen),
+            or None.
         attn_scale, ff_scale: the norms' scales when they are not folded into `qkv` / `gate_up`
             (a block fused with `share=True`), else None.
     """
@@ -157,7 +166,8 @@ class FusedBlock:
     kv_heads: int
     head_dim: int
     eps: float
-    qk_scale: Tensor | None = None
+    q_scale: Tensor | None = None
+    k_scale: Tensor | None = None
     qk_eps: float = 0.0
     attn_scale: Tensor | None = None
     ff_scale: Tensor | None = None
@@ -174,12 +184,10 @@ class FusedBlock:
         the norms' scales are applied as the reference applies them, not folded in.
         """
         head_dim = q.weight.shape[0] // heads
-        qk_scale = None
+        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps)
         if q_norm is not None:
-            qk_scale = torch.cat([q_norm.weight.detach().expand(heads, head_dim),
-                                  k_norm.weight.detach().expand(kv_heads, head_dim)])
-        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps, qk_scale=qk_scale,
-                     qk_eps=0.0 if q_norm is None else q_norm.eps)
+            shape.update(q_scale=q_norm.weight.detach(), k_scale=k_norm.weight.detach(),
+                         qk_eps=q_norm.eps)
         if share:
             (qkv, qkv_bias), (out, out_bias) = _share(q, k, v), _share(o)
             return cls(qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
@@ -212,8 +220,10 @@ class FusedBlock:
         qkv = project(self.normalized(h, self.attn_scale).view(batch * n, -1), self.qkv, self.qkv_bias)
         q_width = (heads + kv_heads) * head_dim
         qk = qkv[:, :q_width].view(batch, n, heads + kv_heads, head_dim)
-        if self.qk_scale is not None:
-            qk = self.qk_scale * rms_normalize(qk, self.qk_eps)
+        if self.q_scale is not None:
+            scale = torch.cat([self.q_scale.expand(heads, head_dim),
+                               self.k_scale.expand(kv_heads, head_dim)])
+            qk = scale * rms_normalize(qk, self.qk_eps)
         dtype = qk.dtype
         if full_precision:
             qk = qk.float()
@@ -267,7 +277,7 @@ def set_runtime(model: Any, runtime: str) -> Any:
         return model                                   # other model kinds have one forward only
     model.runtime = runtime
     model.block_runner = compact_stack if runtime == "compact" else None
-    model.__dict__.pop("_compact", None)
+    model.__dict__.pop(RUNTIME_STATE, None)
     return model
 
 
@@ -322,17 +332,33 @@ def _fuse_prenorm(block: Any) -> FusedBlock:
 
 
 def compact_stack(model: nn.Module) -> CompactStack:
-    """`model`'s `CompactStack`, rebuilt when one of its parameters changed since it was built
-    (in place: an optimizer step, `load_state_dict`; or moved: `.to()`). `set_runtime` drops it,
-    which is needed only after Parameter objects are replaced (`load_state_dict(assign=True)`)."""
-    cached = model.__dict__.get("_compact")
-    if cached is not None and _fingerprint(cached[0]) == cached[1]:
-        return cached[2]
-    stack = CompactStack(model)              # rebinds the block weights as views of its matrices
-    params = list(model.parameters())
-    model.__dict__["_compact"] = (params, _fingerprint(params), stack)   # not a submodule
-    return stack
+    """`model`'s `CompactStack`, rebuilt when its parameters differ from those it was built from:
+    other Parameter objects (`load_state_dict(assign=True)`), other storage (`.to()`) or an
+    in-place change (an optimizer step, `load_state_dict`). Building is serialised, so threads
+    sharing a model share one stack and one copy of the weights."""
+    cached = model.__dict__.get(RUNTIME_STATE)
+    if cached is not None and cached[0] == _fingerprint(model):
+        return cached[1]
+    with _BUILDING:
+        cached = model.__dict__.get(RUNTIME_STATE)
+        if cached is not None and cached[0] == _fingerprint(model):
+            return cached[1]
+        stack = CompactStack(model)          # rebinds the block weights as views of its matrices
+        model.__dict__[RUNTIME_STATE] = (_fingerprint(model), stack)   # not a submodule
+        return stack
 
 
-def _fingerprint(params: list[Tensor]) -> list[tuple[int, int, torch.dtype]]:
-    return [(p.data_ptr(), p._version, p.dtype) for p in params]
+_BUILDING = threading.Lock()
+
+
+def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
+    """Identity, storage, version and dtype of each parameter (inference tensors, made under
+    `torch.inference_mode`, track no version and cannot change outside it)."""
+    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in model.parameters()]
+
+
+def _version(p: Tensor) -> int:
+    try:
+        return p._version
+    except RuntimeError:                     # an inference tensor
+        return -1

@@ -245,6 +245,10 @@ class PreNormBlock(nn.Module):
         return h + down(F.silu(gate(f)) * up(f))
 
 
+RUNTIME_STATE = "_compact"
+"""The `__dict__` key under which the compact runtime keeps a model's fused stack."""
+
+
 class BlockStackLM(nn.Module):
     """Skeleton shared by the plain-torch models: embedding, a stack of blocks, the KV cache.
 
@@ -261,6 +265,17 @@ class BlockStackLM(nn.Module):
 
     def parts(self) -> tuple[nn.Embedding, nn.ModuleList]:
         raise NotImplementedError
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to() / .half() / .cuda(): let the old weights go now, not at the next forward
+        self.__dict__.pop(RUNTIME_STATE, None)
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # copies and pickles rebuild the compact stack on their own weights
+        state = dict(super().__getstate__())
+        state.pop(RUNTIME_STATE, None)
+        return state
 
     def rotary_dim(self) -> int:
         """Width of the rotary tables (the head dim; less under partial rotary)."""

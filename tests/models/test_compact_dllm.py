@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from dllm_decode.models import KVCache, load_model
-from dllm_decode.models.compact import DLLM_RUNTIMES, compact_problem, set_runtime
+from dllm_decode.models.compact import DLLM_RUNTIMES, compact_problem, compact_stack, set_runtime
+from dllm_decode.models.layers import RUNTIME_STATE
 from dllm_decode.models.checkpoint import ModelLoadError
 from dllm_decode.testing import tiny_block_diffusion
 from tests.models.conftest import LENGTH, left_padded_batch, make_dream, make_llada
@@ -178,7 +179,7 @@ def test_compact_holds_no_second_copy_of_the_weights():
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     ids, mask = left_padded_batch()
     compact = run(model, "compact", ids, mask)
-    blocks = model.__dict__["_compact"][2].blocks
+    blocks = compact_stack(model).blocks
     tensors = [*model.parameters(), *(t for b in blocks for t in vars(b).values() if torch.is_tensor(t))]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     assert sum(storages.values()) == weights
@@ -195,11 +196,54 @@ def test_shared_weights_follow_a_state_load_and_a_dtype_change():
     run(model, "compact", ids, mask)                       # the weights are views now
     model.load_state_dict(other.state_dict())
     torch.testing.assert_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask), **FP32)
-    model.to(torch.bfloat16)                               # rebuilt in bf16's layout
-    assert model.__dict__.get("_compact") is not None
+    model.to(torch.bfloat16)                               # the fp32 stack is let go at once
+    assert RUNTIME_STATE not in model.__dict__
     halved = run(model, "compact", ids, mask)
-    assert model.__dict__["_compact"][2].blocks[0].qkv.dtype == torch.bfloat16
+    assert compact_stack(model).blocks[0].qkv.dtype == torch.bfloat16
     torch.testing.assert_close(halved, run(model, "reference", ids, mask), atol=0.05, rtol=0.02)
+
+
+def test_replaced_parameters_and_untracked_updates_reach_the_compact_forward():
+    """Found in review: a stack keyed to the Parameter objects it was built from ran stale weights
+    after `load_state_dict(assign=True)`, and a copied q/k norm scale missed updates that bump
+    no version counter (fused AdamW; `.data` writes)."""
+    ids, mask = left_padded_batch()
+    model, other = make_llada(), make_llada()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    run(model, "compact", ids, mask)
+    model.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
+    torch.testing.assert_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask), **FP32)
+    sdar = set_runtime(tiny_block_diffusion("sdar", block_size=4), "compact")
+    run(sdar, "compact", ids, mask)
+    q_norm, _ = sdar.parts()[1][0].qk_norms()
+    q_norm.weight.data.mul_(3)                             # no version bump
+    torch.testing.assert_close(run(sdar, "compact", ids, mask), run(sdar, "reference", ids, mask), **FP32)
+
+
+def test_a_model_loaded_under_inference_mode_runs_compact():
+    from dllm_decode import DecodeConfig, generate
+
+    config = DecodeConfig.from_dict({"scheduler": "threshold", "gen_length": 16, "block_length": 16})
+    with torch.inference_mode():
+        model = load_model("embedded")
+        inside = generate(model, ["sort : mia ella hank"], config).text
+    assert model.runtime == "compact"
+    assert generate(model, ["sort : mia ella hank"], config).text == inside
+    assert generate(set_runtime(model, "reference"), ["sort : mia ella hank"], config).text == inside
+
+
+def test_copies_do_not_carry_the_compact_stack():
+    import copy
+    import pickle
+
+    model = set_runtime(make_llada(), "compact")
+    ids, mask = left_padded_batch()
+    before = run(model, "compact", ids, mask)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert RUNTIME_STATE not in twin.__dict__
+        torch.testing.assert_close(run(twin, "compact", ids, mask), before, **FP32)
 
 
 def test_a_model_run_compact_saves_and_reloads(tmp_path):
