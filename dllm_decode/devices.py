@@ -3,7 +3,7 @@ and the API (`load_model(device=..., dtype=...)`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -63,3 +63,9 @@ def check_dtype(value: Any) -> torch.dtype | None:
 def device_name(device: torch.device) -> str:
     """A report's name for `device`: the GPU's model name on CUDA, else the device type."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def device_sync(device: torch.device) -> Callable[[], None] | None:
+    """What waits for `device`'s queued work (CUDA), or None where work is synchronous; timers
+    call it around what they time."""
+    return torch.cuda.synchronize if device.type == "cuda" else None

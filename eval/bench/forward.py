@@ -101,13 +101,14 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     same runtime filled), interleaved. Per batch size: median milliseconds per
     runtime and kind, the speedups, and how far the logits differ (max |difference| and whether
     every row's argmax agrees). Both runtimes use the same weights (`runtime_view`)."""
+    from dllm_decode.devices import device_sync
     from dllm_decode.models.compact import DLLM_RUNTIMES
     from dllm_decode.models.layers import KVCache
 
     out = []
     views = {runtime: runtime_view(model, runtime) for runtime in DLLM_RUNTIMES}
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    sync = device_sync(device)
     for batch in batch_sizes:
         canvas, mask, start, length = first_block(model, list(prompts)[:batch], tokenizer, gen_length)
         canvas, mask = canvas.to(device), (mask.to(device) if mask is not None else None)

@@ -111,12 +111,12 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     from dllm_decode.eval.bench.measure import Combo, Measured, decode_once
     from dllm_decode.schedulers import LowConfidenceScheduler
 
-    from dllm_decode.devices import device_name
+    from dllm_decode.devices import device_name, device_sync
     from dllm_decode.eval.bench.forward import runtime_view
 
     model = shaped_model(options)
     views = {runtime: runtime_view(model, runtime) for runtime in options.runtimes}
-    sync = torch.cuda.synchronize if torch.device(options.device).type == "cuda" else None
+    sync = device_sync(torch.device(options.device))
     prompts = prompts_for(model, options, max(options.batch_sizes))
     configs = {cache: DecodeConfig(scheduler=LowConfidenceScheduler(steps_per_block=options.steps_per_block),
                                    cache=REGISTRY[cache](), gen_length=options.gen_length,
