@@ -130,10 +130,12 @@ def scheduler_combos(options: SuiteOptions, tokenizer: Any) -> list[Combo]:
     return combos + [Combo("oracle", baseline.config, oracle=True, reference=BASELINE)]
 
 
-def best_of(rows: list[dict[str, Any]]) -> str:
+def best_of(rows: list[dict[str, Any]], stackable: set[str] | None = None) -> str:
     """The fewest-NFE non-oracle row whose mean accuracy is within `ACCURACY_SLACK` of one token
-    per step (any row when accuracy is unknown)."""
+    per step (any row when accuracy is unknown), among the `stackable` labels when given (rules
+    the stack's block caches can follow)."""
     ok = [r for r in rows if r["label"] != "oracle" and
+          (stackable is None or r["label"] in stackable) and
           (r["accuracy"] is None or r["accuracy_delta_vs_baseline"] >= -ACCURACY_SLACK)]
     return min(ok, key=lambda r: (r["nfe"], -r["speedup_vs_baseline"]))["label"]
 
@@ -157,7 +159,9 @@ def section_schedulers(subject: Subject, samples: list[Sample], o: SuiteOptions)
     rows = [row(subject, samples, m) for m in measured.values()]
     relative(rows, BASELINE, "baseline")
     relative(rows, "oracle", "oracle")
-    return {"rows": rows, "best": best_of(rows), "repeats": o.scheduler_repeats}
+    # a rule that takes back tokens of earlier blocks cannot run under the stack's caches
+    stackable = {c.label for c in combos if c.config.scheduler.revises != "generated"}
+    return {"rows": rows, "best": best_of(rows, stackable), "repeats": o.scheduler_repeats}
 
 
 def stack_combos(best: Combo, options: SuiteOptions) -> list[Combo]:
