@@ -1,0 +1,168 @@
+"""Background unigram frequency tables for PC-Sampler's calibrated confidence: built offline from
+a tokenizer and local text, stored as safetensors (never pickle), loaded once per process.
+
+Format on disk: tensors `ids` (int64, distinct token ids), `counts` (int64, their counts) and
+`total` (int64, shape (1,), the number of tokens counted N), plus string metadata (`tokenizer`:
+the SHA-256 of the tokenizer's vocabulary, `source`: what was counted). The reference's JSON
+(`{"num_token": N, "p_baseline_dict": {id: count}}`, or its builder's `token_frequency_dict`
+spelling, which its own loader cannot read) loads too. f(v) = count(v) / N; an id never seen gets
+the reference's floor 1/N, or add-k smoothing when asked.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+TABLES_DIR = Path(__file__).resolve().parent.parent / "dllm_decode" / "embedded" / "tables"
+SHIPPED = {"embedded": "frequency.safetensors"}
+"""Tables shipped with the package, by name (the embedded models' shared vocabulary)."""
+
+
+@dataclass(frozen=True)
+class FrequencyTable:
+    """Token counts over a text sample: `ids` and `counts` (K,) int64, `total` N."""
+
+    ids: Tensor
+    counts: Tensor
+    total: int
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def log_frequency(self, vocab_size: int, smoothing: float = 0.0) -> Tensor:
+        """(vocab_size,) float32 ln f(v): count / N, unseen ids 1/N (smoothing 0, the reference's
+        floor) or (count + k) / (N + k V) with add-k smoothing."""
+        if smoothing > 0:
+            counts = torch.full((vocab_size,), smoothing, dtype=torch.float64)
+            counts.index_add_(0, self.ids, self.counts.double())
+            return (counts / (self.total + smoothing * vocab_size)).log().float()
+        counts = torch.ones(vocab_size, dtype=torch.float64)
+        counts[self.ids] = self.counts.double()
+        return (counts / self.total).log().float()
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"ids": self.ids.contiguous(), "counts": self.counts.contiguous(),
+                   "total": torch.tensor([self.total], dtype=torch.long)}, str(path),
+                  metadata={key: str(value) for key, value in self.metadata.items()})
+        return path
+
+
+def vocabulary_hash(tokenizer: Any) -> str:
+    """SHA-256 of the tokenizer's token -> id map (sorted JSON): which vocabulary a table counts."""
+    vocab = tokenizer.get_vocab()
+    return hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    return list(getattr(encoded, "ids", encoded))
+
+
+def build_frequency_table(tokenizer: Any, texts: Iterable[str], source: str = "") -> FrequencyTable:
+    """Count `tokenizer.encode(text, add_special_tokens=False)` over `texts` (as the reference's
+    `calculate_p_baseline.py`). Downloads nothing; `source` says what the texts were."""
+    counter: Counter[int] = Counter()
+    for text in texts:
+        counter.update(_encode(tokenizer, text))
+    if not counter:
+        raise ValueError("no tokens counted: give at least one non-empty text")
+    ids = sorted(counter)
+    return FrequencyTable(torch.tensor(ids, dtype=torch.long),
+                          torch.tensor([counter[i] for i in ids], dtype=torch.long),
+                          sum(counter.values()), {"tokenizer": vocabulary_hash(tokenizer), "source": source})
+
+
+def read_table(path: str | Path) -> FrequencyTable:
+    """A table from a `.safetensors` file or the reference's JSON (either key spelling)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"frequency table {str(path)!r} not found; give a shipped name "
+                         f"({', '.join(sorted(SHIPPED))}) or a .safetensors/.json file")
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        counts = data.get("p_baseline_dict", data.get("token_frequency_dict"))
+        if not isinstance(counts, dict) or "num_token" not in data:
+            raise ValueError(f"{path}: expected keys 'num_token' and 'p_baseline_dict' "
+                             f"(or 'token_frequency_dict')")
+        ids = sorted(int(i) for i in counts)
+        return FrequencyTable(torch.tensor(ids, dtype=torch.long),
+                              torch.tensor([int(counts[str(i)] if str(i) in counts else counts[i]) for i in ids],
+                                           dtype=torch.long), int(data["num_token"]), {"source": str(path)})
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as handle:
+        metadata = dict(handle.metadata() or {})
+    tensors = load_file(str(path))
+    return FrequencyTable(tensors["ids"], tensors["counts"], int(tensors["total"][0]), metadata)
+
+
+def resolve_table(name: str) -> Path:
+    """The file of a shipped table name, or `name` as a path."""
+    return TABLES_DIR / SHIPPED[name] if name in SHIPPED else Path(name)
+
+
+UNIFORM = "uniform"
+"""The table name that needs no file: f(v) = 1/V for every id of any vocabulary (PC-Sampler then
+ranks by confidence alone, up to the clip)."""
+
+
+def check_table(name: str, vocab_size: int) -> None:
+    """Raise a one-line `ValueError` when the table cannot serve a vocabulary of `vocab_size`."""
+    if name == UNIFORM:
+        return
+    table = _table(name)
+    if len(table.ids) and int(table.ids.max()) >= vocab_size:
+        raise ValueError(f"frequency table {name!r} names token id {int(table.ids.max())}, outside "
+                         f"the model's vocabulary of {vocab_size}; build one for this tokenizer "
+                         f"(dllm_decode.schedulers.frequency.build_frequency_table) or use 'uniform'")
+
+
+@functools.lru_cache(maxsize=8)
+def _table(name: str) -> FrequencyTable:
+    return read_table(resolve_table(name))
+
+
+@functools.lru_cache(maxsize=8)
+def log_frequency(name: str, vocab_size: int, smoothing: float, device: str) -> Tensor:
+    """Dense (vocab_size,) ln f for a table name or path, cached per (table, vocabulary size,
+    smoothing, device): loaded once, never instance state, several tables side by side. Ids at or
+    past `vocab_size` are dropped here; `check_table` refuses such a table before a request."""
+    if name == UNIFORM:
+        return torch.full((vocab_size,), -math.log(vocab_size), device=device)
+    table = _table(name)
+    keep = table.ids < vocab_size
+    part = FrequencyTable(table.ids[keep], table.counts[keep], table.total, table.metadata)
+    return part.log_frequency(vocab_size, smoothing).to(device)
+
+
+def embedded_texts(per_task: int = 200, seed: int = 0) -> list[str]:
+    """The shipped table's text sample: prompts and answers of every task's TRAIN split (never the
+    test split, which the reference's corpus mixes in)."""
+    from dllm_decode.eval.tasks import TASKS
+    texts: list[str] = []
+    for task in TASKS.values():
+        for example in task.examples("train", per_task, seed):
+            texts += [example.prompt, example.answer]
+    return texts
+
+
+def build_embedded_table(path: str | Path | None = None, per_task: int = 200) -> Path:
+    """Rebuild the shipped embedded table (its recipe): the embedded dLLM's tokenizer over
+    `embedded_texts(per_task)`."""
+    from dllm_decode.models.checkpoint import EMBEDDED_DIR, load_tokenizer
+    tokenizer = load_tokenizer(EMBEDDED_DIR / "dllm")
+    table = build_frequency_table(tokenizer, embedded_texts(per_task),
+                                  source=f"task suite train split, {per_task} examples per task, seed 0, "
+                                         f"prompts and answers")
+    return table.save(path or TABLES_DIR / SHIPPED["embedded"])
