@@ -2,8 +2,9 @@
 a tokenizer and local text, stored as safetensors (never pickle), loaded once per process.
 
 Format on disk: tensors `ids` (int64, distinct token ids), `counts` (int64, their counts) and
-`total` (int64, shape (1,), the number of tokens counted N), plus string metadata (`tokenizer`:
-the SHA-256 of the tokenizer's vocabulary, `source`: what was counted). The reference's JSON
+`total` (int64, shape (1,), the number of tokens counted N), plus metadata under one key
+`frequency_table`, a sorted JSON object (`tokenizer`: the SHA-256 of the tokenizer's vocabulary,
+`source`: what was counted). The reference's JSON
 (`{"num_token": N, "p_baseline_dict": {id: count}}`, or its builder's `token_frequency_dict`
 spelling, which its own loader cannot read) loads too. f(v) = count(v) / N; an id never seen gets
 the reference's floor 1/N, or add-k smoothing when asked.
@@ -26,6 +27,9 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 TABLES_DIR = Path(__file__).resolve().parent.parent / "dllm_decode" / "embedded" / "tables"
+META_KEY = "frequency_table"
+"""The one metadata entry (a sorted JSON object): safetensors orders several keys arbitrarily, and
+one key keeps a rebuilt file byte-identical."""
 SHIPPED = {"embedded": "frequency.safetensors"}
 """Tables shipped with the package, by name (the embedded models' shared vocabulary)."""
 
@@ -55,7 +59,7 @@ class FrequencyTable:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file({"ids": self.ids.contiguous(), "counts": self.counts.contiguous(),
                    "total": torch.tensor([self.total], dtype=torch.long)}, str(path),
-                  metadata={key: str(value) for key, value in self.metadata.items()})
+                  metadata={META_KEY: json.dumps({k: str(v) for k, v in self.metadata.items()}, sort_keys=True)})
         return path
 
 
@@ -103,6 +107,8 @@ def read_table(path: str | Path) -> FrequencyTable:
     from safetensors import safe_open
     with safe_open(str(path), "pt") as handle:
         metadata = dict(handle.metadata() or {})
+    if META_KEY in metadata:
+        metadata = json.loads(metadata[META_KEY])
     tensors = load_file(str(path))
     return FrequencyTable(tensors["ids"], tensors["counts"], int(tensors["total"][0]), metadata)
 
