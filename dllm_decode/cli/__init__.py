@@ -22,6 +22,7 @@ from dllm_decode.cli.listing import list_command
 from dllm_decode.cli.serve import serve_command
 from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
+from dllm_decode.cli.tune import tune_command
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,5 +39,5 @@ def main(ctx: click.Context, **options: Any) -> None:
 
 
 for _command in (list_command, eval_command, spec_command, bench_command, train_filter_command,
-                 fetch_command, serve_command):
+                 fetch_command, serve_command, tune_command):
     main.add_command(_command)
