@@ -62,6 +62,7 @@ def write(outcome: Outcome, out: Path, *, model: dict[str, str], command: str, g
     (out / "tune.json").write_text(json.dumps({**stamp, "points": [p.row() for p in outcome.points],
                                                "held_out": outcome.held_out,
                                                "search_forwards": outcome.search_forwards,
+                                               "reference_forwards": outcome.reference_forwards,
                                                "sweep_forwards": outcome.sweep_forwards,
                                                "sweep_best": outcome.sweep_best}, indent=1, default=str) + "\n")
     (out / "report.md").write_text(report(outcome, model, command))
@@ -105,9 +106,10 @@ def report(outcome: Outcome, model: dict[str, str], command: str) -> str:
         for task, f in outcome.held_out.get(name, {}).items():
             lines.append(f"| {task} | {f['accuracy']:.1f} | {f['delta']:+.1f} ± {f['delta_ci95']:.1f} | "
                          f"{f['nfe']:.2f} | {f['speedup']:.2f}x | {'yes' if f['meets'] else 'NO'} |")
-    lines += ["", f"Search forwards (calibration, reference included): {outcome.search_forwards}."]
+    lines += ["", f"Search forwards on the calibration split: {outcome.search_forwards} (the reference's own, "
+                  f"one token per step, apart: {outcome.reference_forwards})."]
     if outcome.sweep_forwards is not None:
-        lines.append(f"Exhaustive sweep over the same grid: {outcome.sweep_forwards} forwards "
+        lines.append(f"Exhaustive sweep over the same grid (reference apart): {outcome.sweep_forwards} forwards "
                      f"(search / sweep = {outcome.search_forwards / max(1, outcome.sweep_forwards):.1%}); "
                      f"its best single global setting: {outcome.sweep_best or 'none met the budget'}.")
     return "\n".join(lines) + "\n"

@@ -9,13 +9,14 @@ Budget (`Budget.parse`): `within:b` (the default `within:1.0`) is a paired drop
 Δ = mean(r_i - a_i) <= b points against one token per step on the same prompts; `at-least:x` is a
 mean accuracy >= x. One prompt is 100/n points: `within:1` needs n >= 100 per task to mean anything.
 
-Search (every decode through `runner.evaluate`, resumable): per rule, cache and task, a galloping
-search then a bisection on the grid (accuracy is roughly monotone in the knob, and forwards fall along it) for the most
-aggressive point that meets the budget; each probe is successive halving: a quarter of the
+Search (every decode through `runner.evaluate`, resumable): per rule, cache and task, a walk from
+the aggressive end of the grid (accuracy is roughly monotone in the knob, and forwards fall along
+it) to the first point that meets the budget; each probe is successive halving: a quarter of the
 calibration prompts, then half, then all, stopping where it clearly fails (by more than 2 standard
 errors of the paired difference). Then the rule's candidate for one overall setting, its most
-aggressive point passing on every task, is run in full on every task. The choice per task is the cheapest point (mean forwards per prompt) whose full
-calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
+aggressive point passing on every task, is run in full on every task. The reference's forwards
+are the budget's own, needed by any search, and are counted apart. The choice per task is the
+cheapest point (mean forwards per prompt) whose full calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
 that meets it on every task with the lowest mean cost over tasks. The held-out split then scores
 every chosen point, the overall one, the best single `threshold` and the reference; it is never
 used to choose.
@@ -185,15 +186,18 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
     """The budgeted search over `chains` (each a rule's grid, conservative first); returns the
     last figures of every (point, task) evaluated.
 
-    Per rule and task, a search on the grid index for the most aggressive point that meets the
-    budget (accuracy roughly monotone along the grid, so it passes up to some index and fails
-    after): galloping down from the aggressive end (probes 1, 2, 4, ... points back, each cheap in
-    forwards and usually dropped on a quarter of the prompts), then a bisection; each probe runs on a quarter of the task's calibration prompts, then half, then all,
-    and stops at the first stage where it clearly fails. Then, per rule, the most aggressive index
-    that met the budget on every task is run on every task's full split (stepping back while it
-    misses somewhere), the candidate for the one overall setting.
+    Per rule and task, a walk from the aggressive (cheapest) end of the grid back towards the
+    conservative end, stopping at the first point that meets the budget: accuracy is roughly
+    monotone along the grid, so that is the fastest passing point, and every point tried before it
+    fails, usually clearly on a quarter of the prompts, while forwards grow along the walk (a
+    bisection would verify expensive conservative points in full). Each probe is successive
+    halving: a quarter of the task's calibration prompts, then half, then all, stopping at the
+    first stage where it clearly fails. Then, per rule, the most aggressive index that met the
+    budget on every task is run on every task's full split (stepping back while it misses
+    somewhere), the candidate for the one overall setting. The reference's own forwards are the
+    budget's, not the search's, and are counted apart.
     """
-    run([reference], cal, True)
+    run([reference], cal, False)
     sizes = {r.name: len(r.examples) for r in cal}
     by_name = {r.name: r for r in cal}
     ref_scores = {t: ledger.of(reference, t, sizes[t])[0] for t in sizes}
@@ -222,16 +226,10 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
     for grid in chains:
         best: dict[str, int] = {}
         for task in sizes:
-            lo, hi, step = len(grid) - 1, len(grid), 1   # gallop down from the aggressive end:
-            while lo >= 0 and not passes(grid[lo], task):  # failing aggressive probes are cheap
-                hi, lo, step = lo, max(-1, lo - step), 2 * step
-            while hi - lo > 1:                           # lo passes (or is the reference), hi fails
-                mid = (lo + hi) // 2
-                if passes(grid[mid], task):
-                    lo = mid
-                else:
-                    hi = mid
-            best[task] = lo
+            index = len(grid) - 1                         # from the aggressive (cheap) end back
+            while index >= 0 and not passes(grid[index], task):
+                index -= 1
+            best[task] = index
         index = min(best.values())
         while index >= 0 and not all(passes(grid[index], task) for task in sizes):
             index -= 1

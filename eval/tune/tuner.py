@@ -30,6 +30,7 @@ class Outcome:
     reference: Setting
     held_out: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     search_forwards: int = 0
+    reference_forwards: int = 0
     sweep_forwards: int | None = None
     sweep_best: dict[str, Any] | None = None
 
@@ -51,12 +52,14 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
     per_task, overall = choose(points, tasks)
     threshold_points = [p for p in points if p.setting.scheduler == "threshold"]
     _, best_threshold = choose(threshold_points, tasks)
+    reference_forwards = sum(sum(ledger.of(ref, t, len(c.examples))[1]) for t, c in zip(tasks, cal))
     outcome = Outcome(budget, tasks, {r.name: (len(c.examples), len(r.examples)) for c, r in zip(cal, held)},
-                      points, per_task, overall, best_threshold, ref, search_forwards=ledger.search_forwards())
+                      points, per_task, overall, best_threshold, ref, search_forwards=ledger.search_forwards(),
+                      reference_forwards=reference_forwards)
     if exhaustive:
         every = [s for grid in chains for s in grid]
         run(every, cal, False)
-        total = sum(sum(ledger.of(s, t, len(c.examples))[1]) for s in [ref, *every] for t, c in zip(tasks, cal))
+        total = sum(sum(ledger.of(s, t, len(c.examples))[1]) for s in every for t, c in zip(tasks, cal))
         outcome.sweep_forwards = total
         full = [Point(s, t, STAGES[-1], 0.0, 0.0, sum(n) / len(n), budget.meets(sc, ledger.of(ref, t, len(sc))[0]), False)
                 for s in every for t, c in zip(tasks, cal)
