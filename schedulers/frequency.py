@@ -150,25 +150,3 @@ def log_frequency(name: str, vocab_size: int, smoothing: float, device: str) -> 
     keep = table.ids < vocab_size
     part = FrequencyTable(table.ids[keep], table.counts[keep], table.total, table.metadata)
     return part.log_frequency(vocab_size, smoothing).to(device)
-
-
-def embedded_texts(per_task: int = 200, seed: int = 0) -> list[str]:
-    """The shipped table's text sample: prompts and answers of every task's TRAIN split (never the
-    test split, which the reference's corpus mixes in)."""
-    from dllm_decode.eval.tasks import TASKS
-    texts: list[str] = []
-    for task in TASKS.values():
-        for example in task.examples("train", per_task, seed):
-            texts += [example.prompt, example.answer]
-    return texts
-
-
-def build_embedded_table(path: str | Path | None = None, per_task: int = 200) -> Path:
-    """Rebuild the shipped embedded table (its recipe): the embedded dLLM's tokenizer over
-    `embedded_texts(per_task)`."""
-    from dllm_decode.models.checkpoint import EMBEDDED_DIR, load_tokenizer
-    tokenizer = load_tokenizer(EMBEDDED_DIR / "dllm")
-    table = build_frequency_table(tokenizer, embedded_texts(per_task),
-                                  source=f"task suite train split, {per_task} examples per task, seed 0, "
-                                         f"prompts and answers")
-    return table.save(path or TABLES_DIR / SHIPPED["embedded"])

@@ -29,7 +29,8 @@ class PCSamplerScheduler(_FixedSteps):
 
     Defaults are the scripts': decay 0.25 (HumanEval, MBPP, MATH-500, GSM8K, GPQA; 0 for Sudoku, 1
     for Countdown where the README says 0.5), clip 10, one token per step. `table="embedded"` is
-    the shipped table of the embedded models' vocabulary (counted on the task suite's train split);
+    the shipped table of the embedded models' vocabulary (counted on the task suite's train split,
+    recipe `eval/tasks/frequency_table.py`);
     `"uniform"` is f = 1/V for any vocabulary; any other value is a `.safetensors` or reference
     `.json` file built for the model's tokenizer (a table naming ids outside the model's vocabulary
     is refused before the request, in one line).

@@ -9,8 +9,9 @@ import torch
 
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.schedulers import LowConfidenceScheduler, PCSamplerScheduler
-from dllm_decode.schedulers.frequency import (SHIPPED, TABLES_DIR, FrequencyTable, build_embedded_table,
-                                              build_frequency_table, check_table, read_table)
+from dllm_decode.eval.tasks.frequency_table import build_embedded_table
+from dllm_decode.schedulers.frequency import (SHIPPED, TABLES_DIR, FrequencyTable, build_frequency_table,
+                                              check_table, read_table)
 from dllm_decode.testing import tiny_llada
 from tests.schedulers.inputs import step_input
 
