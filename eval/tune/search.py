@@ -61,7 +61,6 @@ class Budget:
     def margin(self, scores: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
         """(how far the point is inside the budget in points, negative when it misses; its
         standard error)."""
-        n = len(scores)
         if self.kind == "within":
             diffs = [100 * (r - a) for r, a in zip(reference, scores)]
             return self.points - _mean(diffs), _se(diffs)
