@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import math
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ def build_frequency_table(tokenizer: Any, texts: Iterable[str], source: str = ""
     ids = sorted(counter)
     return FrequencyTable(torch.tensor(ids, dtype=torch.long),
                           torch.tensor([counter[i] for i in ids], dtype=torch.long),
-                          sum(counter.values()), {"tokenizer": vocabulary_hash(tokenizer), "source": source})
+                          sum(counter.values()), {"tokenizer": vocabulary_hash(tokenizer), "source": source,
+                                                  "vocab_size": str(len(tokenizer.get_vocab()))})
 
 
 def read_table(path: str | Path) -> FrequencyTable:
@@ -121,16 +123,37 @@ def resolve_table(name: str) -> Path:
 UNIFORM = "uniform"
 """The table name that needs no file: f(v) = 1/V for every id of any vocabulary (PC-Sampler then
 ranks by confidence alone, up to the clip)."""
+AUTO = "auto"
+"""The shipped table built for a vocabulary of the model's size, else `uniform` (with a warning)."""
+
+
+def resolve_name(name: str, vocab_size: int) -> str:
+    """`auto` -> the shipped table recorded for `vocab_size` ids, or `uniform`; other names as given."""
+    if name != AUTO:
+        return name
+    for shipped in sorted(SHIPPED):
+        if _table(shipped).metadata.get("vocab_size") == str(vocab_size):
+            return shipped
+    return UNIFORM
 
 
 def check_table(name: str, vocab_size: int) -> None:
-    """Raise a one-line `ValueError` when the table cannot serve a vocabulary of `vocab_size`."""
-    if name == UNIFORM:
+    """Raise a one-line `ValueError` when the table cannot serve a vocabulary of `vocab_size`
+    (it names ids outside it, or records another vocabulary size); warn when `auto` finds no
+    shipped table for it and runs uniform."""
+    resolved = resolve_name(name, vocab_size)
+    if resolved == UNIFORM:
+        if name == AUTO:
+            warnings.warn(f"no shipped frequency table for a vocabulary of {vocab_size}: PC-Sampler runs "
+                          f"uncalibrated (uniform table); build one for this tokenizer with "
+                          f"dllm_decode.schedulers.frequency.build_frequency_table", stacklevel=2)
         return
-    table = _table(name)
-    if len(table.ids) and int(table.ids.max()) >= vocab_size:
-        raise ValueError(f"frequency table {name!r} names token id {int(table.ids.max())}, outside "
-                         f"the model's vocabulary of {vocab_size}; build one for this tokenizer "
+    table = _table(resolved)
+    recorded = table.metadata.get("vocab_size")
+    if len(table.ids) and int(table.ids.max()) >= vocab_size or recorded not in (None, str(vocab_size)):
+        raise ValueError(f"frequency table {name!r} was built for another vocabulary (ids up to "
+                         f"{int(table.ids.max())}, {recorded or 'unrecorded'} tokens; the model has "
+                         f"{vocab_size}); build one for this tokenizer "
                          f"(dllm_decode.schedulers.frequency.build_frequency_table) or use 'uniform'")
 
 
@@ -144,6 +167,7 @@ def log_frequency(name: str, vocab_size: int, smoothing: float, device: str) -> 
     """Dense (vocab_size,) ln f for a table name or path, cached per (table, vocabulary size,
     smoothing, device): loaded once, never instance state, several tables side by side. Ids at or
     past `vocab_size` are dropped here; `check_table` refuses such a table before a request."""
+    name = resolve_name(name, vocab_size)
     if name == UNIFORM:
         return torch.full((vocab_size,), -math.log(vocab_size), device=device)
     table = _table(name)

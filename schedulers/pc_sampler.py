@@ -27,12 +27,13 @@ class PCSamplerScheduler(_FixedSteps):
     token per step (the default), not a speed method.
 
     Defaults are the scripts': decay 0.25 (HumanEval, MBPP, MATH-500, GSM8K, GPQA; 0 for Sudoku, 1
-    for Countdown where the README says 0.5), clip 10, one token per step. `table="embedded"` is
-    the shipped table of the embedded models' vocabulary (counted on the task suite's train split,
-    recipe `eval/tasks/frequency_table.py`);
-    `"uniform"` is f = 1/V for any vocabulary; any other value is a `.safetensors` or reference
-    `.json` file built for the model's tokenizer (a table naming ids outside the model's vocabulary
-    is refused before the request, in one line).
+    for Countdown where the README says 0.5), clip 10, one token per step. The table is
+    tokenizer-specific: `table="auto"` (the default) takes the shipped table recorded for a
+    vocabulary of the model's size, which is `"embedded"` for the embedded and ideal models
+    (counted on the task suite's train split, recipe `eval/tasks/frequency_table.py`), and runs
+    `"uniform"` (f = 1/V: no calibration) with a warning for any other model; any other value is a
+    `.safetensors` or reference `.json` file built for the model's tokenizer (a table built for
+    another vocabulary is refused before the request, in one line).
 
     Deviations: the score is ranked in log space, -decay * pos + ln min(-c ln f, clip), the same
     order wherever the reference's float product is positive, without its float32 underflow (it
@@ -47,7 +48,7 @@ class PCSamplerScheduler(_FixedSteps):
 
     decay: float = 0.25
     clip: float = 10.0
-    table: str = "embedded"
+    table: str = "auto"
     origin: str = "generation"
     smoothing: float = 0.0
     infinite_ok = ("clip",)

@@ -21,13 +21,6 @@ from tests.schedulers.inputs import clone, rows, same, step_input
 NAMES = sorted(SCHEDULERS)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 DRAWS_RANDOM_SCORES = {"random"}     # one stream per batch: rows match one-by-one only in counts
-TINY_FIELDS = {"pc_sampler": {"table": "uniform"}}
-"""Settings the tiny random model needs: PC-Sampler's shipped table counts the embedded models'
-129-id vocabulary, and a table naming ids outside the model's 37 is refused before a request."""
-
-
-def for_tiny(name: str):
-    return SCHEDULERS[name](**TINY_FIELDS.get(name, {}))
 
 
 def random_input(seed: int, batch: int = 3, width: int = 10, vocab: int = 11, offset: int = 3,
@@ -136,7 +129,7 @@ def model():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_terminates_batched_equals_one_by_one_and_state_never_leaks(name, model):
-    config = DecodeConfig(scheduler=for_tiny(name), gen_length=8, block_length=4)
+    config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=8, block_length=4)
 
     def run(prompts):
         return generate(model, prompts, config, generator=torch.Generator().manual_seed(0))
@@ -158,7 +151,7 @@ def test_generate_terminates_batched_equals_one_by_one_and_state_never_leaks(nam
 @pytest.mark.parametrize("cache_name", ["prefix", "dual"])
 @pytest.mark.parametrize("name", NAMES)
 def test_generate_under_block_caches_terminates_and_repeats(name, cache_name, model):
-    config = DecodeConfig(scheduler=for_tiny(name), gen_length=8, block_length=4)
+    config = DecodeConfig(scheduler=SCHEDULERS[name](), gen_length=8, block_length=4)
     cache = CACHES[cache_name]()
     if config.scheduler.revises == "generated":          # takes back earlier blocks: no cache
         with pytest.raises(ValueError, match="use cache 'none'"):

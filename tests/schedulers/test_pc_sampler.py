@@ -11,7 +11,7 @@ from dllm_decode import DecodeConfig, generate
 from dllm_decode.schedulers import LowConfidenceScheduler, PCSamplerScheduler
 from dllm_decode.eval.tasks.frequency_table import build_embedded_table
 from dllm_decode.schedulers.frequency import (SHIPPED, TABLES_DIR, FrequencyTable, build_frequency_table,
-                                              check_table, read_table)
+                                              check_table, log_frequency, read_table)
 from dllm_decode.testing import tiny_llada
 from tests.schedulers.inputs import step_input
 
@@ -96,12 +96,22 @@ def test_reference_json_loads_under_both_key_spellings(tmp_path, key):
     assert table.ids.tolist() == [3, 7] and table.counts.tolist() == [4, 6] and table.total == 10
 
 
-def test_a_table_naming_ids_outside_the_vocabulary_is_refused_in_one_line(model):
-    with pytest.raises(ValueError, match="outside the model's vocabulary of 37") as err:
+def test_a_table_for_another_vocabulary_is_refused_in_one_line(model):
+    with pytest.raises(ValueError, match="built for another vocabulary .* the model has 37") as err:
         check_table("embedded", 37)
     assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        generate(model, PROMPTS, DecodeConfig(scheduler=PCSamplerScheduler(), gen_length=8, block_length=8))
+    with pytest.raises(ValueError, match="built for another vocabulary"):
+        check_table("embedded", 126464)                   # ids fit, but it counts another tokenizer
+    with pytest.raises(ValueError, match="built for another vocabulary"):
+        generate(model, PROMPTS, DecodeConfig(scheduler=PCSamplerScheduler(table="embedded"), gen_length=8,
+                                              block_length=8))
+
+
+def test_auto_takes_the_shipped_table_for_its_vocabulary_and_warns_on_others():
+    check_table("auto", 129)                              # the embedded vocabulary: no warning
+    with pytest.warns(UserWarning, match="runs uncalibrated"):
+        check_table("auto", 37)
+    assert torch.equal(log_frequency("auto", 129, 0.0, "cpu"), log_frequency("embedded", 129, 0.0, "cpu"))
 
 
 def test_the_shipped_table_is_rebuilt_byte_identically_by_its_recipe(tmp_path):
