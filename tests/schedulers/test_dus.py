@@ -98,3 +98,27 @@ def test_bad_settings_are_refused_in_one_line():
         DUSScheduler(order="binary")
     with pytest.raises(ValueError, match="base must be >= 1"):
         DUSScheduler(base=0)
+
+
+@pytest.mark.parametrize("n, groups", [(4, (2, 2)), (8, (2, 2, 4))])
+def test_on_the_ideal_model_shuffle_accuracy_is_the_product_over_groups(n, groups):
+    # greedy, no deferral: each group of k draws k items independently from the m left, so the
+    # answer is a permutation with probability prod P(m, k) / m^k (0.375 at n = 4, 0.0684 at n = 8)
+    import math
+
+    from dllm_decode.eval.harness.grid import Setting
+    from dllm_decode.eval.harness.runner import ideal_decoder
+    from dllm_decode.eval.tasks import TASKS
+
+    expected, left = 1.0, n
+    for k in groups:
+        expected *= math.perm(left, k) / left ** k
+        left -= k
+    task = TASKS["shuffle"]
+    examples = task.examples("test", 200, 0, lengths=(n, n))
+    setting = Setting("dus", options=(("remask_threshold", "0.0"),), gen_length=None, block_length=None)
+    rows, _ = ideal_decoder(0.01)([e.prompt for e in examples], setting, n, torch.Generator().manual_seed(1))
+    accuracy = sum(task.score(e, r["output"]) for e, r in zip(examples, rows)) / len(examples)
+    se = math.sqrt(expected * (1 - expected) / len(examples))
+    assert abs(accuracy - expected) < 4 * se                       # one token per step scores ~1.0
+    assert all(r["nfe"] == len(groups) for r in rows)
