@@ -1,22 +1,23 @@
-"""The tuner's protocol: splits, budget, a budgeted search through the eval harness, the choice,
-and the held-out check.
+"""The tuner's protocol: splits, budget, a budgeted search through the eval harness, the choice, and
+the held-out check.
 
 Splits: `calibration + held_out` distinct test-split instances per task (the data seed's draw),
 ordered by a salted hash of the prompt; the first `calibration` calibrate, the rest are held out,
 so the two never share a prompt and a re-run draws the same ones.
 
-Budget (`Budget.parse`): `within:b` (the default `within:1.0`) is a paired drop
-Δ = mean(r_i - a_i) <= b points against one token per step on the same prompts; `at-least:x` is a
-mean accuracy >= x. One prompt is 100/n points: `within:1` needs n >= 100 per task to mean anything.
+Budget (`Budget.parse`): `within:b` (the default `within:1.0`) is a paired drop Δ = mean(r_i - a_i)
+<= b points against one token per step on the same prompts; `at-least:x` is a mean accuracy >= x.
+One prompt is 100/n points: `within:1` needs n >= 100 per task to mean anything.
 
 Search (every decode through `runner.evaluate`, resumable): per rule, cache and task, a walk from
 the aggressive end of the grid (accuracy is roughly monotone in the knob, and forwards fall along
 it) to the first point that meets the budget; each probe is successive halving: a quarter of the
 calibration prompts, then half, then all, stopping where it clearly fails (by more than 2 standard
-errors of the paired difference). Then the rule's candidate for one overall setting, its most
-aggressive point passing on every task, is run in full on every task. The reference's forwards
-are the budget's own, needed by any search, and are counted apart. The choice per task is the
-cheapest point (mean forwards per prompt) whose full calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
+errors of the paired difference) or can no longer meet the budget whatever the rest score. Then the
+rule's candidate for one overall setting, its most aggressive point passing on every task, is run
+in full on every task. The reference's forwards are the budget's own, needed by any search, and are
+counted apart. The choice per task is the cheapest point (mean forwards per prompt) whose full
+calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
 that meets it on every task with the lowest mean cost over tasks. The held-out split then scores
 every chosen point, the overall one, the best single `threshold` and the reference; it is never
 used to choose.
@@ -73,6 +74,18 @@ class Budget:
     def clearly_fails(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
         margin, se = self.margin(scores, reference)
         return margin < -CLEAR * se and margin < 0
+
+    def cannot_meet(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
+        """True when the first len(scores) prompts already miss the budget on the whole split
+        whatever the rest score (`reference` covers the whole split): an exact bound, no
+        statistics. The rest can at best score 1 each, so a paired difference r - a there is
+        at least r - 1."""
+        n, k = len(reference), len(scores)
+        if self.kind == "within":
+            seen = sum(100 * (r - a) for r, a in zip(reference, scores))
+            best_rest = sum(100 * (r - 1) for r in reference[k:])
+            return (seen + best_rest) / n > self.points + 1e-9
+        return 100 * (sum(scores) + (n - k)) / n < self.points - 1e-9
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.points:g}"
@@ -187,14 +200,15 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
 
     Per rule and task, a walk from the aggressive (cheapest) end of the grid back towards the
     conservative end, stopping at the first point that meets the budget: accuracy is roughly
-    monotone along the grid, so that is the fastest passing point, and every point tried before it
-    fails, usually clearly on a quarter of the prompts, while forwards grow along the walk (a
-    bisection would verify expensive conservative points in full). Each probe is successive
+    monotone along the grid, so that is the fastest passing point, and every point tried before
+    it fails, usually clearly on a quarter of the prompts, while forwards grow along the walk
+    (a bisection would verify expensive conservative points in full). Each probe is successive
     halving: a quarter of the task's calibration prompts, then half, then all, stopping at the
-    first stage where it clearly fails. Then, per rule, the most aggressive index that met the
-    budget on every task is run on every task's full split (stepping back while it misses
-    somewhere), the candidate for the one overall setting. The reference's own forwards are the
-    budget's, not the search's, and are counted apart.
+    first stage where it clearly fails, or where it cannot meet the budget on the whole split
+    whatever the remaining prompts score (`Budget.cannot_meet`, exact). Then, per rule, the
+    most aggressive index that met the budget on every task is run on every task's full split
+    (stepping back while it misses somewhere), the candidate for the one overall setting. The
+    reference's own forwards are the budget's, not the search's, and are counted apart.
     """
     run([reference], cal, False)
     sizes = {r.name: len(r.examples) for r in cal}
@@ -206,8 +220,9 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
         n = len(head(by_name[task], stage).examples)
         scores, nfe = ledger.of(setting, task, n)
         ref = ref_scores[task][:n]
+        dropped = budget.clearly_fails(scores, ref) or budget.cannot_meet(scores, ref_scores[task])
         point = Point(setting, task, stage, 100 * _mean(scores), 100 * _mean([r - a for r, a in zip(ref, scores)]),
-                      _mean(nfe), budget.meets(scores, ref), budget.clearly_fails(scores, ref))
+                      _mean(nfe), budget.meets(scores, ref), dropped)
         points[(setting, task)] = point
         return point
 

@@ -124,3 +124,13 @@ def test_bad_options_get_one_line_errors(tmp_path, args, message):
     result = CliRunner().invoke(main, ["tune", "--model", "ideal", "--tasks", "copy", "--calibration", "2",
                                        "--held-out", "2", "--gen-length", "answer", "--out", str(tmp_path), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_cannot_meet_is_an_exact_bound_on_the_whole_split():
+    reference = [1.0] * 99 + [0.0]                       # the reference misses the last prompt
+    budget = Budget("within", 1.0)
+    assert not budget.cannot_meet([0.0], reference)      # one loss: the last prompt may make it up
+    assert not budget.cannot_meet([0.0, 0.0], reference)  # two losses, one gain: exactly 1 point
+    assert budget.cannot_meet([0.0, 0.0, 0.0], reference)  # three: at best 2 points over
+    assert Budget("at-least", 99.0).cannot_meet([0.0, 0.0], [1.0] * 100)
+    assert not Budget("at-least", 98.0).cannot_meet([0.0, 0.0], [1.0] * 100)
