@@ -14,8 +14,8 @@ the aggressive end of the grid (accuracy is roughly monotone in the knob, and fo
 it) to the first point that meets the budget; each probe is successive halving: a quarter of the
 calibration prompts, then half, then all, stopping where it clearly fails (by more than 2 standard
 errors of the paired difference) or can no longer meet the budget whatever the rest score. Then the
-rule's candidate for one overall setting, its most aggressive point passing on every task, is run
-in full on every task. The reference's forwards are the budget's own, needed by any search, and are
+rules' candidates for one overall setting, each its most aggressive point passing on every task,
+run in full on every task, cheapest lower bound first, while they can still beat the best found. The reference's forwards are the budget's own, needed by any search, and are
 counted apart. The choice per task is the cheapest point (mean forwards per prompt) whose full
 calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
 that meets it on every task with the lowest mean cost over tasks. The held-out split then scores
@@ -206,8 +206,11 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
     halving: a quarter of the task's calibration prompts, then half, then all, stopping at the
     first stage where it clearly fails, or where it cannot meet the budget on the whole split
     whatever the remaining prompts score (`Budget.cannot_meet`, exact). Then, per rule, the
-    most aggressive index that met the budget on every task is run on every task's full split
-    (stepping back while it misses somewhere), the candidate for the one overall setting. The
+    most aggressive index that met the budget on every task is a candidate for the one overall
+    setting; candidates run on every task's full split (stepping back while one misses
+    somewhere) cheapest lower bound first, until the next bound cannot beat the cheapest overall
+    setting found (the bound takes, for a task it has not run on, the cost of the task's own,
+    more aggressive, passing point: forwards do not fall towards the conservative end). The
     reference's own forwards are the budget's, not the search's, and are counted apart.
     """
     run([reference], cal, False)
@@ -237,6 +240,7 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
                 return False
         return point.meets
 
+    candidates = []
     for grid in chains:
         best: dict[str, int] = {}
         for task in sizes:
@@ -245,9 +249,26 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
                 index -= 1
             best[task] = index
         index = min(best.values())
+        if index >= 0:
+            # a lower bound on its mean cost: where it has not run in full, the task's own passing
+            # point (more aggressive, so no dearer along the grid) stands in
+            bound = _mean([_full_nfe(points, grid[index], task) or _full_nfe(points, grid[best[task]], task) or 0.0
+                           for task in sizes])
+            candidates.append((bound, grid, index))
+    verified = float("inf")
+    for bound, grid, index in sorted(candidates, key=lambda c: c[0]):
+        if bound >= verified:                             # cannot beat an overall setting found
+            break
         while index >= 0 and not all(passes(grid[index], task) for task in sizes):
             index -= 1
+        if index >= 0:
+            verified = min(verified, _mean([_full_nfe(points, grid[index], task) or 0.0 for task in sizes]))
     return list(points.values())
+
+
+def _full_nfe(points: dict[tuple[Setting, str], Point], setting: Setting, task: str) -> float | None:
+    point = points.get((setting, task))
+    return point.nfe if point is not None and point.stage == STAGES[-1] else None
 
 
 def choose(points: Sequence[Point], tasks: Sequence[str]) -> tuple[dict[str, Point | None], Setting | None]:
