@@ -117,3 +117,22 @@ def test_auto_takes_the_shipped_table_for_its_vocabulary_and_warns_on_others():
 def test_the_shipped_table_is_rebuilt_byte_identically_by_its_recipe(tmp_path):
     rebuilt = build_embedded_table(tmp_path / "frequency.safetensors")
     assert rebuilt.read_bytes() == (TABLES_DIR / SHIPPED["embedded"]).read_bytes()
+
+
+def test_freq_table_command_counts_local_text_for_a_models_tokenizer(tmp_path):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    text = tmp_path / "t.jsonl"
+    text.write_text('{"t": "copy : alice bob"}\n{"t": "alice"}\n')
+    out = tmp_path / "f.safetensors"
+    result = CliRunner().invoke(main, ["freq-table", "--model", "embedded", "--text", str(text), "--field", "t",
+                                       "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = read_table(out)
+    assert table.total == 5 and table.metadata["vocab_size"] == "129"
+    check_table(str(out), 129)
+    bad = CliRunner().invoke(main, ["freq-table", "--model", "embedded", "--text", str(text), "--field", "x",
+                                    "--out", str(out)])
+    assert bad.exit_code == 2 and "with a 'x' field" in bad.output and "Traceback" not in bad.output
