@@ -45,6 +45,7 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
     forwards per prompt) within the budget, per task and overall; check it on a held-out split;
     write OUT/presets.json, tune.json and report.md."""
+    import math
     from pathlib import Path
 
     from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
@@ -67,6 +68,10 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
         parsed = Budget.parse(budget)
     with usage_errors("--rules"):
         check_rules(names)
+    if parsed.kind == "within" and 100 / calibration > parsed.points:
+        click.echo(f"note: one calibration prompt is {100 / calibration:.2g} points, more than the budget's "
+                   f"{parsed.points:g}: the budget then means 'no calibration prompt lost', which overfits; "
+                   f"use --calibration {math.ceil(100 / parsed.points)} or more per task", err=True)
     if canvas is None:                      # block lengths must divide every answer length
         skipped = [r for r in names if SPACE[r].field == "block_length"]
         names = [r for r in names if r not in skipped]
