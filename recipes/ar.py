@@ -1,8 +1,8 @@
 """Train the embedded autoregressive target and draft models (transformers Llama format).
 
-    python -m dllm_decode.eval.training.ar --out /tmp/ar_target --size target [--steps N] [--resume]
-    python -m dllm_decode.eval.training.ar --out /tmp/ar_draft --size draft
-    python -m dllm_decode.eval.training.ar --out /tmp/ar_distilled --size draft --teacher ar_target --init ar_draft
+    python -m recipes.ar --out /tmp/ar_target --size target [--steps N] [--resume]
+    python -m recipes.ar --out /tmp/ar_draft --size draft
+    python -m recipes.ar --out /tmp/ar_distilled --size draft --teacher ar_target --init ar_draft
 
 `--teacher` distils: the answers trained on are the teacher's greedy outputs for the pool's
 prompts instead of the references (sequence-level knowledge distillation, as DistillSpec, Zhou et
@@ -28,9 +28,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dllm_decode.speculative.models import load_causal_lm, resolve_causal_dir
 from dllm_decode.eval.tasks.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
-from dllm_decode.eval.training.data import EOS_ID, PAD_ID, VOCAB, Pool, build_pool, causal_batch, step_rng
-from dllm_decode.eval.training.evaluate import accuracy_by_task, causal_generate
-from dllm_decode.eval.training.loop import (LoopConfig, add_run_arguments, run_summary, train,
+from recipes.data import EOS_ID, PAD_ID, VOCAB, Pool, build_pool, causal_batch, step_rng
+from recipes.evaluate import accuracy_by_task, causal_generate
+from recipes.loop import (LoopConfig, add_run_arguments, run_summary, train,
                                             write_summary)
 
 SIZES = {

@@ -1,6 +1,6 @@
 """Train the embedded block-diffusion model: the embedded AR target converted with Fast-dLLM v2's recipe.
 
-    python -m dllm_decode.eval.training.bd --out /tmp/bd_run [--steps N] [--resume] [--max-minutes M]
+    python -m recipes.bd --out /tmp/bd_run [--steps N] [--resume] [--max-minutes M]
 
 Recipe (Fast-dLLM v2, arXiv 2509.26328; `shared/specs/block-diffusion.md` §1.3 and §5):
   * Init: the shipped AR target (`embedded/ar_target`, Llama format, 1.82M parameters) with its
@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dllm_decode.eval.tasks.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
-from dllm_decode.eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, Pool, build_pool,
+from recipes.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, Pool, build_pool,
                                             step_rng)
-from dllm_decode.eval.training.evaluate import accuracy_by_task, left_pad
-from dllm_decode.eval.training.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
+from recipes.evaluate import accuracy_by_task, left_pad
+from recipes.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
                                             run_summary, train, write_summary)
 from dllm_decode.models.checkpoint import read_config, read_safetensors
 from dllm_decode.models.fast_dllm import FastDLLMLlamaConfig, FastDLLMModel

@@ -1,6 +1,6 @@
 """Train the embedded masked diffusion LM (LLaDA architecture) on the task mix.
 
-    python -m dllm_decode.eval.training.dllm --out /tmp/dllm_run [--steps N] [--resume] [--init embedded]
+    python -m recipes.dllm --out /tmp/dllm_run [--steps N] [--resume] [--init embedded]
 
 Objective: LLaDA SFT. Each row is `[left pad][prompt][answer, EOS-padded to the canvas]`; a time
 t ~ U(eps, 1) per row masks each canvas token with probability t (the prompt never); the loss is
@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from dllm_decode.models.checkpoint import load_state_strict, read_config, read_safetensors, resolve_model_dir
 from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
 from dllm_decode.eval.tasks.tokenizer import save_tokenizer
-from dllm_decode.eval.training.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
+from recipes.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, build_pool,
                                 diffusion_batch, step_rng)
-from dllm_decode.eval.training.evaluate import accuracy_by_task, diffusion_generate
-from dllm_decode.eval.training.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
+from recipes.evaluate import accuracy_by_task, diffusion_generate
+from recipes.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
                                             run_summary, train, write_summary)
 
 SIZES = {

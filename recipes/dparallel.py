@@ -1,7 +1,7 @@
 """dParallel: certainty-forcing self-distillation of a masked diffusion LM (Chen et al., 2025,
 arXiv 2509.26488; `czg1225/dParallel@2ca4d14: LLaDA/llada_train.py`, `configs/config_lora_llada.yaml`).
 
-    python -m dllm_decode.eval.training.dparallel --out /work/runs/dparallel [--init embedded] \
+    python -m recipes.dparallel --out /work/runs/dparallel [--init embedded] \
         [--pool-per-task N] [--steps N] [--max-minutes M] [--resume] [--eval-n N]
 
 1. Teacher data: the model's OWN answers to train-split prompts, decoded semi-autoregressively
@@ -47,8 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.eval.training.data import EOS_ID, MASK_ID, PAD_ID, Pool, encode, step_rng
-from dllm_decode.eval.training.loop import LoopConfig, add_run_arguments, train
+from recipes.data import EOS_ID, MASK_ID, PAD_ID, Pool, encode, step_rng
+from recipes.loop import LoopConfig, add_run_arguments, train
 from dllm_decode.eval.training.side_by_side import format_table, side_by_side, suite_examples
 
 TEACHER = "teacher.json"
@@ -197,7 +197,7 @@ def teacher_pool(model, examples: list, *, gen_length: int, block_length: int, b
     """
     from dllm_decode.config import DecodeConfig
     from dllm_decode.eval.tasks import TASKS
-    from dllm_decode.eval.training.evaluate import decode_text
+    from recipes.evaluate import decode_text
     from dllm_decode.sampler import generate
     from dllm_decode.schedulers import LowConfidenceScheduler
 
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def distil(args: argparse.Namespace, cfg: CertaintyConfig, model, log) -> dict:
     """Teacher data (cached), training, export; returns the run's summary."""
-    from dllm_decode.eval.training.dllm import export
+    from recipes.dllm import export
 
     began = time.monotonic()
     teacher_file = args.out / TEACHER
@@ -296,7 +296,7 @@ def distil(args: argparse.Namespace, cfg: CertaintyConfig, model, log) -> dict:
     model.requires_grad_(False)
     export(model, args.out / "model")
     first, last = parts[:50], parts[-50:]
-    return {"recipe": "eval/training/dparallel.py", "init": args.init, "teacher_prompts_per_task": args.pool_per_task,
+    return {"recipe": "recipes/dparallel.py", "init": args.init, "teacher_prompts_per_task": args.pool_per_task,
             "teacher_pool": len(pool), "teacher_kept_percent": kept, "teacher_minutes": teacher_minutes,
             "gen_length": args.gen_length, "teacher_gen_length": args.teacher_gen_length or args.gen_length,
             "loss_config": dataclasses.asdict(cfg),

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from dllm_decode.eval.tasks import TASKS
-from dllm_decode.eval.training.data import EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, encode
+from recipes.data import EOS_ID, MASK_ID, PAD_ID, SEP_ID, VOCAB, encode
 
 WORDS = {i: w for w, i in VOCAB.items()}
 

@@ -9,11 +9,11 @@ import torch
 
 from dllm_decode.eval.tasks import TASKS
 from dllm_decode.eval.theory.ideal import IdealModel
-from dllm_decode.eval.training import dllm
-from dllm_decode.eval.training.data import EOS_ID, MASK_ID, PAD_ID, Pool, build_pool, step_rng
-from dllm_decode.eval.training.dparallel import (CertaintyBatch, CertaintyConfig, certainty_batch,
+from recipes import dllm
+from recipes.data import EOS_ID, MASK_ID, PAD_ID, Pool, build_pool, step_rng
+from recipes.dparallel import (CertaintyBatch, CertaintyConfig, certainty_batch,
                                                  certainty_loss, complementary_views, teacher_pool)
-from dllm_decode.eval.training.evaluate import decode_text
+from recipes.evaluate import decode_text
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

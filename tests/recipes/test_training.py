@@ -10,12 +10,12 @@ from dllm_decode.eval.theory.ideal import IdealModel
 from dllm_decode.eval.tasks import TASKS, WAITING_LINE, split_of
 from dllm_decode.eval.tasks.vocab import NAMES, SYMBOLS
 from dllm_decode.eval.tasks.waiting_line import ListTask
-from dllm_decode.eval.training import ar, dllm
+from recipes import ar, dllm
 from dllm_decode.eval.tasks.puzzles import is_latin
-from dllm_decode.eval.training.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, SYMBOL_LIST_TASKS, VOCAB,
+from recipes.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, SYMBOL_LIST_TASKS, VOCAB,
                                 build_pool, causal_batch, diffusion_batch, encode, step_rng)
-from dllm_decode.eval.training.evaluate import accuracy_by_task, decode_text, diffusion_generate
-from dllm_decode.eval.training.loop import LoopConfig, train
+from recipes.evaluate import accuracy_by_task, decode_text, diffusion_generate
+from recipes.loop import LoopConfig, train
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -179,7 +179,7 @@ def test_ar_loss_goes_down_on_a_tiny_config(pool, tmp_path):
 
 
 def test_distilled_pool_holds_the_teachers_greedy_answers(pool, tmp_path, capsys):
-    from dllm_decode.eval.training.evaluate import causal_generate
+    from recipes.evaluate import causal_generate
 
     torch.manual_seed(0)
     teacher = ar.LlamaForCausalLM(ar.model_config("tiny")).eval()

@@ -1,4 +1,4 @@
-"""The block-diffusion recipe (`eval/training/bd.py`): conversion, batches, the two-stream training
+"""The block-diffusion recipe (`recipes/bd.py`): conversion, batches, the two-stream training
 mask, the loss, the recipe's own decoder, export (spec `block-diffusion.md` §5.9 acceptance tests)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from dllm_decode import load_model
-from dllm_decode.eval.training import ar, bd
-from dllm_decode.eval.training.data import EOS_ID, MASK_ID, PAD_ID, SEP_ID, build_pool, encode
-from dllm_decode.eval.training.evaluate import causal_generate
-from dllm_decode.eval.training.loop import LoopConfig, train
+from recipes import ar, bd
+from recipes.data import EOS_ID, MASK_ID, PAD_ID, SEP_ID, build_pool, encode
+from recipes.evaluate import causal_generate
+from recipes.loop import LoopConfig, train
 from dllm_decode.models import FastDLLMModel
 from dllm_decode.models.checkpoint import EMBEDDED_DIR, load_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_thread")   # one torch thread (tests/eval/conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")   # one torch thread (tests/recipes/conftest.py)
 
 
 @pytest.fixture(scope="module")
