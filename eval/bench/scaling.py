@@ -64,9 +64,6 @@ class ScalingOptions:
                 **{f"default, cache {label}": replace(default, cache=cache) for label, cache in self.caches}}
 
 
-SCALING_QUICK = ScalingOptions(gen_lengths=(16, 32, 64), block_length=16, batch=4, per_task=1, repeats=1)
-
-
 def default_lengths(room: int, block: int, start: int = 64) -> list[int]:
     """`start`, doubling while it fits in `room` tokens, then the longest whole-block length that
     fits (the context's end) when that is longer.

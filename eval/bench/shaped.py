@@ -69,11 +69,6 @@ class ShapedOptions:
             raise ValueError(f"runtimes must be some of {list(RUNTIMES)}, got {list(self.runtimes)}")
 
 
-SHAPED_QUICK = dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,
-                    prompt_length=8)
-"""`--quick`: the embedded shape, seconds on a CPU."""
-
-
 def shaped_model(options: ShapedOptions) -> Any:
     """A LLaDA of the option's shape, seeded random weights, built directly on the device."""
     from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM

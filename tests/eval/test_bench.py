@@ -262,7 +262,8 @@ def test_ar_section_with_tiny_causal_models(monkeypatch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     import dllm_decode.speculative.models as causal
-    from dllm_decode.eval.bench.sections import QUICK
+    from dllm_decode.eval.bench.benchmarks import BENCHMARKS
+    from dllm_decode.eval.bench.sections import SuiteOptions
     from dllm_decode.eval.bench.spec import section_ar
     from dllm_decode.eval.bench.subject import load_subject
     from dllm_decode.testing import tiny_tokenizer
@@ -279,16 +280,18 @@ def test_ar_section_with_tiny_causal_models(monkeypatch):
     models = {"ar_target": tiny_causal(0), "ar_draft": tiny_causal(1)}
     monkeypatch.setattr(causal, "load_causal_lm", lambda name, **kwargs: models[name])
     subject = load_subject("tiny")
-    report = section_ar(subject, samples_for(subject, 1), QUICK)
+    quick = SuiteOptions(**BENCHMARKS["ar"].quick)
+    report = section_ar(subject, samples_for(subject, 1), quick)
     plain, spec = report["rows"]
-    assert report["samples"] == QUICK.ar_samples and spec["same_output"] == 100 and spec["exact"]
+    assert report["samples"] == quick.ar_samples and spec["same_output"] == 100 and spec["exact"]
     assert plain["target_forwards_per_token"] == 1.0 and plain["speedup"] == 1.0
     assert spec["speedup"] == pytest.approx(plain["seconds"] / spec["seconds"])
 
 
 # --- the command line ------------------------------------------------------------------------
 
-SUBCOMMANDS = ("all", "schedulers", "stack", "loop", "gap", "ar", "compile", "cache", "scaling", "spec")
+SUBCOMMANDS = ("all", "schedulers", "stack", "loop", "gap", "ar", "compile", "runtime", "cache", "scaling",
+               "spec", "bd", "serving", "tree", "shaped")
 
 
 def test_bench_help_imports_no_torch():
