@@ -23,7 +23,7 @@ from dllm_decode.eval.bench.subject import Subject, samples_for
 from dllm_decode.eval.bench.timing import check_counts
 
 LONG_FROM = 256
-"""Lengths from here up get their own fit: the range the issues' sub-linear target names."""
+"""Lengths from here up get their own fit: long canvases, where a cache's growth must stay sub-linear."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The diffusion sections of the benchmark suite: schedulers, stack, loop and oracle gap.
 
-Counted as design §5 says: NFE (forward passes, refreshes included), tokens per step (canvas
+Counted the same way in every section: NFE (forward passes, refreshes included), tokens per step (canvas
 length / NFE), answer tokens per step (tokens before the first end-of-text / NFE), accuracy (the
 task's metric, in percent), seconds (median of interleaved repeats, `timing.interleave`),
 overhead (share of wall-clock outside model forwards). Every speedup is a ratio of medians

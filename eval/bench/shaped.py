@@ -1,6 +1,6 @@
 """`dllm-decode bench shaped`: a LLaDA-8B-shaped model with random weights on any device.
 
-The GPU path of the serving issue: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
+The GPU serving path: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
 and 64 on a model of LLaDA-8B's shape (32 layers, width 4096, 32 heads, MLP 12288, vocabulary
 126,464), random bf16 weights built on the device (no download, no checkpoint). Random weights
 make the threshold rule commit one token per step, so the benchmark decodes a fixed number of
