@@ -18,7 +18,7 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.eval.theory.ideal import IdealModel
 from dllm_decode.eval.tasks import TASKS
 from dllm_decode.eval.tasks.waiting_line import _is_replace
-from tests.eval.words import encode
+from tests.eval.theory.words import encode
 from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 

@@ -30,7 +30,7 @@ from dllm_decode.eval.theory.formulas import replace_random_accuracy, shuffle_ac
 from dllm_decode.eval.theory.ideal import IdealModel
 from dllm_decode.eval.theory.overlay import (CLOSED_FORM, EXACT, FIXED_STEP_RANKING, ideal_point,
                                              record_point)
-from tests.eval.words import encode
+from tests.eval.theory.words import encode
 from dllm_decode.registry import component
 
 RULES = [("low_confidence", {"steps_per_block": 2}), ("random", {"steps_per_block": 2}),

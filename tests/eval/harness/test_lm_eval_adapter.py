@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dllm_decode.eval.harness.lm_eval_adapter import DllmDecodeLM
-from tests.eval.answer_key import AnswerKeyModel
+from tests.eval.harness.answer_key import AnswerKeyModel
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dllm_decode.eval.harness.report import write_outputs
 from dllm_decode.eval.harness.runner import SAMPLES, diffusion_decoder, evaluate
 from dllm_decode.eval.tasks.sources import select_tasks
 from dllm_decode.eval.harness.summary import summarize
-from tests.eval.answer_key import AnswerKeyModel
+from tests.eval.harness.answer_key import AnswerKeyModel
 
 GEN = 8
 

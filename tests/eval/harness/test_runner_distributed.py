@@ -14,7 +14,7 @@ from dllm_decode.eval.harness.records import read_records
 from dllm_decode.eval.harness.runner import SAMPLES, diffusion_decoder, evaluate
 from dllm_decode.eval.tasks.sources import select_tasks
 from dllm_decode.eval.harness.summary import summarize
-from tests.eval.answer_key import AnswerKeyModel
+from tests.eval.harness.answer_key import AnswerKeyModel
 
 GEN = 8
 TIMING = ("seconds",)
