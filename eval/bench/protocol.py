@@ -1,11 +1,12 @@
 """The benchmark protocol: what one benchmark declares, and the options every benchmark shares.
 
-A benchmark is one file under `dllm_decode.eval.bench.benchmarks` exporting a `Benchmark` record:
-its name, its command-line options (declared here as plain `Option` records: this package never
-imports the CLI, and `dllm-decode bench --help` must not wait for torch, so a record file imports
-only this module and loads its machinery inside `run`), the settings `--quick` starts from, `run`
-(settings -> a JSON-ready report) and `format` (report -> the printed tables). `dllm-decode bench`
-builds one subcommand per record and adds `--quick` and `--json` to each.
+A benchmark is one file under `dllm_decode.eval.bench.benchmarks` exporting a `Benchmark` record
+(the suite's file exports the suite and each of its sections, all run by the suite): its name, its
+command-line options (declared here as plain `Option` records: this package never imports the CLI,
+and `dllm-decode bench --help` must not wait for torch, so a record file imports only this module
+and loads its machinery inside `run`), the settings `--quick` starts from, `run` (settings -> a
+JSON-ready report) and `format` (report -> the printed tables). `dllm-decode bench` builds one
+subcommand per record and adds `--quick` and `--json` to each.
 
 The one convention: `run` sends progress lines to `say` (standard error) and returns the report;
 `format` returns every table; the command prints `format(report)` and writes the report as JSON.
