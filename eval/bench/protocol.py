@@ -122,11 +122,11 @@ def blame(flag: str | None = None) -> Iterator[None]:
         raise OptionError(flag, text.splitlines()[0] if text else type(err).__name__) from None
 
 
-def fill(options_class: Any, settings: Settings, **extra: Any) -> Any:
+def fill(options_class: Any, settings: Settings, flag: str | None = None, **extra: Any) -> Any:
     """The benchmark's options record from the settings that name its fields (others ignored);
-    a bad value is an `OptionError`."""
+    a bad value is an `OptionError` (naming `flag` when one option is the likely culprit)."""
     names = {f.name for f in dataclasses.fields(options_class)}
-    with blame():
+    with blame(flag):
         return options_class(**{k: v for k, v in {**settings, **extra}.items() if k in names})
 
 

@@ -14,7 +14,8 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
     from dllm_decode.eval.bench.serving import ServingOptions, run as load_test
 
     diffusion_named(settings.get("model", "embedded"))
-    return load_test(fill(ServingOptions, settings), say)
+    options = fill(ServingOptions, settings, "--block-length")   # counts are checked by click
+    return load_test(options, say)
 
 
 BENCHMARK = Benchmark(

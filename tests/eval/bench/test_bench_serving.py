@@ -34,4 +34,4 @@ def test_a_model_without_the_task_suite_is_refused():
 
 def test_a_block_that_does_not_divide_the_canvas_is_refused():
     result = CliRunner().invoke(main, ["bench", "serving", "--gen-length", "12", "--block-length", "8"])
-    assert result.exit_code == 2 and "must divide" in result.output
+    assert result.exit_code == 2 and "must divide" in result.output and "--block-length" in result.output
