@@ -1,14 +1,22 @@
 """A causal LM's KV cache as explicit state: the transformers cache plus the tokens it holds.
 
+The cache is a transformers `Cache` object (`DynamicCache`), never the legacy tuple of per-layer
+(key, value) pairs, and it is passed under the name the model's forward declares:
+`cache` (transformers 5.24 and later, which deprecate `past_key_values` for removal in 5.40)
+or `past_key_values` (earlier releases), so no transformers release in the supported range
+prints a deprecation warning.
+
 The loop and the model drafters keep one `KV` per model and request. `extend` feeds only the part
 of a context the cache lacks (after cutting the cache back to the longest common prefix, which
 is how a drafter's cache follows whatever the target accepted); `rollback` is the target's
-explicit cut after a verification (HF `DynamicCache.crop`, spec speculative.md §2.3) and
+explicit cut after a verification (HF `DynamicCache.crop`, the way HF's assisted generation cuts it) and
 `keep_path` its tree form (gather the accepted path's rows, then cut).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +70,7 @@ def extend(model: Any, kv: KV, context: Tensor, keep: int,
     """Logits for the last `keep` positions of `context`, reusing the cached common prefix.
 
     Args:
-        model: a transformers causal LM (`input_ids`, `past_key_values`, `logits_to_keep`) or a
+        model: a transformers causal LM (`input_ids`, `cache`, `logits_to_keep`) or a
             `CompactCausalLM`.
         kv: the model's state for this request.
         context: (n,) long, the whole sequence so far (prompt, accepted tokens, drafts).
@@ -96,10 +104,21 @@ def feed(model: Any, kv: KV, tokens: Tensor, keep: int, positions: Tensor | None
     extra = {}
     if mask is not None:
         extra = {"attention_mask": _model_mask(model, mask), "position_ids": positions.unsqueeze(0)}
-    out = model(input_ids=tokens.unsqueeze(0), past_key_values=kv.cache, use_cache=True,
-                logits_to_keep=keep, **extra)
+    extra[cache_argument(type(model))] = kv.cache
+    out = model(input_ids=tokens.unsqueeze(0), use_cache=True, logits_to_keep=keep, **extra)
     kv.ids = torch.cat([kv.ids, tokens])
     return out.logits[0, -keep:].float(), kv
+
+
+@functools.lru_cache(maxsize=64)
+def cache_argument(model_type: type) -> str:
+    """The keyword a causal LM class's forward takes its cache under: `cache` where the forward
+    declares it (transformers >= 5.24 and the compact runtime), else `past_key_values`."""
+    try:
+        parameters = inspect.signature(model_type.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def keep_path(kv: KV, start: int, path: list[int]) -> KV:
