@@ -124,7 +124,7 @@ def cache_argument(model_type: type) -> str:
 def keep_path(kv: KV, start: int, path: list[int]) -> KV:
     """After verifying a tree fed at cache row `start`: keep the rows of the accepted `path`
     (node indices) at rows start, start + 1, ... and drop the rest (Medusa's
-    `update_inference_inputs`: a gather, then the length; spec speculative-2.md §2.5). The kept
+    `update_inference_inputs`: a gather, then the length). The kept
     keys were rotated at `start + depth`, their final positions, so nothing is re-rotated. A path
     that is already in place (a chain's accepted prefix) is a plain rollback."""
     if path != list(range(len(path))):
