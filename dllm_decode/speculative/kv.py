@@ -57,12 +57,29 @@ def rollback(kv: KV, length: int) -> KV:
     """Keep the first `length` cached positions (drop rejected drafts)."""
     drop = kv.ids.shape[0] - length
     if drop > 0:
-        if kv.cache.get_seq_length() > length:
-            # A negative argument removes that many positions; it means the same in transformers
-            # 4.x (where a positive one is a target length) and 5.x (where positive is refused).
-            kv.cache.crop(-(kv.cache.get_seq_length() - length))
+        _crop(kv.cache, length)
         kv.ids = kv.ids[:length]
     return kv
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Cut every filled layer of `cache` back to `length` positions.
+
+    A negative `crop` argument removes that many positions; it means the same in transformers
+    4.x (where a positive one is a target length) and 5.x (where a positive one is refused). A
+    transformers cache is cut layer by layer, skipping layers that hold nothing (a layer-skip
+    draft leaves the skipped layers empty, and transformers 4.x's whole-cache `crop` fails on
+    them); a cache of its own (`CompactCache`) is cut whole.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        if cache.get_seq_length() > length:
+            cache.crop(-(cache.get_seq_length() - length))
+        return
+    for layer in layers:
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.numel() and layer.get_seq_length() > length:
+            layer.crop(-(layer.get_seq_length() - length))
 
 
 def extend(model: Any, kv: KV, context: Tensor, keep: int,

@@ -105,9 +105,13 @@ def test_other_architectures_are_refused_and_auto_falls_back():
 def test_length_dependent_rotary_padding_and_foreign_caches_are_refused():
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+    import inspect
+
+    # transformers 5 names the rotary settings `rope_parameters`, 4.x `rope_scaling`
+    key = "rope_parameters" if "rope_parameters" in inspect.signature(LlamaConfig).parameters else "rope_scaling"
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                          intermediate_size=48, max_position_embeddings=16,
-                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+                         **{key: {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}})
     dynamic = LlamaForCausalLM(config).eval()
     with pytest.raises(ValueError, match="rope_type 'dynamic'"):
         CompactCausalLM(dynamic)
