@@ -8,8 +8,9 @@ import warnings
 import pytest
 import torch
 
-from dllm_decode.speculative import (LookupDrafter, ModelDrafter, Sampling, SpecConfig, TreeShape,
-                                     HeuristicScheduler, layerskip_drafter, speculative_generate)
+from dllm_decode.speculative import (HeuristicScheduler, LookupDrafter, ModelDrafter, Sampling,
+                                     SpecConfig, StagedDrafter, TreeShape, layerskip_drafter,
+                                     speculative_generate)
 from dllm_decode.speculative.kv import cache_argument, extend, new_kv
 from tests.speculative.conftest import MarkovLM, tiny_llama
 
@@ -25,7 +26,7 @@ def test_transformers_models_take_a_cache_object_under_their_declared_keyword():
     keyword = cache_argument(type(target))
     import inspect
 
-    assert keyword in inspect.signature(type(target).forward).parameters
+    assert keyword in inspect.signature(type(target).forward).parameters   # no deprecated alias
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         logits, kv = extend(target, kv, torch.tensor(PROMPT), 1)
@@ -37,13 +38,15 @@ def test_a_forward_without_the_new_keyword_gets_past_key_values():
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("case", ["model", "layerskip", "tree", "lookup", "plain"])
+@pytest.mark.parametrize("case", ["model", "layerskip", "tree", "lookup", "staged", "plain"])
 def test_no_speculative_decode_warns(case, temperature):
     target = tiny_llama(0)
     drafter = {"model": lambda: ModelDrafter(tiny_llama(1, layers=2)),
                "layerskip": lambda: layerskip_drafter(target, "1", runtime="hf"),
                "tree": lambda: ModelDrafter(tiny_llama(1, layers=2), TreeShape(2, 6)),
                "lookup": lambda: LookupDrafter(),
+               "staged": lambda: StagedDrafter(ModelDrafter(tiny_llama(1, layers=2)),
+                                               layerskip_drafter(tiny_llama(1, layers=2), "1", "hf")),
                "plain": lambda: None}[case]()
     config = SpecConfig(scheduler=HeuristicScheduler(), max_new_tokens=12,
                         sampling=Sampling(temperature=temperature))
