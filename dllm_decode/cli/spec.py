@@ -60,9 +60,10 @@ RUNTIME_CHOICES = ("hf", "compact")
               "when the model is a Llama (a draft's numerics never change the output).")
 @click.option("--device", default=None, help="torch device (default: cpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], scheduler: str, scheduler_opts: dict[str, str],
-                 tree_branch: int, tree_budget: int, tree_min_prob: float, max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
+def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], scheduler: str,
+                 scheduler_opts: dict[str, str], tree_branch: int, tree_budget: int,
+                 tree_min_prob: float, max_new_tokens: int, max_draft: int, temperature: float,
+                 top_k: int | None, top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
                  dllm_drop: str, prompt: str | None, chat_template: bool, runtime: str,
                  draft_runtime: str, device: str | None, as_json: bool) -> None:
     """Autoregressive speculative decoding: draft a chain or a token tree, let the scheduler
@@ -72,8 +73,8 @@ def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], sched
 
     from dllm_decode.cli.options import device_option, read_prompt, usage_errors
     from dllm_decode.prompts import chat_prompt
-    from dllm_decode.registry import component, component_dict
     from dllm_decode.models.causal import load_causal_lm
+    from dllm_decode.registry import component, component_dict
     from dllm_decode.speculative import (DiffusionDrafter, DraftContext, Sampling, SpecConfig,
                                          TreeShape, draft_spec as read_draft,
                                          speculative_generate, with_runtime)

@@ -1,14 +1,14 @@
 """Autoregressive speculative decoding behind the diffusion loop's scheduler interface.
 
-A drafter (`DRAFTERS`: small causal LM, prompt lookup, the target with layers skipped, a masked diffusion
-LM drafting a block in parallel, or a staged drafter whose own drafting is speculated) proposes
-a chain or a token tree; a `Scheduler` (the same objects the diffusion loop uses, plus the
-AR-only `heuristic` and `bild` of `DRAFT_LENGTHS`) decides how many levels to verify; the target verifies them in
-one forward (a tree under a tree mask), greedily (identical to its own greedy output) or by
-(recursive) speculative sampling (identical in distribution); BiLD's rollback is the one lossy
-option. Batch size 1. See `schedule.py` for how each scheduler maps, and `compact.py`
-for the lean runtime drafts use by default (transformers' per-layer dispatch dominates at small
-sizes).
+A drafter (`DRAFTERS`: small causal LM, prompt lookup, the target with layers skipped, a masked
+diffusion LM drafting a block in parallel, or a staged drafter whose own drafting is speculated)
+proposes a chain or a token tree; a `Scheduler` (the same objects the diffusion loop uses, plus
+the AR-only `heuristic` and `bild` of `DRAFT_LENGTHS`) decides how many levels to verify; the
+target verifies them in one forward (a tree under a tree mask), greedily (identical to its own
+greedy output) or by (recursive) speculative sampling (identical in distribution); BiLD's
+rollback is the one lossy option. Batch size 1. See `schedule.py` for how each scheduler maps,
+and `compact.py` for the lean runtime drafts use by default (transformers' per-layer dispatch
+dominates at small sizes). Causal LMs load with `dllm_decode.models.causal.load_causal_lm`.
 """
 
 from dllm_decode.speculative.compact import RUNTIMES, CompactCausalLM, with_runtime

@@ -4,13 +4,15 @@ The cache is a transformers `Cache` object (`DynamicCache`), never the legacy tu
 (key, value) pairs, and it is passed under the name the model's forward declares:
 `cache` (transformers 5.24 and later, which deprecate `past_key_values` for removal in 5.40)
 or `past_key_values` (earlier releases), so no transformers release in the supported range
-prints a deprecation warning.
+prints a deprecation warning. Supported: transformers 4.56 to 5.x (the layered `DynamicCache`
+with `config=` and per-layer `crop`, and `from_pretrained(dtype=)`, arrived in 4.56); the
+speculative tests pass on 4.56.0, 4.57.6, 5.0.0 and 5.24.0.
 
 The loop and the model drafters keep one `KV` per model and request. `extend` feeds only the part
 of a context the cache lacks (after cutting the cache back to the longest common prefix, which
 is how a drafter's cache follows whatever the target accepted); `rollback` is the target's
-explicit cut after a verification (HF `DynamicCache.crop`, the way HF's assisted generation cuts it) and
-`keep_path` its tree form (gather the accepted path's rows, then cut).
+explicit cut after a verification (`DynamicCache.crop`, as HF's assisted generation cuts it)
+and `keep_path` its tree form (gather the accepted path's rows, then cut).
 """
 
 from __future__ import annotations
