@@ -151,3 +151,17 @@ def test_draft_options_configure_a_registry_entry(checkpoint):
     assert out["tokens"] == short["tokens"]
     bad = run(*base, "--draft", "lookup", "-d", "width=3")
     assert bad.exit_code == 2 and "unknown option 'width'" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("runtime", ["hf", "compact"])
+def test_spec_prints_no_warning(checkpoint, runtime):
+    """A whole `spec` run (loading, drafting, verifying) raises on any warning, transformers'
+    deprecation of the `past_key_values` keyword included."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = run("--target", checkpoint, "--draft", f"staged:{checkpoint}>layerskip:1",
+                     "--draft-runtime", "hf", "--runtime", runtime, "--prompt", PROMPT,
+                     "--max-new-tokens", "8")
+    assert result.exit_code == 0, (result.output, result.exception)
