@@ -194,6 +194,14 @@ class BlockCausal:
     block_size: int
     token_shift: int = 0
 
+    @property
+    def block_start_first(self) -> bool:
+        """True for a token-shifted model: a block's first position is predicted by the previous
+        block's last row, which never sees the block, so its logit is final before the block's
+        first step; the loop then commits that position alone in that step, as the reference
+        decoders do (`models.block_grid.block_start_columns`)."""
+        return self.token_shift > 0
+
     def key_mask(self, attention_mask: Tensor | None, positions: Tensor,
                  fed: tuple[int, int]) -> Tensor:
         return block_causal_mask(positions, fed, self.block_size, attention_mask)
