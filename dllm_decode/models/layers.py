@@ -186,7 +186,7 @@ class BlockCausal:
     query q attends key k iff `k // b <= q // b` in positions, and never padding. Because no row
     attends a later block, the K/V of block j depend on blocks 0..j only: a `KVCache` whose
     columns before the active block were written while those blocks held their final tokens is
-    EXACT (`shared/specs/block-diffusion.md` §4). `token_shift` says which logits row the
+    EXACT (no later block can change them). `token_shift` says which logits row the
     network itself uses for position i (1: row i - 1, Fast-dLLM v2; 0: row i); the adapters
     undo it, so the returned row i always predicts position i.
     """

@@ -60,7 +60,7 @@ DREAM_NAMES = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight
 def test_single_file_round_trip_in_released_layout(tmp_path, make, names, cls):
     model = make(layers=1)
     model.save_pretrained(tmp_path)
-    assert set(load_file(str(tmp_path / "model.safetensors"))) == names   # spec §1.2 / §2.2
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == names   # the released names
     loaded = load_model(tmp_path)
     assert type(loaded) is cls and not loaded.training and loaded.tokenizer is None
     assert loaded.name_or_path == str(tmp_path)
@@ -106,7 +106,7 @@ def test_bert_checkpoint_loads_through_the_generic_adapter(tmp_path):
 
 # ---- the released config.json structure (values from the spec tables, sizes shrunk) ---------
 
-LLADA_8B_CONFIG = {  # shared/specs/models-and-caches.md §1.1; sizes shrunk
+LLADA_8B_CONFIG = {  # GSAI-ML/LLaDA-8B-Instruct's config.json keys; sizes shrunk
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0,
     "architectures": ["LLaDAModelLM"], "attention_dropout": 0.0, "attention_layer_norm": False,
     "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig",
@@ -124,7 +124,7 @@ LLADA_8B_CONFIG = {  # shared/specs/models-and-caches.md §1.1; sizes shrunk
     "scale_logits": False, "transformers_version": "4.46.3", "use_cache": False,
     "vocab_size": 37, "weight_tying": False,
 }
-DREAM_7B_CONFIG = {  # shared/specs/models-and-caches.md §2.1 plus HF bookkeeping; sizes shrunk
+DREAM_7B_CONFIG = {  # Dream-v0-Instruct-7B's config.json keys plus HF bookkeeping; sizes shrunk
     "architectures": ["DreamModel"], "attention_dropout": 0.0,
     "auto_map": {"AutoConfig": "configuration_dream.DreamConfig",
                  "AutoModel": "modeling_dream.DreamModel"},

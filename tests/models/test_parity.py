@@ -18,7 +18,7 @@ from tests.models.conftest import (DREAM_SIZES, LENGTH, LLADA_SIZES, VOCAB, left
                                    randomize_)
 
 
-LLAMA_TO_LLADA = {  # Llama-style suffix -> LLaDA suffix (shared.specs models-and-caches §1.2)
+LLAMA_TO_LLADA = {  # Llama-style suffix -> LLaDA suffix (the released LLaDA names)
     "input_layernorm": "attn_norm", "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj",
     "self_attn.v_proj": "v_proj", "self_attn.o_proj": "attn_out",
     "post_attention_layernorm": "ff_norm", "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj",
