@@ -4,7 +4,8 @@ MoE routing by hand, padding invariance, the exact finished-block KV cache, conf
 Parity references are transformers' Qwen2 / Llama / Qwen3 run with the same weights, eager
 attention and an explicit 4-D additive block-causal mask built here by brute force. The
 checkpoints are written the way the releases ship them: the reference's own `save_pretrained`
-(its config keys, its parameter names) plus the family's keys (`bd_size`, `block_size`, `mask_token_id`, `model_type`).
+(its config keys, its parameter names) plus the family's keys (`bd_size`, `block_size`,
+`mask_token_id`, `model_type`).
 """
 
 from __future__ import annotations
