@@ -15,7 +15,10 @@ boundary) commits that position alone, its argmax, in the block's first step; it
 from the forward that also writes the previous block into the KV cache (the block cache's fused
 first step, or the prefill), so no forward is added. Only then do the block's denoising steps
 run, seeing the committed token. A prompt that ends inside a block has no such step: that block
-starts with prompt tokens. The loop applies the rule to every model with `block_start_first`
+starts with prompt tokens. Differences that remain: at temperature > 0 the block start is sampled
+like every other commit (the reference takes its argmax at any temperature); a prompt of exactly
+one block gets the prompt as context (the reference prefills only prompts longer than a block, so
+its first block then decodes without the prompt in its cache); [MASK] is never committed. The loop applies the rule to every model with `block_start_first`
 (`models.block_grid`). Blocks are whole blocks of the grid: the canvas runs to the next
 boundary after prompt + gen_length, and the answer is cut to gen_length.
 
