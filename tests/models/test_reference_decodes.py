@@ -234,11 +234,13 @@ def test_whole_block_families_equal_their_reference(request, family, cache, leng
         assert len(got) == GEN and until_stop(got) == until_stop(want)
 
 
-def test_a_batch_off_the_grid_equals_each_row_alone(sdar_pair):
+@pytest.mark.parametrize("cache", sorted(CACHES))
+def test_a_batch_off_the_grid_equals_each_row_alone(sdar_pair, cache):
     """Rows whose grids end at different columns (each row's own tail; the shorter tails cut)."""
     raw, model = sdar_pair
     rows = [prompts(n, seeds=(n,))[0] for n in (5, 6, 8, 11)]
-    config = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=GEN, block_length=BLOCK)
+    config = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=GEN, block_length=BLOCK,
+                          cache=config_cache(cache))
     batched = generate(model, rows, config).tokens
     for row, prompt in zip(batched.tolist(), rows):
         assert until_stop(row) == until_stop(whole_block_decode(raw, prompt, GEN, BLOCK, 0.9))
