@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.sampler import _device_of
+from dllm_decode.devices import device_of
 
 
 @torch.inference_mode()
@@ -55,7 +55,7 @@ def loglikelihood(model: Any, prefix: Sequence[int], target: Sequence[int], *, m
     if limit is not None and len(prefix) + len(target) > limit:
         raise ValueError(f"prefix ({len(prefix)}) + target ({len(target)}) tokens exceed the model's "
                          f"context of {limit}")
-    device = _device_of(model)
+    device = device_of(model)
     sequence = torch.tensor(prefix + target, device=device)
     length, start = len(target), len(prefix)
     generator = torch.Generator(device=device).manual_seed(_seed(seed, prefix, target))

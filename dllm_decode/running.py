@@ -1,0 +1,242 @@
+"""The running batch as one record: its members (requests), their rows, bounds and phase tensors.
+
+`Member` is one request's worth of rows decoded under one `DecodeConfig` and one generator; its
+finished rows land in its own `out` canvas. `Batch` holds every member still decoding and does
+the batch geometry: admission between phases (rows appended, everyone right-aligned to one
+canvas), compaction of finished members, dropping finished rows, trimming a canvas tail no row
+attends. `Phase` is the device-side copy of the bounds the step reads, built at phase start and
+at every row change, then updated in place (preallocated tensors, the same ones every step), so
+a step allocates no bookkeeping tensors of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.batch import Bounds, Rows
+from dllm_decode.config import DecodeConfig
+
+
+@dataclass
+class Member:
+    """One request in the running batch: B prompts decoded under one config with one generator.
+
+    Attributes:
+        key: the caller's name for it (returned by `Decoding.step` when it finishes).
+        config: how its rows decode (scheduler, filters, lengths, temperature, EOS policy).
+        generator: its only source of randomness.
+        tokenizer: encodes its string prompts and decodes its answers.
+        out: (n, P + G) its rows' final canvases, prompts right-aligned at column P.
+        nfe: (n,) forwards each row took part in with work to do.
+        trace: per step, its rows' commits (when requested).
+        state: its scheduler's state for its rows still decoding, in batch order.
+        live: its rows still decoding.
+        cancelled: dropped by the caller (it has no result).
+    """
+
+    key: Hashable
+    config: DecodeConfig
+    generator: torch.Generator
+    tokenizer: Any
+    out: Tensor
+    nfe: Tensor
+    trace: list[dict[str, Any]] | None
+    state: Any = None
+    live: int = 0
+    cancelled: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    seconds: float = 0.0
+
+    @property
+    def gen_length(self) -> int:
+        return self.config.gen_length
+
+    @property
+    def revises(self) -> str:
+        return self.config.scheduler.revises
+
+
+@dataclass
+class Phase:
+    """The bounds on the device, one row each, in batch order (see `Bounds`).
+
+    Attributes:
+        columns: (L,) canvas column numbers.
+        block: (b, 2) each row's active block.
+        gen_span: (b, 2) each row's generation region.
+        region_start: (b,) the first column each row may commit in.
+        revising: (b,) bool, the row runs an edit pass.
+        index: member -> (b_m,) its rows' batch positions (None: it holds every row, in order).
+        order: permutation from the members' concatenated rows back to batch order (None: same).
+    """
+
+    columns: Tensor
+    block: Tensor
+    gen_span: Tensor
+    region_start: Tensor
+    revising: Tensor
+    index: dict[int, Tensor | None]
+    order: Tensor | None
+    key: tuple = ()
+
+    @classmethod
+    def build(cls, batch: Batch) -> Phase:
+        """Allocate the tensors for the batch's rows as they are now."""
+        device, rows = batch.device, batch.groups
+        flat = [i for members in rows.values() for i in members]
+        everyone = list(range(len(batch)))
+        index = {g: None if members == everyone else torch.tensor(members, device=device)
+                 for g, members in rows.items()}
+        order = None if flat == sorted(flat) else \
+            torch.tensor([flat.index(i) for i in everyone], device=device)
+        long = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)   # noqa: E731
+        phase = cls(torch.arange(batch.rows.x.shape[1], device=device), long(len(batch), 2),
+                    long(len(batch), 2), long(len(batch)), long(len(batch)).bool(), index, order)
+        phase.update(batch.bounds, batch.region_starts(), force=True)
+        return phase
+
+    def update(self, b: Bounds, region_starts: list[int], force: bool = False) -> None:
+        """Copy the host bounds in, in place, when they changed (a block start, a truncation,
+        an edit pass): one small host-to-device copy, no sync."""
+        key = (tuple(b.start), tuple(b.end), tuple(b.gen_start), tuple(b.gen_end),
+               tuple(region_starts), tuple(b.revising))
+        if key == self.key and not force:
+            return
+        self.key = key
+        values = torch.tensor([b.start, b.end, b.gen_start, b.gen_end, region_starts,
+                               [int(r) for r in b.revising]], dtype=torch.long)
+        values = values.to(self.block.device, non_blocking=True)
+        self.block.copy_(values[0:2].T)
+        self.gen_span.copy_(values[2:4].T)
+        self.region_start.copy_(values[4])
+        self.revising.copy_(values[5].bool())
+
+
+class Batch:
+    """Every request still decoding: `members`, their rows' canvas (`rows`, device), bounds
+    (`bounds`, host), each member's rows (`groups`) and the phase tensors (`phase`)."""
+
+    def __init__(self, device: torch.device, pad_id: int):
+        self.device, self.pad_id = device, pad_id
+        self.members: list[Member] = []
+        self.rows: Rows | None = None
+        self.bounds = Bounds()
+        self.groups: dict[int, list[int]] = {}
+        self.phase: Phase | None = None
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def admit(self, pending: list[tuple[Member, Tensor, Tensor | None, list[list[int]]]]) -> None:
+        """Finished members leave the table, pending ones join: their rows appended, every row
+        right-aligned to one canvas (the narrower side gains left padding)."""
+        self.compact()
+        for member, canvas, mask, ids in pending:
+            n = canvas.shape[0]
+            index = len(self.members)
+            self.members.append(member)
+            member.state = member.config.scheduler.init_state(n, self.device)
+            slot = torch.arange(n, device=self.device)
+            revising = member.revises != "none"
+            if self.rows is None or not len(self):
+                counts = torch.zeros_like(canvas, dtype=torch.int32) if revising else None
+                self.rows, self.bounds = Rows(canvas, mask, slot, counts), Bounds()
+            else:
+                self.bounds.shift(max(0, canvas.shape[1] - self.rows.x.shape[1]))
+                revising = revising or self.rows.revisions is not None
+                self.rows = self.rows.append(canvas, mask, slot, revising, self.pad_id)
+            width = self.rows.x.shape[1]
+            gen_start = width - member.gen_length
+            self.bounds.extend(Bounds([index] * n, [len(row) for row in ids], [gen_start] * n,
+                                      [width] * n, [gen_start] * n, [gen_start] * n, [0] * n,
+                                      [False] * n, [True] * n))
+        self._regroup()
+
+    def compact(self) -> None:
+        """Drop finished members from the table (their results live on in the caller)."""
+        keep = [i for i, m in enumerate(self.members) if m.live]
+        if len(keep) == len(self.members):
+            return
+        renumber = {old: new for new, old in enumerate(keep)}
+        self.members = [self.members[i] for i in keep]
+        self.bounds.request = [renumber[r] for r in self.bounds.request]
+        self._regroup()
+
+    def start_phase(self, grid: bool) -> dict[int, int]:
+        """Every row moves on to its next block; returns each member's step budget."""
+        self.bounds.advance([self.members[r].config.block_length for r in self.bounds.request], grid=grid)
+        self.phase.update(self.bounds, self.region_starts())
+        return {g: self.bounds.budget(rows) for g, rows in self.groups.items()}
+
+    def rebound(self, g: int, ends: list[int]) -> int:
+        """Member `g`'s rows end their blocks at `ends` (clamped to at least one column and to
+        the generation end); returns its new step budget."""
+        b = self.bounds
+        for r, e in zip(self.groups[g], ends):
+            b.end[r] = max(b.start[r] + 1, min(int(e), b.gen_end[r]))
+        self.phase.update(b, self.region_starts())
+        return b.budget(self.groups[g])
+
+    def region_starts(self) -> list[int]:
+        """First column each row may commit in: its block start, or its generation start under a
+        scheduler that takes back earlier blocks."""
+        b = self.bounds
+        return [g if self.members[r].revises == "generated" else s
+                for r, g, s in zip(b.request, b.gen_start, b.start)]
+
+    def rows_of(self, member: Member) -> list[int]:
+        """A member's rows' batch positions (empty when it holds none)."""
+        return next((rows for g, rows in self.groups.items() if self.members[g] is member), [])
+
+    def store(self, canvas: Tensor, rows: list[int], member: Member) -> None:
+        """Write rows' generation regions (rows of one member share their generation start) into
+        the member's canvas slots; a trimmed tail is end-of-text. No host sync."""
+        index = torch.tensor(rows, device=self.device)
+        start = self.bounds.gen_start[rows[0]]
+        region = self.rows.x[index, start:start + member.gen_length]
+        slots = self.rows.slot[index]
+        first = canvas.shape[1] - member.gen_length
+        canvas[slots, first:] = self.pad_id
+        canvas[slots, first:first + region.shape[1]] = region
+
+    def drop(self, done: list[bool], store: bool = True) -> Tensor:
+        """Rows marked `done` leave (their canvases go to their members' `out` when `store`);
+        the members' scheduler states keep only their remaining rows. Returns the kept rows."""
+        for g, rows in self.groups.items():
+            gone = [i for i in rows if done[i]]
+            if not gone:
+                continue
+            member = self.members[g]
+            member.live -= len(gone)
+            if store:
+                self.store(member.out, gone, member)
+            local = [j for j, i in enumerate(rows) if not done[i]]
+            member.state = member.config.scheduler.select_rows(
+                member.state, torch.tensor(local, dtype=torch.long, device=self.device))
+        kept_list = [i for i, d in enumerate(done) if not d]
+        kept = torch.tensor(kept_list, dtype=torch.long, device=self.device)
+        self.rows = self.rows.keep(kept)
+        self.bounds = self.bounds.keep(kept_list)
+        self._regroup()
+        return kept
+
+    def trim(self, width: int) -> bool:
+        """Cut the canvas columns past `width` (no live row attends them); False if none."""
+        if width >= self.rows.x.shape[1]:
+            return False
+        self.rows = self.rows.trim(width)
+        self.phase.columns = self.phase.columns[:width]
+        return True
+
+    def _regroup(self) -> None:
+        """Rebuild the member -> rows index and the phase tensors after the rows changed."""
+        self.groups = {}
+        for i, r in enumerate(self.bounds.request):
+            self.groups.setdefault(r, []).append(i)
+        self.phase = Phase.build(self) if self.rows is not None and len(self) else None
