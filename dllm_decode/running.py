@@ -20,7 +20,10 @@ import torch
 from torch import Tensor
 
 from dllm_decode.batch import Bounds, Rows
-from dllm_decode.config import DecodeConfig
+from dllm_decode.config import DecodeConfig, DecodeResult
+from dllm_decode.interfaces import StepInput
+from dllm_decode.prompts import encode_prompts
+from dllm_decode.step import Resolved
 
 
 @dataclass
@@ -60,6 +63,18 @@ class Member:
     @property
     def revises(self) -> str:
         return self.config.scheduler.revises
+
+    def result(self, eos_ids: tuple[int, ...]) -> DecodeResult:
+        """Its `DecodeResult`: tokens, answer lengths (up to the first end-of-text), text."""
+        tokens = self.out[:, -self.gen_length:].cpu()
+        is_eos = torch.isin(tokens, torch.tensor(eos_ids))
+        answer_lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), tokens.shape[1])
+        text = None
+        if self.tokenizer is not None:
+            text = [self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
+                    for row, n in zip(tokens, answer_lengths.tolist())]
+        return DecodeResult(tokens=tokens, nfe=self.nfe.cpu(), answer_lengths=answer_lengths,
+                            seconds=self.seconds, text=text, trace=self.trace)
 
 
 @dataclass
@@ -226,6 +241,57 @@ class Batch:
         self._regroup()
         return kept
 
+    def settle(self, block_left: list[int], gen_left: list[int], block_eos: list[int],
+               edits: list[int], gen_end: list[int], budgets: dict[int, int]) -> tuple[list[bool], bool, int]:
+        """The host side of a step, from its one sync (per row: masks left in its block and in
+        its generation region, an end-of-text in its block, whether it edited, its generation
+        end): new ends, edit passes, end-of-text stops (the rest of a stopped row becomes
+        end-of-text). Returns the rows that are done, whether the phase is over, and the step
+        cap of the phase (one step per position and edit pass, plus one)."""
+        b = self.bounds
+        b.gen_end = gen_end
+        b.end = [min(e, g) for e, g in zip(b.end, gen_end)]
+        configs = [self.members[r].config for r in b.request]
+        for i, (left, edited) in enumerate(zip(block_left, edits)):
+            budget = configs[i].scheduler.post_steps      # edit passes after the block is full:
+            if budget:                                    # one after the filling step and after
+                ran_post = b.revising[i]                  # each pass that edited
+                b.post[i] += ran_post
+                b.revising[i] = bool(not left and b.post[i] < budget and (edited or not ran_post))
+        stops = [bool(c.stop_at_eos and not left and eos and not rev)
+                 for c, left, eos, rev in zip(configs, block_left, block_eos, b.revising)]
+        if any(stops):
+            after = self.phase.columns >= torch.tensor(b.end, device=self.device).unsqueeze(-1)
+            stopped = torch.tensor(stops, device=self.device).unsqueeze(-1)
+            self.rows.x = torch.where(after & stopped, self.pad_id, self.rows.x)
+        b.busy = [bool(left or rev) for left, rev in zip(block_left, b.revising)]
+        done = [(not left and not rev) or stop for left, rev, stop in zip(gen_left, b.revising, stops)]
+        phase_over = not any(left or rev for left, rev, d in zip(block_left, b.revising, done) if not d)
+        cap = max(budgets[r] + self.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
+        return done, phase_over, cap
+
+    def record(self, g: int, inp: StepInput, res: Resolved, report: dict[str, Tensor] | None) -> None:
+        """Member `g`'s trace entry for this step: its rows, the window offset (from its
+        generation start), commits, tokens, confidences, revisions and the cache's report."""
+        member, index = self.members[g], self.phase.index[g]
+        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
+        entry = {"rows": pick(self.rows.slot).cpu(),
+                 "offset": inp.offset - self.bounds.gen_start[self.groups[g][0]],
+                 "commit": res.commit.cpu(), "tokens": res.tokens.cpu(),
+                 "confidence": inp.confidence.cpu(), "block_step": inp.step}
+        if member.revises != "none":
+            entry.update(remask=res.remask.cpu(), edit=res.edit.cpu())
+        if report is not None:         # per-step cache counts (refreshed layers, recomputed columns)
+            entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
+        member.trace.append(entry)
+
+    def count(self, worked: Tensor) -> None:
+        """Each member's rows that worked this step count one more forward."""
+        for g, rows in self.groups.items():
+            index = self.phase.index[g]
+            mine = slice(None) if index is None else index
+            self.members[g].nfe.index_add_(0, self.rows.slot[mine], worked[mine].long())
+
     def trim(self, width: int) -> bool:
         """Cut the canvas columns past `width` (no live row attends them); False if none."""
         if width >= self.rows.x.shape[1]:
@@ -240,3 +306,40 @@ class Batch:
         for i, r in enumerate(self.bounds.request):
             self.groups.setdefault(r, []).append(i)
         self.phase = Phase.build(self) if self.rows is not None and len(self) else None
+
+
+def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, generator: Any,
+                  tokenizer: Any) -> tuple[list[list[int]], Any]:
+    """A request's arguments checked before any work: its prompts' token ids and its tokenizer.
+
+    Raises:
+        TypeError: a config, generator or tokenizer of the wrong kind; token ids that are not
+            integers.
+        ValueError: empty prompt, a token id outside the vocabulary, prompt plus generation
+            longer than the model's context, a cache other than the batch's, or blocks a
+            block-diffusion model cannot decode.
+    """
+    grid = getattr(model, "block_size", None)
+    if not isinstance(config, DecodeConfig):
+        raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if config.cache != cache:
+        raise ValueError(f"this batch decodes with cache {cache!r}; a request with "
+                         f"{config.cache!r} needs a batch of its own")
+    if grid is not None and (grid % config.block_length or config.scheduler.chooses_block_bounds):
+        raise ValueError(f"this block-diffusion model decodes blocks of {grid} positions: "
+                         f"block_length must divide {grid} (sub-blocks; got "
+                         f"{config.block_length}) and the scheduler cannot choose block bounds")
+    if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
+        raise TypeError(f"tokenizer must be a tokenizer (callable, with decode), got "
+                        f"{type(tokenizer).__name__} {tokenizer!r}")
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    ids = encode_prompts(prompts, tokenizer, model.vocab_size, model.mask_token_id)
+    config.scheduler.check_fits(int(model.vocab_size), config.gen_length)
+    limit = getattr(model, "max_length", None)
+    longest = max(len(row) for row in ids)
+    if limit is not None and longest + config.gen_length > limit:
+        raise ValueError(f"prompt ({longest} tokens) + gen_length ({config.gen_length}) exceeds "
+                         f"the model's context of {limit} tokens")
+    return ids, tokenizer

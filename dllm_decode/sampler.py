@@ -27,10 +27,10 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
-from dllm_decode.errors import NonFiniteLogits
+from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, Decision, DiffusionLM, StepInput
-from dllm_decode.prompts import encode_prompts, left_pad
-from dllm_decode.running import Batch, Member
+from dllm_decode.prompts import left_pad
+from dllm_decode.running import Batch, Member, check_request
 from dllm_decode.step import MAX_REVISIONS, Resolved, Window, propose, resolve, step_input, truncate, write
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
@@ -65,14 +65,6 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     while not decoding.finished:
         decoding.step()
     return decoding.result(key)
-
-
-class UnknownRequest(KeyError, ValueError):
-    """A `Decoding` call named a request key it cannot answer for (unknown, taken, or not yet
-    finished). A `ValueError` like every bad argument, and a `KeyError` as before."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 class Decoding:
@@ -130,28 +122,7 @@ class Decoding:
             ValueError: empty prompt, prompt plus generation longer than the model's context, a
                 cache other than this batch's, or a key already in use.
         """
-        if not isinstance(config, DecodeConfig):
-            raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if config.cache != self.cache:
-            raise ValueError(f"this batch decodes with cache {self.cache!r}; a request with "
-                             f"{config.cache!r} needs a batch of its own")
-        if self.grid is not None and (self.grid % config.block_length or config.scheduler.chooses_block_bounds):
-            raise ValueError(f"this block-diffusion model decodes blocks of {self.grid} positions: "
-                             f"block_length must divide {self.grid} (sub-blocks; got "
-                             f"{config.block_length}) and the scheduler cannot choose block bounds")
-        if tokenizer is not None and not (callable(tokenizer) and hasattr(tokenizer, "decode")):
-            raise TypeError(f"tokenizer must be a tokenizer (callable, with decode), got "
-                            f"{type(tokenizer).__name__} {tokenizer!r}")
-        tokenizer = tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None)
-        ids = encode_prompts(prompts, tokenizer, self.model.vocab_size, self.mask_id)
-        config.scheduler.check_fits(int(self.model.vocab_size), config.gen_length)
-        limit = getattr(self.model, "max_length", None)
-        longest = max(len(row) for row in ids)
-        if limit is not None and longest + config.gen_length > limit:
-            raise ValueError(f"prompt ({longest} tokens) + gen_length ({config.gen_length}) exceeds "
-                             f"the model's context of {limit} tokens")
+        ids, tokenizer = check_request(self.model, self.cache, prompts, config, generator, tokenizer)
         with self._owner():
             if key is None:
                 key = next(k for k in self._keys if not self._known(k))
@@ -160,9 +131,9 @@ class Decoding:
             canvas, mask = left_pad(ids, config.gen_length, self.mask_id, self.eos_ids[0], self.device)
             generator = generator if generator is not None else \
                 torch.Generator(device=self.device).manual_seed(config.seed)
-            member = Member(key, config, generator, tokenizer, out=canvas.clone(),
-                            nfe=torch.zeros(canvas.shape[0], dtype=torch.long, device=self.device),
-                            trace=[] if self.trace else None, live=canvas.shape[0])
+            member = Member(key, config, generator, tokenizer, out=canvas.clone(), live=len(ids),
+                            nfe=torch.zeros(len(ids), dtype=torch.long, device=self.device),
+                            trace=[] if self.trace else None)
             self.pending.append((member, canvas, mask, ids))
         return key
 
@@ -182,15 +153,7 @@ class Decoding:
                 raise self._missing(key, "has no result yet: it is still decoding (call step() "
                                          "until it is among the finished keys)")
             member = self.results.pop(key)
-        tokens = member.out[:, -member.gen_length:].cpu()
-        is_eos = torch.isin(tokens, torch.tensor(self.eos_ids))
-        answer_lengths = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), tokens.shape[1])
-        text = None
-        if member.tokenizer is not None:
-            text = [member.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
-                    for row, n in zip(tokens, answer_lengths.tolist())]
-        return DecodeResult(tokens=tokens, nfe=member.nfe.cpu(), answer_lengths=answer_lengths,
-                            seconds=member.seconds, text=text, trace=member.trace)
+        return member.result(self.eos_ids)
 
     def snapshot(self, key: Hashable) -> tuple[Tensor, Tensor]:
         """A request's generation region as it stands, on the CPU: (n, G) tokens ([MASK] where
@@ -330,26 +293,9 @@ class Decoding:
         end = inp.gen_span[:, 1]
         if decision.truncate_at is not None:
             end = torch.minimum(end, decision.truncate_at)
-        self._record(g, inp, res)
+        if self.batch.members[g].trace is not None:
+            self.batch.record(g, inp, res, self.cache.report(self.cache_state))
         return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite)
-
-    def _record(self, g: int, inp: StepInput, res: Resolved) -> None:
-        """The step's entry in request `g`'s trace (when tracing)."""
-        member, batch = self.batch.members[g], self.batch
-        if member.trace is None:
-            return
-        index = batch.phase.index[g]
-        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))
-        gen_start = batch.bounds.gen_start[batch.groups[g][0]]       # a request's rows share it
-        entry = {"rows": pick(batch.rows.slot).cpu(), "offset": inp.offset - gen_start,
-                 "commit": res.commit.cpu(), "tokens": res.tokens.cpu(),
-                 "confidence": inp.confidence.cpu(), "block_step": inp.step}
-        if member.revises != "none":
-            entry.update(remask=res.remask.cpu(), edit=res.edit.cpu())
-        report = self.cache.report(self.cache_state)
-        if report is not None:         # per-step cache counts (refreshed layers, recomputed columns)
-            entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
-        member.trace.append(entry)
 
     def _write(self, offset: int, res: Resolved, truncate_at: Tensor | None) -> None:
         """The step's writes into the canvas (one batch-wide write), and truncations."""
@@ -367,15 +313,11 @@ class Decoding:
     def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor, broken: Tensor) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
         rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
-        batch, b, phase = self.batch, self.batch.bounds, self.batch.phase
+        batch, phase = self.batch, self.batch.phase
         x, columns = batch.rows.x, phase.columns
         in_block = (columns >= phase.region_start.unsqueeze(-1)) & (columns < phase.block[:, 1:])
         still = x == self.mask_id
-        for g, member in enumerate(batch.members):
-            if g in batch.groups:
-                index = phase.index[g]
-                mine = slice(None) if index is None else index
-                member.nfe.index_add_(0, batch.rows.slot[mine], worked[mine].long())
+        batch.count(worked)
         block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = torch.stack([
             (still & in_block).any(-1).long(), (still & (columns >= phase.gen_span[:, :1])).any(-1).long(),
             (torch.isin(x, self.eos) & in_block).any(-1).long(), edited.long(), gen_end, broken.long(),
@@ -385,25 +327,8 @@ class Decoding:
             raise NonFiniteLogits(f"model {name} produced NaN or infinite logits (rows "
                                   f"{[i for i, bad in enumerate(nonfinite) if bad]} of the batch): "
                                   f"check its weights and dtype (float16 overflows), not the scheduler")
-        b.gen_end = gen_end_list
-        b.end = [min(e, g) for e, g in zip(b.end, gen_end_list)]
-        configs = [batch.members[r].config for r in b.request]
-        for i, (left, edited_row) in enumerate(zip(block_left, edits)):   # edit passes (post_steps)
-            if configs[i].scheduler.post_steps:
-                ran_post = b.revising[i]
-                b.post[i] += ran_post
-                b.revising[i] = bool(not left and b.post[i] < configs[i].scheduler.post_steps
-                                     and (edited_row or not ran_post))
-        stops = [bool(c.stop_at_eos and not left and eos and not rev)
-                 for c, left, eos, rev in zip(configs, block_left, block_eos, b.revising)]
-        if any(stops):                     # the rest of a stopped row is end-of-text
-            after = columns >= torch.tensor(b.end, device=self.device).unsqueeze(-1)
-            stopped = torch.tensor(stops, device=self.device).unsqueeze(-1)
-            batch.rows.x = torch.where(after & stopped, self.eos_ids[0], batch.rows.x)
-        b.busy = [bool(left or rev) for left, rev in zip(block_left, b.revising)]
-        done = [(not left and not rev) or stop for left, rev, stop in zip(gen_left, b.revising, stops)]
-        phase_over = not any(left or rev for left, rev, d in zip(block_left, b.revising, done) if not d)
-        cap = max(self.budgets[r] + batch.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
+        done, phase_over, cap = batch.settle(block_left, gen_left, block_eos, edits, gen_end_list,
+                                             self.budgets)
         if any(done):
             self._drop(done)
         if self.trimmable and len(batch) and batch.trim(max(batch.bounds.gen_end)):
