@@ -23,7 +23,7 @@ from dllm_decode.batch import Bounds, Rows
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.interfaces import StepInput
 from dllm_decode.prompts import encode_prompts
-from dllm_decode.step import Resolved
+from dllm_decode.step import Resolved, Window
 
 
 @dataclass
@@ -133,6 +133,12 @@ class Phase:
         self.revising.copy_(values[5].bool())
 
 
+    def in_order(self, parts: list[Tensor]) -> Tensor:
+        """The members' per-row tensors, concatenated in member order, back in batch order."""
+        joined = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return joined if self.order is None else joined.index_select(0, self.order)
+
+
 class Batch:
     """Every request still decoding: `members`, their rows' canvas (`rows`, device), bounds
     (`bounds`, host), each member's rows (`groups`) and the phase tensors (`phase`)."""
@@ -197,6 +203,29 @@ class Batch:
             b.end[r] = max(b.start[r] + 1, min(int(e), b.gen_end[r]))
         self.phase.update(b, self.region_starts())
         return b.budget(self.groups[g])
+
+    def span(self, grid: int | None) -> tuple[int, int]:
+        """The canvas columns `[lo, hi)` the step needs logits for: every row's region start to
+        its block end, widened to whole model blocks for a block-causal model of `grid`."""
+        b, starts = self.bounds, self.region_starts()
+        if grid is None:
+            return min(starts), max(b.end)
+        spans = [b.grid_span(i, s, e, grid) for i, (s, e) in enumerate(zip(starts, b.end))]
+        return min(s for s, _ in spans), max(e for _, e in spans)
+
+    def window(self, logits: Tensor, offset: int, hi: int) -> Window:
+        """The step's `Window` from the cache's logits (from canvas column `offset`): cut at `hi`
+        unless a member's rule or filter looks at the rest (`view = "rest"`). Its tensors are
+        copies: a view a scheduler keeps never changes under it."""
+        wide = any(m.config.scheduler.view == "rest" or any(f.view == "rest" for f in m.config.filters)
+                   for m in self.members if m.live)
+        if not wide and offset + logits.shape[1] > hi:
+            logits = logits[:, :hi - offset]
+        columns = slice(offset, offset + logits.shape[1])
+        revisions = None if self.rows.revisions is None else self.rows.revisions[:, columns]
+        p = self.phase
+        return Window(offset, logits, self.rows.x[:, columns].clone(), p.block.clone(),
+                      p.gen_span.clone(), p.region_start.clone(), revisions)
 
     def region_starts(self) -> list[int]:
         """First column each row may commit in: its block start, or its generation start under a

@@ -31,7 +31,7 @@ from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, Decision, DiffusionLM, StepInput
 from dllm_decode.prompts import left_pad
 from dllm_decode.running import Batch, Member, check_request
-from dllm_decode.step import MAX_REVISIONS, Resolved, Window, propose, resolve, step_input, truncate, write
+from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, resolve, truncate, write
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 
@@ -214,72 +214,34 @@ class Decoding:
                 else:   # its rows' blocks are done: it waits for the phase to end, taking no step
                     parts.append(_idle(window.rows(batch.phase.index[g])))    # (no draws, no call)
             commit, tokens, remask, edit, worked, edited, gen_end, broken = (
-                _in_batch_order(list(col), batch.phase.order) for col in zip(*parts))
+                batch.phase.in_order(list(col)) for col in zip(*parts))
             self._write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if truncated else None)
             self._bookkeep(worked, edited, gen_end, broken)
             return self._collect()
 
     def _window(self) -> Window:
         """The model's logits for the active window: the phase's blocks, or everything after the
-        earliest block start when a rule needs the rest (`view = "rest"`) and the cache computed
-        it; with the window's tokens and the rows' bounds."""
-        batch = self.batch
-        b, rows, starts = batch.bounds, batch.rows, batch.region_starts()
-        lo, hi = min(starts), max(b.end)
-        if self.grid is not None:          # whole model blocks: the rows a block-causal cache needs
-            spans = [b.grid_span(i, s, e, self.grid) for i, (s, e) in enumerate(zip(starts, b.end))]
-            lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+        earliest block start when a rule needs the rest (`view = "rest"`)."""
+        lo, hi = self.batch.span(self.grid)
+        rows = self.batch.rows
         logits, offset, self.cache_state = self.cache.logits(
             self.model, rows.x, rows.attention_mask, (lo, hi), self.block_step, self.cache_state)
-        wide = any(m.config.scheduler.view == "rest" or any(f.view == "rest" for f in m.config.filters)
-                   for m in batch.members if m.live)
-        if not wide and offset + logits.shape[1] > hi:
-            logits = logits[:, :hi - offset]
-        columns = slice(offset, offset + logits.shape[1])
-        revisions = None if rows.revisions is None else rows.revisions[:, columns]
-        phase = batch.phase
-        return Window(offset, logits, rows.x[:, columns].clone(), phase.block.clone(),
-                      phase.gen_span.clone(), phase.region_start.clone(), revisions)
+        return self.batch.window(logits, offset, hi)
 
     def _decide(self, g: int, window: Window) -> tuple[StepInput, Decision, Tensor]:
-        """Request `g`'s view of the step, its scheduler's and filters' decision, and (b_g,) rows
-        whose model logits were not finite (read by the step's one host sync). Sampling noise is
-        drawn for each row's own region (its active block to its generation end), never for the
-        batch's window, so it does not depend on the batch."""
+        """Request `g`'s view, decision and non-finite rows (`step.decide`), its state threaded."""
         batch, member = self.batch, self.batch.members[g]
-        scheduler, rows = member.config.scheduler, batch.groups[g]
-        starts = batch.region_starts()
-        span = max(batch.bounds.gen_end[r] - starts[r] for r in rows)
-        index = batch.phase.index[g]
-        mine = window.rows(index)
+        index, starts = batch.phase.index[g], batch.region_starts()
 
-        def view(logits: Tensor, probs: Tensor, candidates: Tensor) -> StepInput:
-            block = batch.phase.block          # its ends may have just moved (a copy: the view
-            block = block.clone() if index is None else block.index_select(0, index)  # is kept)
-            return step_input(logits=logits, probs=probs, candidates=candidates, current=mine.tokens,
-                              block=block, gen_span=mine.gen_span, offset=window.offset,
-                              region_start=mine.region_start, step=self.block_step,
-                              revisions=mine.revisions if member.revises != "none" else None,
-                              num_steps=self.budgets[g], generator=member.generator,
-                              eos_ids=self.eos_ids, mask_id=self.mask_id)
+        def rebound(ends: Tensor) -> tuple[Tensor, int]:       # a block start: one host read
+            self.budgets[g] = batch.rebound(g, ends.tolist())
+            block = batch.phase.block                          # a copy: the view may be kept
+            return (block.clone() if index is None else block.index_select(0, index)), self.budgets[g]
 
-        def proposed(logits: Tensor) -> StepInput:
-            return view(*propose(logits, self.mask_id, member.config.temperature, member.generator,
-                                 (mine.region_start, span, window.offset)))
-
-        inp = proposed(mine.logits)
-        nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)
-        processed, member.state = scheduler.process_logits(inp, member.state)
-        if processed is not None:
-            inp = proposed(processed)
-        if self.block_step == 0:
-            ends, member.state = scheduler.block_end(inp, member.state)
-            if ends is not None:               # the rule chose this block's ends (a block start)
-                self.budgets[g] = batch.rebound(g, ends.tolist())
-                inp = view(inp.logits, inp.probs, inp.candidates)
-        decision, member.state = scheduler.select(inp, member.state)
-        for f in member.config.filters:
-            decision = f(inp, decision)
+        inp, decision, nonfinite, member.state = decide(
+            member.config, member.state, window.rows(index), step=self.block_step,
+            num_steps=self.budgets[g], span=max(batch.bounds.gen_end[r] - starts[r] for r in batch.groups[g]),
+            generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound)
         return inp, decision, nonfinite
 
     def _outcome(self, g: int, inp: StepInput, decision: Decision, nonfinite: Tensor) -> tuple[Tensor, ...]:
@@ -389,7 +351,3 @@ def _idle(window: Window) -> tuple[Tensor, ...]:
     idle = torch.zeros_like(window.tokens, dtype=torch.bool)
     return idle, idle.long(), idle, idle, idle[:, 0], idle[:, 0], window.gen_span[:, 1], idle[:, 0]
 
-
-def _in_batch_order(parts: list[Tensor], order: Tensor | None) -> Tensor:
-    joined = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return joined if order is None else joined.index_select(0, order)

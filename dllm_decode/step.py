@@ -11,14 +11,18 @@ canvases, so every one of them sees exactly the view a scheduler sees inside `ge
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import Decision, StepInput
 from dllm_decode.ops import gumbel_argmax, masked_scores, topk_mask
+
+if TYPE_CHECKING:
+    from dllm_decode.config import DecodeConfig
 
 MAX_REVISIONS = 4
 """Times one column may be re-masked or edited; a column past it is final (revising policies
@@ -131,6 +135,47 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                      confidence=masked_scores(confidence, eligible), probs=probs, logits=logits,
                      live=eligible.any(-1), current=current, revisable=revisable,
                      generator=generator, eos_ids=tuple(eos_ids), mask_id=mask_id)
+
+
+def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,
+           span: int, generator: torch.Generator | None, eos_ids: tuple[int, ...], mask_id: int,
+           rebound: Callable[[Tensor], tuple[Tensor, int]]) -> tuple[StepInput, Decision, Tensor, Any]:
+    """One request's step on its rows of the window: its view, then its scheduler's hooks in
+    order (`process_logits`; `block_end` at block step 0; `select`) and its filters.
+
+    Sampling noise is drawn for each row's own region (`span` columns from its region start),
+    never for the batch's window, so it does not depend on the batch. `rebound(ends)` applies
+    block ends the scheduler chose and returns the rows' new (b, 2) blocks and step budget.
+    Returns the view the decision was made on, the decision, (b,) rows whose model logits were
+    not finite, and the scheduler's new state.
+    """
+    scheduler, block = config.scheduler, window.block
+    revisions = window.revisions if scheduler.revises != "none" else None
+
+    def view(logits: Tensor, probs: Tensor, candidates: Tensor) -> StepInput:
+        return step_input(logits=logits, probs=probs, candidates=candidates, current=window.tokens,
+                          block=block, gen_span=window.gen_span, offset=window.offset,
+                          region_start=window.region_start, revisions=revisions, step=step,
+                          num_steps=num_steps, generator=generator, eos_ids=eos_ids, mask_id=mask_id)
+
+    def proposed(logits: Tensor) -> StepInput:
+        return view(*propose(logits, mask_id, config.temperature, generator,
+                             (window.region_start, span, window.offset)))
+
+    inp = proposed(window.logits)
+    nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)
+    processed, state = scheduler.process_logits(inp, state)
+    if processed is not None:
+        inp = proposed(processed)
+    if step == 0:
+        ends, state = scheduler.block_end(inp, state)
+        if ends is not None:
+            block, num_steps = rebound(ends)
+            inp = view(inp.logits, inp.probs, inp.candidates)
+    decision, state = scheduler.select(inp, state)
+    for f in config.filters:
+        decision = f(inp, decision)
+    return inp, decision, nonfinite, state
 
 
 class Resolved(NamedTuple):
