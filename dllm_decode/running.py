@@ -11,6 +11,7 @@ a step allocates no bookkeeping tensors of its own.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -21,9 +22,9 @@ from torch import Tensor
 
 from dllm_decode.batch import Bounds, Rows
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.interfaces import StepInput
+from dllm_decode.interfaces import Cache, StepInput
 from dllm_decode.prompts import encode_prompts
-from dllm_decode.step import Resolved, Window
+from dllm_decode.step import Resolved, Window, truncate, write
 
 
 @dataclass
@@ -314,6 +315,31 @@ class Batch:
             entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
         member.trace.append(entry)
 
+    def write(self, offset: int, res: Resolved, mask_id: int, truncate_at: Tensor | None) -> None:
+        """The step's writes into the window's columns (one batch-wide write, revisions counted),
+        then the truncations (each row's new generation end, or None)."""
+        rows = self.rows
+        columns = slice(offset, offset + res.commit.shape[1])
+        rows.x[:, columns] = write(rows.x[:, columns], res, mask_id)
+        if rows.revisions is not None:
+            rows.revisions[:, columns] += (res.remask | res.edit).int()
+        if truncate_at is not None:
+            rows.x, rows.attention_mask = truncate(rows.x, rows.attention_mask, truncate_at,
+                                                   self.phase.gen_span[:, 0], self.pad_id)
+
+    def progress(self, edited: Tensor, gen_end: Tensor, broken: Tensor, mask_id: int,
+                 eos: Tensor) -> list[list[int]]:
+        """The step's one host sync: per row, masks left in its block, masks left in its
+        generation region, an end-of-text in its block, whether it edited, its generation end,
+        and whether its logits were not finite."""
+        x, p = self.rows.x, self.phase
+        in_block = (p.columns >= p.region_start.unsqueeze(-1)) & (p.columns < p.block[:, 1:])
+        still = x == mask_id
+        return torch.stack([
+            (still & in_block).any(-1).long(), (still & (p.columns >= p.gen_span[:, :1])).any(-1).long(),
+            (torch.isin(x, eos) & in_block).any(-1).long(), edited.long(), gen_end, broken.long(),
+        ]).tolist()
+
     def count(self, worked: Tensor) -> None:
         """Each member's rows that worked this step count one more forward."""
         for g, rows in self.groups.items():
@@ -335,6 +361,35 @@ class Batch:
         for i, r in enumerate(self.bounds.request):
             self.groups.setdefault(r, []).append(i)
         self.phase = Phase.build(self) if self.rows is not None and len(self) else None
+
+
+class OneThread:
+    """A guard for an object one thread must own: entering it while another thread is inside
+    raises `RuntimeError` at once (calls are refused, not serialised: a second thread stepping
+    the same batch is a bug in the caller, and waiting would hide it)."""
+
+    def __init__(self, what: str):
+        self.what, self.lock = what, threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            raise RuntimeError(f"{self.what} is in use by another thread: one thread must own it "
+                               f"(give it to one worker, or serialise the calls yourself)")
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def check_decoding(model: Any, cache: Any, trace: Any) -> None:
+    """`Decoding`'s arguments: a model with the `DiffusionLM` attributes, a `Cache`, a bool."""
+    missing = [a for a in ("mask_token_id", "eos_token_ids", "vocab_size", "forward") if not hasattr(model, a)]
+    if missing:
+        raise TypeError(f"model must be a DiffusionLM (dllm_decode.interfaces); "
+                        f"{type(model).__name__} lacks {missing}")
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
 
 
 def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, generator: Any,

@@ -15,11 +15,9 @@ block into an error instead of masked output.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import threading
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +26,10 @@ from torch import Tensor
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
-from dllm_decode.interfaces import Cache, Decision, DiffusionLM, StepInput
+from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
-from dllm_decode.running import Batch, Member, check_request
-from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, resolve, truncate, write
+from dllm_decode.running import Batch, Member, OneThread, check_decoding, check_request
+from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, idle, resolve
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 
@@ -84,15 +82,7 @@ class Decoding:
     """
 
     def __init__(self, model: DiffusionLM, cache: Cache, *, trace: bool = False):
-        missing = [a for a in ("mask_token_id", "eos_token_ids", "vocab_size", "forward")
-                   if not hasattr(model, a)]
-        if missing:
-            raise TypeError(f"model must be a DiffusionLM (dllm_decode.interfaces); "
-                            f"{type(model).__name__} lacks {missing}")
-        if not isinstance(cache, Cache):
-            raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
-        if not isinstance(trace, bool):
-            raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
+        check_decoding(model, cache, trace)
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
         self.device = device_of(model)
@@ -108,7 +98,7 @@ class Decoding:
         self.block_step = 0
         self.budgets: dict[int, int] = {}
         self._keys = itertools.count()       # automatic keys: never reused by this object
-        self._lock = threading.Lock()
+        self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -123,7 +113,7 @@ class Decoding:
                 cache other than this batch's, or a key already in use.
         """
         ids, tokenizer = check_request(self.model, self.cache, prompts, config, generator, tokenizer)
-        with self._owner():
+        with self._owner:
             if key is None:
                 key = next(k for k in self._keys if not self._known(k))
             elif self._known(key):
@@ -148,7 +138,7 @@ class Decoding:
         Raises:
             KeyError: no finished request has that key (still decoding, cancelled, or taken).
         """
-        with self._owner():
+        with self._owner:
             if key not in self.results:
                 raise self._missing(key, "has no result yet: it is still decoding (call step() "
                                          "until it is among the finished keys)")
@@ -159,7 +149,7 @@ class Decoding:
         """A request's generation region as it stands, on the CPU: (n, G) tokens ([MASK] where
         undecided) and (n,) the length of each row's final prefix, the answer tokens no later
         step can change (up to its first masked column). Servers stream that prefix."""
-        with self._owner():
+        with self._owner:
             member = self.results.get(key) or self._find(key)
             if member is None:
                 raise self._missing(key, "")
@@ -180,7 +170,7 @@ class Decoding:
 
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""
-        with self._owner():
+        with self._owner:
             self.pending = [p for p in self.pending if p[0].key != key]
             for g, member in enumerate(self.batch.members):
                 if member.key == key and member.live:
@@ -194,7 +184,7 @@ class Decoding:
     def step(self) -> list[Hashable]:
         """One denoising step of every row (one forward). Returns the keys of the requests that
         finished in it."""
-        with self._owner():
+        with self._owner:
             batch = self.batch
             if self.block_step == 0:
                 if self.pending:           # newcomers join between phases; the cache starts afresh
@@ -204,32 +194,30 @@ class Decoding:
                 if not len(batch):
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
-            window = self._window()
+            lo, hi = batch.span(self.grid)       # the window: every row's region to its block end
+            logits, offset, self.cache_state = self.cache.logits(
+                self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
+                self.cache_state)
+            window = batch.window(logits, offset, hi)
             parts, truncated = [], False
             for g, rows in batch.groups.items():
                 if any(batch.bounds.busy[r] for r in rows):
-                    inp, decision, nonfinite = self._decide(g, window)
-                    parts.append(self._outcome(g, inp, decision, nonfinite))
-                    truncated = truncated or decision.truncate_at is not None
+                    outcome, cuts = self._turn(g, window)
+                    parts.append(outcome)
+                    truncated = truncated or cuts
                 else:   # its rows' blocks are done: it waits for the phase to end, taking no step
-                    parts.append(_idle(window.rows(batch.phase.index[g])))    # (no draws, no call)
+                    parts.append(idle(window.rows(batch.phase.index[g])))    # (no draws, no call)
             commit, tokens, remask, edit, worked, edited, gen_end, broken = (
                 batch.phase.in_order(list(col)) for col in zip(*parts))
-            self._write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if truncated else None)
+            batch.write(window.offset, Resolved(commit, tokens, remask, edit), self.mask_id,
+                        gen_end if truncated else None)
             self._bookkeep(worked, edited, gen_end, broken)
             return self._collect()
 
-    def _window(self) -> Window:
-        """The model's logits for the active window: the phase's blocks, or everything after the
-        earliest block start when a rule needs the rest (`view = "rest"`)."""
-        lo, hi = self.batch.span(self.grid)
-        rows = self.batch.rows
-        logits, offset, self.cache_state = self.cache.logits(
-            self.model, rows.x, rows.attention_mask, (lo, hi), self.block_step, self.cache_state)
-        return self.batch.window(logits, offset, hi)
-
-    def _decide(self, g: int, window: Window) -> tuple[StepInput, Decision, Tensor]:
-        """Request `g`'s view, decision and non-finite rows (`step.decide`), its state threaded."""
+    def _turn(self, g: int, window: Window) -> tuple[tuple[Tensor, ...], bool]:
+        """Request `g`'s step (`step.decide`, its state threaded; `step.resolve`) and what its
+        rows report: the commits, tokens, re-masks and edits, whether each row worked and
+        edited, its generation end and whether its logits were finite; and whether it truncates."""
         batch, member = self.batch, self.batch.members[g]
         index, starts = batch.phase.index[g], batch.region_starts()
 
@@ -242,53 +230,27 @@ class Decoding:
             member.config, member.state, window.rows(index), step=self.block_step,
             num_steps=self.budgets[g], span=max(batch.bounds.gen_end[r] - starts[r] for r in batch.groups[g]),
             generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound)
-        return inp, decision, nonfinite
-
-    def _outcome(self, g: int, inp: StepInput, decision: Decision, nonfinite: Tensor) -> tuple[Tensor, ...]:
-        """What request `g`'s rows write and report to the host sync: the resolved commits,
-        re-masks and edits, whether each row worked and edited, its generation end, and whether
-        its logits were finite."""
-        res = resolve(inp, decision, self.batch.members[g].revises)
-        index = self.batch.phase.index[g]
-        revising = self.batch.phase.revising if index is None else self.batch.phase.revising[index]
+        res = resolve(inp, decision, member.revises)
+        if member.trace is not None:
+            batch.record(g, inp, res, self.cache.report(self.cache_state))
+        revising = batch.phase.revising if index is None else batch.phase.revising[index]
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
-        end = inp.gen_span[:, 1]
-        if decision.truncate_at is not None:
-            end = torch.minimum(end, decision.truncate_at)
-        if self.batch.members[g].trace is not None:
-            self.batch.record(g, inp, res, self.cache.report(self.cache_state))
-        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite)
-
-    def _write(self, offset: int, res: Resolved, truncate_at: Tensor | None) -> None:
-        """The step's writes into the canvas (one batch-wide write), and truncations."""
-        rows = self.batch.rows
-        columns = slice(offset, offset + res.commit.shape[1])
-        rows.x[:, columns] = write(rows.x[:, columns], res, self.mask_id)
-        if rows.revisions is not None:
-            rows.revisions[:, columns] += (res.remask | res.edit).int()
-        if truncate_at is not None:
-            rows.x, rows.attention_mask = truncate(rows.x, rows.attention_mask, truncate_at,
-                                                   self.batch.phase.gen_span[:, 0], self.eos_ids[0])
+        end = inp.gen_span[:, 1] if decision.truncate_at is None else \
+            torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
+        worked = inp.live | finish | revising
+        return (*res, worked, res.edit.any(-1), end, nonfinite), decision.truncate_at is not None
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
     def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor, broken: Tensor) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
         rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
-        batch, phase = self.batch, self.batch.phase
-        x, columns = batch.rows.x, phase.columns
-        in_block = (columns >= phase.region_start.unsqueeze(-1)) & (columns < phase.block[:, 1:])
-        still = x == self.mask_id
+        batch = self.batch
         batch.count(worked)
-        block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = torch.stack([
-            (still & in_block).any(-1).long(), (still & (columns >= phase.gen_span[:, :1])).any(-1).long(),
-            (torch.isin(x, self.eos) & in_block).any(-1).long(), edited.long(), gen_end, broken.long(),
-        ]).tolist()                                      # the one host sync of the step
+        block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = batch.progress(
+            edited, gen_end, broken, self.mask_id, self.eos)      # the one host sync of the step
         if any(nonfinite):
-            name = getattr(self.model, "name_or_path", None) or type(self.model).__name__
-            raise NonFiniteLogits(f"model {name} produced NaN or infinite logits (rows "
-                                  f"{[i for i, bad in enumerate(nonfinite) if bad]} of the batch): "
-                                  f"check its weights and dtype (float16 overflows), not the scheduler")
+            raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(nonfinite) if bad])
         done, phase_over, cap = batch.settle(block_left, gen_left, block_eos, edits, gen_end_list,
                                              self.budgets)
         if any(done):
@@ -333,21 +295,4 @@ class Decoding:
         if self._known(key) and in_flight:
             return UnknownRequest(f"request {key!r} {in_flight}")
         return UnknownRequest(f"no request {key!r} in this batch (results are handed over once)")
-
-    @contextlib.contextmanager
-    def _owner(self) -> Iterator[None]:
-        """Refuse a call made while another thread is inside this object."""
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("this Decoding is in use by another thread: one thread must own it "
-                               "(step, add, cancel, result and snapshot are not serialised)")
-        try:
-            yield
-        finally:
-            self._lock.release()
-
-
-def _idle(window: Window) -> tuple[Tensor, ...]:
-    """The outcome of a request that takes no step: nothing written, no work, its bounds kept."""
-    idle = torch.zeros_like(window.tokens, dtype=torch.bool)
-    return idle, idle.long(), idle, idle, idle[:, 0], idle[:, 0], window.gen_span[:, 1], idle[:, 0]
 
