@@ -31,6 +31,7 @@ import torch
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.models.checkpoint import first_line
+from dllm_decode.prompts import encode_prompts
 from dllm_decode.sampler import Decoding
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Request:
         config: how to decode it, its seed included (`config.seed`).
         max_tokens: cut the answer after this many tokens (None: the canvas, `gen_length`).
     Raises:
+        TypeError: token ids that are not integers (`5.7`, `"5"` and `True` are refused).
         ValueError: an empty id or prompt, a negative token id, `max_tokens` < 1.
     """
 
@@ -61,12 +63,15 @@ class Request:
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise ValueError(f"a request id must be a non-empty string, got {self.id!r}")
-        prompt = tuple(int(t) for t in self.prompt)
-        if not prompt:
-            raise ValueError(f"request {self.id!r}: the prompt is empty")
+        if isinstance(self.prompt, (str, bytes)):
+            raise TypeError(f"request {self.id!r}: the prompt must be token ids (integers), got text")
+        try:                             # the one token-id check `generate` and `Decoding` use
+            (prompt,) = encode_prompts([list(self.prompt)], None)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"request {self.id!r}: {err}".replace("prompt 0 ", "the prompt ")) from None
         if min(prompt) < 0:
             raise ValueError(f"request {self.id!r}: token ids must be >= 0, got {min(prompt)}")
-        object.__setattr__(self, "prompt", prompt)
+        object.__setattr__(self, "prompt", tuple(prompt))
         if not isinstance(self.config, DecodeConfig):
             raise TypeError(f"request {self.id!r}: config must be a DecodeConfig, got "
                             f"{type(self.config).__name__}")
