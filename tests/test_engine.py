@@ -61,7 +61,7 @@ def test_greedy_answers_equal_decoding_alone_in_a_busy_engine(embedded):
         assert out.tokens == tuple(alone.tokens[0, :int(alone.answer_lengths[0])].tolist())
         assert out.nfe <= int(alone.nfe[0]) and out.finish_reason == "stop"
         assert out.prompt_tokens == len(request.prompt)
-    assert not engine.lives and not any(g.lives for g in engine.groups)
+    assert not engine.lives and not engine.backend.lives
 
 
 def test_tiny_model_noise_is_batch_invariant_too():
@@ -99,7 +99,7 @@ def test_a_request_leaves_as_soon_as_its_answer_is_final():
     outputs, _, steps = run(engine)
     finished_at = {u.request_id: i + 1 for i, us in enumerate(steps) for u in us if u.finished}
     assert finished_at == {"short": 2, "long": 8}
-    assert not any(g.lives for g in engine.groups) and engine.steps == 8
+    assert not engine.backend.lives and engine.steps == 8
     assert outputs["short"].tokens == (1, 2) and outputs["short"].nfe == 2
     assert outputs["short"].finish_reason == outputs["long"].finish_reason == "length"
     assert outputs["long"].tokens == tuple(range(1, 9)) and outputs["long"].nfe == 8
