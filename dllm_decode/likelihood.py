@@ -2,7 +2,7 @@
 
 A masked diffusion LM has no left-to-right factorisation, so `log p(target | prefix)` is estimated
 by its evidence lower bound (LLaDA, arXiv 2502.09992, Eq. 6 conditioned on the prompt; the
-estimator of LLaDA's `eval_llada.py` `get_log_likelihood`, spec serving.md §5):
+estimator of LLaDA's `eval_llada.py` `get_log_likelihood`):
 
     -log p(y | x) <= E_{m ~ U{1..L}} E_{mask m of the L target tokens} [ (L / m) * sum_{masked i} CE_i ]
 
