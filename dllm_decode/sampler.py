@@ -28,7 +28,8 @@ from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
-from dllm_decode.running import Batch, Member, OneThread, check_decoding, check_request
+from dllm_decode.member import Member, OneThread, check_decoding, check_request
+from dllm_decode.running import Batch
 from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, idle, resolve
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
