@@ -114,9 +114,10 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
     if is_masked is None:
         is_masked = (current == mask_id) if current is not None else \
             torch.ones(batch, width, dtype=torch.bool, device=device)
-    whole = torch.tensor([[offset, offset + width]], device=device).expand(batch, 2)
-    block = whole if block is None else block
-    gen_span = whole if gen_span is None else gen_span
+    if block is None or gen_span is None:
+        whole = torch.tensor([[offset, offset + width]], device=device).expand(batch, 2)
+        block = whole if block is None else block
+        gen_span = whole if gen_span is None else gen_span
     region_start = block[:, 0] if region_start is None else region_start
     columns = torch.arange(offset, offset + width, device=device)
     in_region = (columns >= region_start.unsqueeze(-1)) & (columns < block[:, 1:])
