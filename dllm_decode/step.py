@@ -44,6 +44,8 @@ class Window:
             its generation start under a rule that takes back earlier blocks).
         revisions: (b, W) int32 times each column was re-masked or edited, or None when no row
             of the batch revises.
+        allowed: (b, W) bool, the only columns a row may commit in this step on top of its
+            bounds (a token-shifted block model commits a block's first column alone), or None.
     """
 
     offset: int
@@ -53,6 +55,7 @@ class Window:
     gen_span: Tensor
     region_start: Tensor
     revisions: Tensor | None = None
+    allowed: Tensor | None = None
 
     def rows(self, index: Tensor | None) -> Window:
         """The same window for the batch rows `index` (None: every row, `self`)."""
@@ -60,7 +63,8 @@ class Window:
             return self
         pick = lambda t: None if t is None else t.index_select(0, index)   # noqa: E731
         return Window(self.offset, pick(self.logits), pick(self.tokens), pick(self.block),
-                      pick(self.gen_span), pick(self.region_start), pick(self.revisions))
+                      pick(self.gen_span), pick(self.region_start), pick(self.revisions),
+                      pick(self.allowed))
 
 
 def propose(logits: Tensor, mask_id: int, temperature: float = 0.0,
@@ -98,7 +102,7 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
         block: (B, 2) each row's active block; default the whole window.
         gen_span: (B, 2) each row's generation region; default the whole window.
         region_start: (B,) first column a row may commit in; default its block start.
-        exclude: (B, W) bool columns made ineligible on top of the rules.
+        exclude: (B, W) bool columns taken out of the region (neither eligible nor revisable).
         revisions: (B, W) times each column was revised: committed generated columns of the
             region under `MAX_REVISIONS` become `revisable`. None: nothing is revisable.
         step, num_steps: the step within the block and the block's budget (default its length).
@@ -121,7 +125,9 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
     region_start = block[:, 0] if region_start is None else region_start
     columns = torch.arange(offset, offset + width, device=device)
     in_region = (columns >= region_start.unsqueeze(-1)) & (columns < block[:, 1:])
-    eligible = is_masked & in_region if exclude is None else is_masked & in_region & ~exclude
+    if exclude is not None:
+        in_region = in_region & ~exclude
+    eligible = is_masked & in_region
     if candidates is None:
         candidates = probs.argmax(-1)
     if confidence is None:
@@ -157,6 +163,7 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
         return step_input(logits=logits, probs=probs, candidates=candidates, current=window.tokens,
                           block=block, gen_span=window.gen_span, offset=window.offset,
                           region_start=window.region_start, revisions=revisions, step=step,
+                          exclude=None if window.allowed is None else ~window.allowed,
                           num_steps=num_steps, generator=generator, eos_ids=eos_ids, mask_id=mask_id)
 
     def proposed(logits: Tensor) -> StepInput:
