@@ -11,7 +11,9 @@ row with work commits at least one token per step, [MASK] is never written, comm
 change only under a scheduler that declares `revises` (then only inside its scope, and every step
 still leaves one mask fewer), every block ends with no masks, and a hard step cap turns a stuck
 block into an error instead of masked output.
-"""
+
+`Decoding` orchestrates: the step's maths live in `dllm_decode.step`, the batch geometry in
+`.running`, the request side in `.member`; `.reference` is the loop for one request in locals."""
 
 from __future__ import annotations
 
@@ -238,8 +240,7 @@ class Decoding:
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \
             torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
-        worked = inp.live | finish | revising
-        return (*res, worked, res.edit.any(-1), end, nonfinite), decision.truncate_at is not None
+        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite), decision.truncate_at is not None
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
@@ -280,14 +281,14 @@ class Decoding:
                 finished.append(member.key)
         return finished
 
-    # -- keys and ownership --------------------------------------------------------------------
+    # -- keys ----------------------------------------------------------------------------------
 
     def _find(self, key: Hashable) -> Member | None:
         """The request waiting or decoding under `key`."""
         return next((m for m in [*self.batch.members, *(p[0] for p in self.pending)]
                      if m.key == key and not m.cancelled), None)
 
-    def _known(self, key: Hashable) -> bool:
+    def _known(self, key: Hashable) -> bool:           # finished, decoding or waiting
         return key in self.results or self._find(key) is not None
 
     def _missing(self, key: Hashable, in_flight: str) -> UnknownRequest:
