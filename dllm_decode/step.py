@@ -109,6 +109,8 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
     Derived: `eligible` (masked, in `[region_start, block end)`, not excluded), `confidence`
     (-inf where not eligible), `live` (rows with an eligible column), `revisable`.
     """
+    if logits is None and probs is None:
+        raise ValueError("step_input needs logits or probs (B, W, V)")
     if logits is None:
         logits = probs.clamp_min(1e-30).log()
     logits = logits.float()
