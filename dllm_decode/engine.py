@@ -13,7 +13,9 @@ final prefix (everything before the first masked column: no later step can chang
 that prefix holds `max_tokens` answer tokens. Answers equal `generate` on the request alone,
 greedy or sampled: a batch's rows do not interact (padding is masked, random draws are per row).
 
-The engine is not thread-safe: one thread owns it (the server's worker). What decodes is a
+One thread owns the engine (the server's worker): `add`, `cancel` and `step` called while
+another thread is inside one of them raise `RuntimeError` (refused, not serialised); `check`
+reads no engine state and may be called from anywhere. What decodes is a
 `Backend` (`dllm_decode.serving`): `DiffusionBackend` here for a DiffusionLM, `CausalBackend`
 (`dllm_decode.causal_serving`) for a causal LM wrapped in `SpeculativeModel`.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
+from dllm_decode.member import OneThread, owned
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.sampler import Decoding
 from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
@@ -63,6 +66,7 @@ class Engine:
         self.lives: dict[str, Live] = {}
         self.pending: list[Update] = []          # cancellations, reported by the next step
         self.steps = 0
+        self._owner = OneThread("this Engine")
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -85,6 +89,7 @@ class Engine:
             raise ValueError(f"the prompt holds token id {bad}, outside the vocabulary [0, {vocab})")
         self.backend.check(request)
 
+    @owned
     def add(self, request: Request) -> None:
         """Queue a request.
 
@@ -98,6 +103,7 @@ class Engine:
         self.lives[request.id] = live
         self.waiting.append(live)
 
+    @owned
     def cancel(self, request_id: str) -> bool:
         """Stop reporting a request; its last update (`finish_reason="cancelled"`) comes with the
         next `step()`. A waiting request leaves the queue; a running one leaves its batch at once
@@ -115,6 +121,7 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.pending or self.backend.lives)
 
+    @owned
     @torch.inference_mode()
     def step(self) -> list[Update]:
         """Admit waiting requests while rows are free, advance every group by one step, report."""

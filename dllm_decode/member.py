@@ -4,9 +4,10 @@ and trace), the checks a request and a `Decoding` pass before any work, and the 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,15 @@ class OneThread:
 
     def __exit__(self, *exc: object) -> None:
         self.lock.release()
+
+
+def owned(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a method inside its object's `OneThread` guard (`self._owner`)."""
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with self._owner:
+            return method(self, *args, **kwargs)
+    return guarded
 
 
 def check_decoding(model: Any, cache: Any, trace: Any) -> None:
