@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dllm_decode.devices import device_of
+from dllm_decode.prompts import encode_prompts
 
 
 @torch.inference_mode()
@@ -44,9 +45,10 @@ def loglikelihood(model: Any, prefix: Sequence[int], target: Sequence[int], *, m
         ValueError: an empty target, `mc_num` not a positive multiple of `mc_batch`, a negative
             `cfg`, or a sequence longer than the model's context.
     """
-    prefix, target = [int(t) for t in prefix], [int(t) for t in target]
-    if not target:
+    if not len(target):
         raise ValueError("the target (continuation) is empty")
+    (ids,) = encode_prompts([[*prefix, *target]], None)     # integers only (5.7, "5", True refused)
+    prefix, target = ids[:len(ids) - len(target)], ids[len(ids) - len(target):]
     if mc_batch < 1 or mc_num < mc_batch or mc_num % mc_batch:
         raise ValueError(f"mc_num ({mc_num}) must be a positive multiple of mc_batch ({mc_batch})")
     if not cfg >= 0:

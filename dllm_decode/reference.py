@@ -16,6 +16,7 @@ from torch import Tensor
 from dllm_decode.config import DecodeConfig
 from dllm_decode.devices import device_of
 from dllm_decode.interfaces import DiffusionLM, NoCache
+from dllm_decode.prompts import encode_prompts
 from dllm_decode.step import propose, resolve, step_input, write
 
 
@@ -30,6 +31,7 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
     scheduler, mask, eos = config.scheduler, model.mask_token_id, tuple(model.eos_token_ids)
     if config.filters or not isinstance(config.cache, NoCache) or scheduler.revises != "none":
         raise ValueError("the reference loop runs a commit-only scheduler, no filters, no cache")
+    (prompt,) = encode_prompts([list(prompt)], None, model.vocab_size, mask)
     device = device_of(model)
     generator = generator or torch.Generator(device=device).manual_seed(config.seed)
     x = torch.tensor([[*prompt] + [mask] * config.gen_length], device=device)

@@ -292,6 +292,8 @@ def test_a_second_thread_stepping_the_same_decoding_is_refused():
 @pytest.mark.parametrize("bad", [5.7, "5", True, None, 2 ** 70])
 def test_token_ids_must_be_integers_at_every_entry_point(bad):
     from dllm_decode.engine import Engine, Request
+    from dllm_decode.likelihood import loglikelihood
+    from dllm_decode.reference import reference_generate
     from dllm_decode.sampler import Decoding
 
     model = tiny_llada()
@@ -301,3 +303,7 @@ def test_token_ids_must_be_integers_at_every_entry_point(bad):
         Decoding(model, NoCache()).add([[bad, 1]], config(gen=4, block=4))
     with pytest.raises((TypeError, ValueError), match="token id|integer"):
         Engine(model).add(Request("r", (1, bad), config(gen=4, block=4)))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        reference_generate(model, [1, bad], config(gen=4, block=4))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        loglikelihood(model, [1], [2, bad], mc_num=4, mc_batch=4)
