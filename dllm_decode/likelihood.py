@@ -47,7 +47,7 @@ def loglikelihood(model: Any, prefix: Sequence[int], target: Sequence[int], *, m
     """
     if not len(target):
         raise ValueError("the target (continuation) is empty")
-    (ids,) = encode_prompts([[*prefix, *target]], None)     # integers only (5.7, "5", True refused)
+    (ids,) = encode_prompts([[*prefix, *target]], None, getattr(model, "vocab_size", None))  # ints only
     prefix, target = ids[:len(ids) - len(target)], ids[len(ids) - len(target):]
     if mc_batch < 1 or mc_num < mc_batch or mc_num % mc_batch:
         raise ValueError(f"mc_num ({mc_num}) must be a positive multiple of mc_batch ({mc_batch})")
