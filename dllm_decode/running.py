@@ -31,8 +31,9 @@ class Phase:
         gen_span: (b, 2) each row's generation region.
         region_start: (b,) the first column each row may commit in.
         revising: (b,) bool, the row runs an edit pass.
-        index: member -> (b_m,) its rows' batch positions (None: it holds every row, in order).
-        order: permutation from the members' concatenated rows back to batch order (None: same).
+        index: member -> (b_m,) its rows' batch positions (None: it holds every row).
+    Rows lie member by member, in member order (admission appends, drops and compaction keep
+    the order), so the members' rows concatenated are the batch in order.
     """
 
     columns: Tensor
@@ -41,22 +42,17 @@ class Phase:
     region_start: Tensor
     revising: Tensor
     index: dict[int, Tensor | None]
-    order: Tensor | None
     key: tuple = ()
 
     @classmethod
     def build(cls, batch: Batch) -> Phase:
         """Allocate the tensors for the batch's rows as they are now."""
-        device, rows = batch.device, batch.groups
-        flat = [i for members in rows.values() for i in members]
-        everyone = list(range(len(batch)))
-        index = {g: None if members == everyone else torch.tensor(members, device=device)
-                 for g, members in rows.items()}
-        order = None if flat == sorted(flat) else \
-            torch.tensor([flat.index(i) for i in everyone], device=device)
+        device, everyone = batch.device, list(range(len(batch)))
+        index = {g: None if rows == everyone else torch.tensor(rows, device=device)
+                 for g, rows in batch.groups.items()}
         long = lambda *shape: torch.zeros(shape, dtype=torch.long, device=device)   # noqa: E731
         phase = cls(torch.arange(batch.rows.x.shape[1], device=device), long(len(batch), 2),
-                    long(len(batch), 2), long(len(batch)), long(len(batch)).bool(), index, order)
+                    long(len(batch), 2), long(len(batch)), long(len(batch)).bool(), index)
         phase.update(batch.bounds, batch.region_starts(), force=True)
         return phase
 
@@ -77,10 +73,10 @@ class Phase:
         self.revising.copy_(values[5].bool())
 
 
-    def in_order(self, parts: list[Tensor]) -> Tensor:
-        """The members' per-row tensors, concatenated in member order, back in batch order."""
-        joined = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return joined if self.order is None else joined.index_select(0, self.order)
+    @staticmethod
+    def in_order(parts: list[Tensor]) -> Tensor:
+        """The members' per-row tensors, in member order: the batch's rows in order."""
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Batch:

@@ -86,3 +86,29 @@ def test_the_phase_tensors_are_updated_in_place_within_a_phase():
     decoding.step()                                   # the next block starts: same tensors, new values
     assert decoding.batch.phase is phase and phase.block is block
     assert phase.block[:, 1].tolist() == decoding.batch.bounds.end
+
+
+def test_rows_stay_member_by_member_through_joins_drops_and_compaction():
+    """The batch's rows lie member by member in member order (so the members' outcomes
+    concatenated are the batch), and each member's row index follows its rows."""
+    from dllm_decode.interfaces import NoCache
+
+    decoding = Decoding(tiny_llada(), NoCache())
+    low = DecodeConfig(SCHEDULERS["low_confidence"](), gen_length=8, block_length=4, stop_at_eos=False)
+    decoding.add([[1, 2], [3]], low, key="a")
+    decoding.add([[4]], DecodeConfig(SCHEDULERS["low_confidence"](), gen_length=4, block_length=4,
+                                     stop_at_eos=False), key="b")
+    seen, added = [], False
+    while not decoding.finished:
+        finished = decoding.step()
+        if "b" in finished and not added:             # b leaves; c joins at the next phase
+            decoding.add([[5, 6, 7]], low, key="c")
+            added = True
+        batch = decoding.batch
+        if len(batch):
+            assert batch.bounds.request == sorted(batch.bounds.request)
+            for g, rows in batch.groups.items():
+                index = batch.phase.index[g]
+                assert rows == (list(range(len(batch))) if index is None else index.tolist())
+            seen.append((tuple(m.key for m in batch.members), tuple(batch.bounds.request)))
+    assert (("a", "b"), (0, 0, 1)) in seen and (("a", "c"), (0, 0, 1)) in seen   # b compacted away
