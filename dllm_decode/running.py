@@ -83,8 +83,8 @@ class Batch:
     """Every request still decoding: `members`, their rows' canvas (`rows`, device), bounds
     (`bounds`, host), each member's rows (`groups`) and the phase tensors (`phase`)."""
 
-    def __init__(self, device: torch.device, pad_id: int):
-        self.device, self.pad_id = device, pad_id
+    def __init__(self, device: torch.device, mask_id: int, pad_id: int):
+        self.device, self.mask_id, self.pad_id = device, mask_id, pad_id
         self.members: list[Member] = []
         self.rows: Rows | None = None
         self.bounds = Bounds()
@@ -254,26 +254,25 @@ class Batch:
             entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
         member.trace.append(entry)
 
-    def write(self, offset: int, res: Resolved, mask_id: int, truncate_at: Tensor | None) -> None:
+    def write(self, offset: int, res: Resolved, truncate_at: Tensor | None) -> None:
         """The step's writes into the window's columns (one batch-wide write, revisions counted),
         then the truncations (each row's new generation end, or None)."""
         rows = self.rows
         columns = slice(offset, offset + res.commit.shape[1])
-        rows.x[:, columns] = write(rows.x[:, columns], res, mask_id)
+        rows.x[:, columns] = write(rows.x[:, columns], res, self.mask_id)
         if rows.revisions is not None:
             rows.revisions[:, columns] += (res.remask | res.edit).int()
         if truncate_at is not None:
             rows.x, rows.attention_mask = truncate(rows.x, rows.attention_mask, truncate_at,
                                                    self.phase.gen_span[:, 0], self.pad_id)
 
-    def progress(self, edited: Tensor, gen_end: Tensor, broken: Tensor, mask_id: int,
-                 eos: Tensor) -> list[list[int]]:
+    def progress(self, edited: Tensor, gen_end: Tensor, broken: Tensor, eos: Tensor) -> list[list[int]]:
         """The step's one host sync: per row, masks left in its block, masks left in its
         generation region, an end-of-text in its block, whether it edited, its generation end,
         and whether its logits were not finite."""
         x, p = self.rows.x, self.phase
         in_block = (p.columns >= p.region_start.unsqueeze(-1)) & (p.columns < p.block[:, 1:])
-        still = x == mask_id
+        still = x == self.mask_id
         return torch.stack([
             (still & in_block).any(-1).long(), (still & (p.columns >= p.gen_span[:, :1])).any(-1).long(),
             (torch.isin(x, eos) & in_block).any(-1).long(), edited.long(), gen_end, broken.long(),

@@ -94,7 +94,7 @@ class Decoding:
         self.eos = torch.tensor(self.eos_ids, device=self.device)
         self.trimmable = bool(getattr(model, "trimmable", False))
         self.grid: int | None = getattr(model, "block_size", None)     # block-causal models
-        self.batch = Batch(self.device, self.eos_ids[0])
+        self.batch = Batch(self.device, self.mask_id, self.eos_ids[0])
         self.pending: list[tuple[Member, Tensor, Tensor | None, list[list[int]]]] = []
         self.results: dict[Hashable, Member] = {}
         self.cache_state: Any = None
@@ -212,8 +212,7 @@ class Decoding:
                     parts.append(idle(window.rows(batch.phase.index[g])))    # (no draws, no call)
             commit, tokens, remask, edit, worked, edited, gen_end, broken = (
                 batch.phase.in_order(list(col)) for col in zip(*parts))
-            batch.write(window.offset, Resolved(commit, tokens, remask, edit), self.mask_id,
-                        gen_end if truncated else None)
+            batch.write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if truncated else None)
             self._bookkeep(worked, edited, gen_end, broken)
             return self._collect()
 
@@ -250,7 +249,7 @@ class Decoding:
         batch = self.batch
         batch.count(worked)
         block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = batch.progress(
-            edited, gen_end, broken, self.mask_id, self.eos)      # the one host sync of the step
+            edited, gen_end, broken, self.eos)            # the one host sync of the step
         if any(nonfinite):
             raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(nonfinite) if bad])
         done, phase_over, cap = batch.settle(block_left, gen_left, block_eos, edits, gen_end_list,
