@@ -202,21 +202,17 @@ class Decoding:
                 self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
                 self.cache_state)
             window = batch.window(logits, offset, hi)
-            parts, truncated = [], False
-            for g, rows in batch.groups.items():
-                if any(batch.bounds.busy[r] for r in rows):
-                    outcome, cuts = self._turn(g, window)
-                    parts.append(outcome)
-                    truncated = truncated or cuts
-                else:   # its rows' blocks are done: it waits for the phase to end, taking no step
-                    parts.append(idle(window.rows(batch.phase.index[g])))    # (no draws, no call)
+            # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
+            parts = [self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
+                     else (*idle(window.rows(batch.phase.index[g])), False) for g, rows in batch.groups.items()]
+            *columns, cuts = zip(*parts)
             commit, tokens, remask, edit, worked, edited, gen_end, broken = (
-                batch.phase.in_order(list(col)) for col in zip(*parts))
-            batch.write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if truncated else None)
+                batch.phase.in_order(list(col)) for col in columns)
+            batch.write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if any(cuts) else None)
             self._bookkeep(worked, edited, gen_end, broken)
             return self._collect()
 
-    def _turn(self, g: int, window: Window) -> tuple[tuple[Tensor, ...], bool]:
+    def _turn(self, g: int, window: Window) -> tuple[Any, ...]:
         """Request `g`'s step (`step.decide`, its state threaded; `step.resolve`) and what its
         rows report: the commits, tokens, re-masks and edits, whether each row worked and
         edited, its generation end and whether its logits were finite; and whether it truncates."""
@@ -239,7 +235,7 @@ class Decoding:
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \
             torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
-        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite), decision.truncate_at is not None
+        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite, decision.truncate_at is not None)
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
