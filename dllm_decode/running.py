@@ -11,6 +11,7 @@ a step allocates no bookkeeping tensors of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,6 +19,7 @@ from torch import Tensor
 from dllm_decode.batch import Bounds, Rows
 from dllm_decode.interfaces import StepInput
 from dllm_decode.member import Member
+from dllm_decode.models.block_grid import block_start_columns
 from dllm_decode.step import Resolved, Window, truncate, write
 
 
@@ -112,8 +114,8 @@ class Batch:
                 self.bounds.shift(max(0, canvas.shape[1] - self.rows.x.shape[1]))
                 revising = revising or self.rows.revisions is not None
                 self.rows = self.rows.append(canvas, mask, slot, revising, self.pad_id)
-            width = self.rows.x.shape[1]
-            gen_start = width - member.gen_length
+            width = self.rows.x.shape[1]       # a block model's canvas runs past G to its grid
+            gen_start = width - canvas.shape[1] + member.out.shape[1] - member.gen_length
             self.bounds.extend(Bounds([index] * n, [len(row) for row in ids], [gen_start] * n,
                                       [width] * n, [gen_start] * n, [gen_start] * n, [0] * n,
                                       [False] * n, [True] * n))
@@ -153,19 +155,26 @@ class Batch:
         spans = [b.grid_span(i, s, e, grid) for i, (s, e) in enumerate(zip(starts, b.end))]
         return min(s for s, _ in spans), max(e for _, e in spans)
 
-    def window(self, logits: Tensor, offset: int, hi: int) -> Window:
+    def window(self, logits: Tensor, offset: int, hi: int, block_start_model: Any = None) -> Window:
         """The step's `Window` from the cache's logits (from canvas column `offset`): cut at `hi`
         unless a member's rule or filter looks at the rest (`view = "rest"`). Its tensors are
-        copies: a view a scheduler keeps never changes under it."""
+        copies: a view a scheduler keeps never changes under it. `block_start_model` (at a
+        block's first step): a token-shifted block model commits a block's first column alone
+        (`models.block_grid.block_start_columns`)."""
         wide = any(m.config.scheduler.view == "rest" or any(f.view == "rest" for f in m.config.filters)
                    for m in self.members if m.live)
         if not wide and offset + logits.shape[1] > hi:
             logits = logits[:, :hi - offset]
         columns = slice(offset, offset + logits.shape[1])
         revisions = None if self.rows.revisions is None else self.rows.revisions[:, columns]
-        p = self.phase
-        return Window(offset, logits, self.rows.x[:, columns].clone(), p.block.clone(),
-                      p.gen_span.clone(), p.region_start.clone(), revisions)
+        p, tokens = self.phase, self.rows.x[:, columns].clone()
+        allowed = None
+        if block_start_model is not None:
+            b = self.bounds
+            allowed = block_start_columns(block_start_model, tokens == self.mask_id, p.columns[columns],
+                                          p.block[:, :1], [b.position(i, s) for i, s in enumerate(b.start)])
+        return Window(offset, logits, tokens, p.block.clone(), p.gen_span.clone(),
+                      p.region_start.clone(), revisions, allowed)
 
     def region_starts(self) -> list[int]:
         """First column each row may commit in: its block start, or its generation start under a

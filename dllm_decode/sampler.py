@@ -30,6 +30,7 @@ from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
+from dllm_decode.models.block_grid import grid_canvas
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
 from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, idle, resolve
@@ -127,6 +128,8 @@ class Decoding:
             member = Member(key, config, generator, tokenizer, out=canvas.clone(), live=len(ids),
                             nfe=torch.zeros(len(ids), dtype=torch.long, device=self.device),
                             trace=[] if self.trace else None)
+            canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],  # whole
+                                       config.gen_length, self.mask_id, self.eos_ids[0])   # blocks
             self.pending.append((member, canvas, mask, ids))
         return key
 
@@ -201,7 +204,7 @@ class Decoding:
             logits, offset, self.cache_state = self.cache.logits(
                 self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
                 self.cache_state)
-            window = batch.window(logits, offset, hi)
+            window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
             # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
             parts = [self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
                      else (*idle(window.rows(batch.phase.index[g])), False) for g, rows in batch.groups.items()]
