@@ -31,7 +31,9 @@ from dllm_decode.cli.train_filter import train_filter_command
 def main(ctx: click.Context, **options: Any) -> None:
     """Decode a prompt with a masked diffusion LM (the options below); subcommands for the rest."""
     from dllm_decode.allocator import keep_freed_memory
+    from dllm_decode.prompts import one_line_warnings
 
+    one_line_warnings()                   # a prompt's unknown words: one `warning:` line on stderr
     keep_freed_memory()                   # reuse activation memory across forwards (allocator.py)
     if ctx.invoked_subcommand is None:
         run_decode(**options)
