@@ -1,4 +1,4 @@
-"""The OpenAI-compatible request and response bodies (spec serving.md §2), with no web framework.
+"""The OpenAI-compatible request and response bodies, with no web framework.
 
 A request body becomes a `Job` (prompt tokens, the decode record, limits, stream flags) or an
 `APIError` whose `body()` is OpenAI's error JSON. dLLM knobs travel in one namespaced object,
@@ -6,13 +6,23 @@ A request body becomes a `Job` (prompt tokens, the decode record, limits, stream
 the server's default record; `temperature` and `seed` are the OpenAI fields. Unknown keys and
 OpenAI features this server does not implement (n > 1, logprobs, penalties, ...) are refused
 with a 400 naming the parameter, never ignored.
+
+What a request may contain is data, never a place: per-request component options choose among
+registered names and typed values (a bool option takes only `true`/`false`, an int only an
+integer), an option that loads a file (`OPTIONS_THAT_LOAD_FILES`) keeps the value the server was
+started with, and no option value may look like a path. JSON nesting is bounded (`MAX_DEPTH`), and
+so is the depth of dotted option names. Prompt text gets the package's one prompt check
+(`dllm_decode.prompts`): no lone surrogates, no special tokens written out; words the tokenizer
+does not know become a `warning` in the reply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
+import typing
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,7 +32,7 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
 from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
-from dllm_decode.prompts import chat_prompt
+from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
 
 DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos")
@@ -46,12 +56,21 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 """OpenAI parameters accepted only at their neutral value (the check says which values pass)."""
 
 MAX_STOPS = 4
+MAX_DEPTH = 16
+"""The deepest JSON nesting a request may have (objects and lists; an OpenAI chat body needs 5,
+a wrapped scheduler one more per wrapper); deeper is a 400."""
+FILE_OPTION = "loads_file"
+"""Field metadata key of component options that name a file (`field(metadata={FILE_OPTION: True})`)."""
+OPTIONS_THAT_LOAD_FILES = {("filter", "learned", "weights")}
+"""(kind, name, option) of component options that open a file, besides the fields marked with
+`FILE_OPTION`: a request may not change them (they are start-up options)."""
 
 
 class APIError(Exception):
     """An error reply: HTTP status and OpenAI's `{"error": {message, type, param, code}}`."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+             408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
              429: "rate_limit_error", 500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
@@ -105,6 +124,8 @@ class Job:
         stream, include_usage: SSE streaming, and a usage chunk at its end.
         stops: stop strings (the answer ends before the first one).
         id, created: the response's id and creation time (int seconds).
+        warning: a one-line note for the reply (words of the prompt the tokenizer does not
+            know), or None.
     """
 
     kind: str
@@ -116,6 +137,7 @@ class Job:
     stops: tuple[str, ...]
     id: str
     created: int
+    warning: str | None = None
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -127,6 +149,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     """
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
+    check_depth(body)
     unknown = sorted(set(body) - KEYS[kind])
     if unknown:
         raise APIError(400, f"unrecognized request argument(s) {unknown}; dLLM options go in the "
@@ -138,10 +161,10 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     if model is not None and model != settings.model_id:
         raise APIError(404, f"the model {model!r} does not exist; this server serves "
                             f"{settings.model_id!r}", param="model", code="model_not_found")
-    text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body)
-    prompt = _encode(text_or_ids, tokenizer)
+    text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens)
+    prompt = _encode(text_or_ids, tokenizer)
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
@@ -150,9 +173,37 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     include_usage = _flag(options or {}, "include_usage")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    user_text = _user_text(body, kind)
+    warning = unknown_words_warning(tokenizer, user_text) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
-               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()))
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning)
+
+
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit` (iteratively: no recursion to exhaust).
+
+    Raises:
+        APIError: 400 naming the limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (Mapping, list)):
+                if depth + 1 > limit:
+                    raise APIError(400, f"the request body is nested deeper than {limit} levels")
+                stack.append((child, depth + 1))
+
+
+def _user_text(body: Mapping[str, Any], kind: str) -> str:
+    """The text the user wrote (the prompt, or the messages' contents), for the unknown-word note."""
+    if kind == "completion":
+        prompt = body.get("prompt")
+        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
+        return prompt if isinstance(prompt, str) else ""
+    return " ".join(_content(m.get("content"), i) for i, m in enumerate(body.get("messages") or []))
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:
@@ -164,12 +215,13 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def _prompt(body: Mapping[str, Any]) -> str | list[int]:
+def _prompt(body: Mapping[str, Any], tokenizer: Any = None) -> str | list[int]:
     """`prompt`: a string, a token-id list, or a one-element list of either."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _check_text(prompt, tokenizer, "prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
@@ -191,10 +243,15 @@ def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> s
                                                                             "developer"):
             raise APIError(400, f"messages[{i}] must be an object with a role of system, developer, "
                                 f"user or assistant", param=f"messages[{i}]")
-        plain.append({"role": message["role"], "content": _content(message.get("content"), i)})
+        content = _content(message.get("content"), i)
+        _check_text(content, tokenizer, f"messages[{i}].content")
+        plain.append({"role": message["role"], "content": content})
     has_template = settings.chat_template and getattr(tokenizer, "chat_template", None)
     if len(plain) == 1 and plain[0]["role"] == "user":
-        return chat_prompt(tokenizer, plain[0]["content"], settings.chat_template)
+        try:
+            return chat_prompt(tokenizer, plain[0]["content"], settings.chat_template)
+        except ValueError as err:
+            raise APIError(400, first_line(err), param="messages[0].content") from None
     if not has_template:
         raise APIError(400, "this model has no chat template: send a single user message",
                        param="messages")
@@ -211,6 +268,13 @@ def _content(content: Any, i: int) -> str:
                    param=f"messages[{i}].content")
 
 
+def _check_text(text: str, tokenizer: Any, param: str) -> None:
+    try:
+        check_text(text, tokenizer, param)
+    except (ValueError, TypeError) as err:
+        raise APIError(400, first_line(err), param=param) from None
+
+
 def _encode(prompt: str | list[int], tokenizer: Any) -> tuple[int, ...]:
     if isinstance(prompt, str):
         if tokenizer is None:
@@ -220,9 +284,11 @@ def _encode(prompt: str | list[int], tokenizer: Any) -> tuple[int, ...]:
         ids = prompt
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    if min(ids) < 0:
-        raise APIError(400, f"token ids must be >= 0, got {min(ids)}", param="prompt")
-    return tuple(ids)
+    mask = getattr(tokenizer, "mask_token_id", None)
+    try:
+        return check_token_ids(ids, mask_id=mask if isinstance(mask, int) else None, where="prompt")
+    except (ValueError, TypeError) as err:
+        raise APIError(400, first_line(err), param="prompt") from None
 
 
 def _max_tokens(body: Mapping[str, Any], kind: str) -> int | None:
@@ -262,6 +328,12 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         raise APIError(400, f"unknown dllm option(s) {unknown}; valid: {list(DLLM_KEYS)}",
                        param=f"dllm.{unknown[0]}")
     data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
+    started = [settings.config.scheduler, settings.config.cache, *settings.config.filters]
+    check_options(settings.scheduler_kinds, dllm.get("scheduler"), started, "dllm.scheduler")
+    check_options(("cache",), dllm.get("cache"), started, "dllm.cache")
+    if isinstance(dllm.get("filters"), list):
+        for i, spec in enumerate(dllm["filters"]):
+            check_options(("filter",), spec, started, f"dllm.filters[{i}]")
     try:
         data["scheduler"] = _part(settings.scheduler_kinds, settings.config.scheduler, dllm.get("scheduler"))
         data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
@@ -282,6 +354,8 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
             else max_tokens
     try:
         config = settings.prepare(DecodeConfig.from_dict(data))
+    except RecursionError:
+        raise APIError(400, "the dllm object is nested too deeply", param="dllm") from None
     except (ValueError, TypeError) as err:
         sent = {*dllm, *(n for n in ("temperature", "seed") if body.get(n) is not None)}
         raise APIError(400, first_line(err), param=_param_of(first_line(err), sent)) from None
@@ -304,6 +378,123 @@ def _part(kinds: tuple[str, ...], default: Any, given: Any) -> Any:
         raise ValueError(f"{kinds[0]} must be a name or an object with `name`, got {given!r}")
     kind = next((k for k in kinds if name in registry(k)), kinds[0])
     return component(kind, given)
+
+
+PATH_LIKE = re.compile(r"[/\\\x00]|^~|^\.|\.\.")
+
+
+def check_options(kinds: tuple[str, ...], spec: Any, started: list[Any], param: str, depth: int = 0) -> None:
+    """A request's component spec (a name, or `{"name": ..., option: value}`), checked before
+    anything is built: an option that loads a file keeps a value the server started with (or its
+    default, a shipped name); no string value looks like a path; a bool option takes only a JSON
+    boolean, an int option only an integer, a float option only a number; wrapped components
+    (`base`, dotted `base.x` names) get the same check, down to `MAX_DEPTH` levels.
+
+    Raises:
+        APIError: 400 naming the parameter.
+    """
+    if depth > MAX_DEPTH:
+        raise APIError(400, f"{param} wraps components deeper than {MAX_DEPTH} levels", param=param)
+    if isinstance(spec, str):
+        _no_path(spec, param)
+        return
+    if not isinstance(spec, Mapping):
+        return                                      # `component` reports the wrong type
+    name = spec.get("name")
+    cls, kind = _entry(kinds, name, started, param)
+    if cls is None:
+        return                                      # an unknown name: `component` lists the choices
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in spec.items():
+        if key == "name":
+            continue
+        if not isinstance(key, str):
+            raise APIError(400, f"{param} option names must be strings", param=param)
+        head, _, rest = key.partition(".")
+        where = f"{param}.{key}"
+        if head not in fields:
+            continue                                # `build` names the unknown option
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+            continue
+        field = fields[head]
+        if field.metadata.get(FILE_OPTION) or (kind, name, head) in OPTIONS_THAT_LOAD_FILES:
+            allowed = {field.default} | {getattr(c, head) for c in _all(started) if type(c) is cls}
+            if value not in allowed:
+                raise APIError(400, f"{where} names a file; a request may only use a value the server "
+                                    f"was started with ({sorted(map(repr, allowed))}); files are chosen "
+                                    f"when the server starts", param=where)
+        _typed(hints[head], value, where)
+        if isinstance(value, (str, Mapping)) and _is_component_type(hints[head]):
+            check_options(kinds, value, started, where, depth + 1)
+    for head, options in nested.items():
+        base = spec.get(head)
+        inner = {**(base if isinstance(base, Mapping) else {"name": base} if isinstance(base, str) else
+                    {"name": _default_name(fields[head], kinds)}), **options}
+        check_options(kinds, inner, started, f"{param}.{head}", depth + 1)
+
+
+def _entry(kinds: tuple[str, ...], name: Any, started: list[Any], param: str) -> tuple[Any, str]:
+    from dllm_decode.registry import registry
+
+    if not isinstance(name, str):
+        return None, ""
+    _no_path(name, f"{param}.name")
+    for kind in kinds:
+        if name in registry(kind):
+            return registry(kind)[name], kind
+    return None, ""
+
+
+def _default_name(field: Any, kinds: tuple[str, ...]) -> str | None:
+    from dllm_decode.registry import name_of
+
+    default = field.default if field.default is not dataclasses.MISSING else (
+        field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
+    return name_of(default) if default is not None else None
+
+
+def _all(components: list[Any]) -> list[Any]:
+    """The components and every component they wrap."""
+    out, stack = [], list(components)
+    while stack:
+        item = stack.pop()
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            out.append(item)
+            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
+    return out
+
+
+def _no_path(value: str, where: str) -> None:
+    if PATH_LIKE.search(value):
+        raise APIError(400, f"{where}={value!r} looks like a file path; per-request options name "
+                            f"registered components and values, never files", param=where)
+
+
+def _is_component_type(annotation: Any) -> bool:
+    return any(isinstance(c, type) and hasattr(c, "select") for c in (annotation, *typing.get_args(annotation)))
+
+
+def _typed(annotation: Any, value: Any, where: str) -> None:
+    """JSON values of a component option must have the option's type (no "true" for a bool)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    plain = args[0] if len(args) == 1 and typing.get_origin(annotation) is not tuple else annotation
+    if value is None and type(None) in typing.get_args(annotation):
+        return
+    if isinstance(value, str):
+        _no_path(value, where)
+    if plain is bool and not isinstance(value, bool):
+        raise APIError(400, f"{where} must be true or false, got {value!r}", param=where)
+    if plain is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise APIError(400, f"{where} must be an integer, got {value!r}", param=where)
+    if plain is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise APIError(400, f"{where} must be a number, got {value!r}", param=where)
+    if typing.get_origin(plain) is tuple and isinstance(value, list):
+        for item in value:
+            if isinstance(item, str):
+                _no_path(item, where)
 
 
 def _param_of(message: str, sent: set[str]) -> str:
@@ -354,7 +545,8 @@ class StopText:
 # -- response bodies --------------------------------------------------------------------------
 
 def usage(output: Output) -> dict[str, int]:
-    """Token counts: the prompt, and the answer without the canvas's end-of-text padding."""
+    """Token counts: the prompt, and the answer without the canvas's end-of-text padding (cut
+    at a stop string, the tokens of the returned text only)."""
     return {"prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.tokens),
             "total_tokens": output.prompt_tokens + len(output.tokens)}
 
@@ -372,9 +564,12 @@ def reply(job: Job, model_id: str, output: Output, text: str, finish_reason: str
                   "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+    body = {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
             "created": job.created, "model": model_id, "choices": [choice], "usage": usage(output),
             "dllm": extension(job, output)}
+    if job.warning:
+        body["warning"] = job.warning
+    return body
 
 
 def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str | None = None,
@@ -398,4 +593,6 @@ def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str |
     body["choices"] = [choice]
     if job.include_usage:
         body["usage"] = None
+    if job.warning and finish_reason is not None:
+        body["warning"] = job.warning
     return body
