@@ -41,6 +41,9 @@ def load_causal_lm(name: str | Path, dtype: torch.dtype = torch.float32,
         ModelLoadError: missing model, a directory that is not a causal LM, or a GGUF problem
             (one-line message).
     """
+    from dllm_decode.models.checkpoint import require_bool
+
+    require_bool(trust_remote_code, "trust_remote_code")
     text = str(name)
     try:
         if text in WHEEL_MODELS:
