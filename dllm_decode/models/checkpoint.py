@@ -267,16 +267,21 @@ def first_line(err: BaseException) -> str:
 
 def save_checkpoint(directory: str | Path, config: dict[str, Any], model: nn.Module,
                     dtype: torch.dtype = torch.float32) -> None:
-    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads)."""
+    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads),
+    each to a temporary file renamed into place (`dllm_decode.outputs`): the weights first, so a
+    folder with the new config never holds torn weights."""
     from safetensors.torch import save_file
+
+    from dllm_decode.outputs import atomic_write, write_with
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # own contiguous copies: the compact runtime leaves weights as views of shared matrices
     state = {k: v.detach().to(dtype).clone(memory_format=torch.contiguous_format)
              for k, v in model.state_dict().items()}
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    write_with(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+               "weights")
+    atomic_write(directory / "config.json", json.dumps(config, indent=2) + "\n", "model config")
 
 
 def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], directory: Path,

@@ -99,6 +99,8 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, the
     summary = summarize(records, theory=theory, skipped=skipped, meta=meta)
     paths = plot_summary(summary, out) if plots else []
     summary["plots"] = [p.name for p in paths]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    from dllm_decode.outputs import atomic_write
+
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", "summary")
     write_report(summary, out, paths)
     return summary
