@@ -136,9 +136,9 @@ def check_token_ids(ids: Any, vocab_size: int | None = None, mask_id: int | None
         if isinstance(value, bool) or not hasattr(value, "__index__") or isinstance(value, Tensor):
             raise TypeError(f"{where} holds {value!r} at index {k}; token ids must be integers")
         token = int(value)
-        if token < 0:
-            raise ValueError(f"{where} holds token id {token} at index {k}; token ids must be >= 0")
-        if vocab_size is not None and token >= vocab_size:
+        if token < 0 and vocab_size is None:
+            raise ValueError(f"{where} holds token id {token} at index {k}, outside the vocabulary (ids are >= 0)")
+        if vocab_size is not None and not 0 <= token < vocab_size:
             raise ValueError(f"{where} holds token id {token}, outside the vocabulary [0, {vocab_size})")
         if mask_id is not None and token == mask_id:
             raise ValueError(f"{where} holds the [MASK] id {mask_id}; prompts must be clean text "
