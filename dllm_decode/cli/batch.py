@@ -6,8 +6,9 @@ the server reads a chat request with that one user message (`dllm_decode.serve.p
 are appended to the output as each request finishes (the engine's first-done-first-out order);
 a re-run skips the requests already written, so an interrupted run resumes without redoing work.
 
-The output is owned: a run holds its writer lock (`<output>.lock`, as `eval` does) from the
-check of the files to the last result, so a second run on the same output stops at once; the
+The output is owned: a run holds its writer lock (`<output>.lock`, as `eval` does) while it
+checks the files and again, re-reading what is done, from its first decode to its last result,
+so a second run on the same output stops at once and no result is written twice; the
 input and the output must be different files; special files (`/dev/null`, `/dev/full`) are
 refused before any work. Resume keys on the id and a hash of the request line: a finished id
 whose request changed since it was written is an error naming the id, never a stale answer.
@@ -17,7 +18,6 @@ every result written before it stays, and a re-run resumes after it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from typing import Any
@@ -25,21 +25,6 @@ from typing import Any
 import click
 
 LINE_KEYS = {"id", "prompt", "max_tokens", "temperature", "seed", "dllm"}
-
-
-class Pending(list):
-    """The requests still to do, as (id, body), holding the output's writer lock until
-    `release()` (or until the list itself is dropped, e.g. when loading the model fails)."""
-
-    def __init__(self, items: list[tuple[str, dict[str, Any]]], lock: contextlib.ExitStack):
-        super().__init__(items)
-        self.lock = lock
-
-    def release(self) -> None:
-        self.lock.close()
-
-    def __del__(self) -> None:
-        self.lock.close()
 
 
 def request_hash(body: dict[str, Any]) -> str:
@@ -50,10 +35,10 @@ def request_hash(body: dict[str, Any]) -> str:
     return stable_hash({k: v for k, v in body.items() if k != "id"}, 16)
 
 
-def read_requests(input_path: str, output_path: str) -> Pending:
+def read_requests(input_path: str, output_path: str) -> list[tuple[str, dict[str, Any]]]:
     """The requests still to do, as (id, body), after checking both files: every line is read
-    and checked before any model loads, and the output must be writable. The result holds the
-    output's writer lock (see `Pending`).
+    and checked before any model loads, and the output must be writable and not held by another
+    run.
 
     Raises:
         click.BadParameter: an unreadable input, a bad line (named by number), a repeated id, an
@@ -61,7 +46,7 @@ def read_requests(input_path: str, output_path: str) -> Pending:
             a changed request under a finished id; another run holding the output.
     """
     from dllm_decode.cli.options import writable_file
-    from dllm_decode.outputs import OutputError, check_output, output_lock, same_file
+    from dllm_decode.outputs import OutputError, check_output, same_file
 
     try:
         check_output(output_path, "--output file")
@@ -72,23 +57,20 @@ def read_requests(input_path: str, output_path: str) -> Pending:
                                  f"another file (the requests would be overwritten)",
                                  param_hint="--output")
     target = writable_file(output_path, "--output")
-    lock = contextlib.ExitStack()
     try:
-        lock.enter_context(output_lock(target, "--output file",
-                                       hint="wait for that run to finish or choose another --output"))
-        todo = _pending(input_path, target)
+        with _owned(target):
+            return _pending(_read_lines(input_path), target)
     except OutputError as err:
-        lock.close()
         raise click.BadParameter(str(err), param_hint="--output") from None
-    except BaseException:
-        lock.close()
-        raise
-    return Pending(todo, lock)
 
 
-def _pending(input_path: str, target: Any) -> list[tuple[str, dict[str, Any]]]:
-    from dllm_decode.eval.harness.records import read_records
+def _owned(target: Any) -> Any:
+    from dllm_decode.outputs import output_lock
 
+    return output_lock(target, "--output file", hint="wait for that run to finish or choose another --output")
+
+
+def _read_lines(input_path: str) -> list[tuple[str, dict[str, Any]]]:
     try:
         lines = open(input_path, encoding="utf-8").read().splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -122,6 +104,14 @@ def _pending(input_path: str, target: Any) -> list[tuple[str, dict[str, Any]]]:
         requests.append((request_id, body))
     if not requests:
         raise click.BadParameter(f"{input_path!r} holds no requests", param_hint="--input")
+    return requests
+
+
+def _pending(requests: list[tuple[str, dict[str, Any]]], target: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The requests the output does not answer yet (a changed request under a finished id is an
+    error naming the id)."""
+    from dllm_decode.eval.harness.records import read_records
+
     try:
         done = {str(r.get("id")): r for r in read_records(target) if isinstance(r, dict)}
     except ValueError as err:
@@ -145,13 +135,21 @@ def _same_request(record: dict[str, Any], body: dict[str, Any]) -> bool:
 
 def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
                  chat_template: bool, batch_size: int, model_name: str) -> None:
-    """Decode the requests with the engine and append each result when it finishes (then
-    release the output's lock when `requests` holds it)."""
+    """Decode the requests with the engine and append each result when it finishes, holding the
+    output's writer lock throughout; requests another run finished since `read_requests` are
+    skipped.
+
+    Raises:
+        click.ClickException: another run holds the output, or a result cannot be written.
+    """
+    from dllm_decode.outputs import OutputError
+
     try:
-        _run(model, config, requests, output_path, chat_template, batch_size, model_name)
-    finally:
-        if isinstance(requests, Pending):
-            requests.release()
+        with _owned(output_path):
+            todo = _pending(list(requests), output_path)
+            _run(model, config, todo, output_path, chat_template, batch_size, model_name)
+    except OutputError as err:
+        raise click.ClickException(str(err)) from None
 
 
 def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
