@@ -275,3 +275,92 @@ def test_limits_are_finite():
         for value in (float("inf"), float("nan"), 0, -1, "5"):
             with pytest.raises(ValueError, match=name):
                 Limits(**{name: value})
+
+
+# ---- one check per input class at every entry point -----------------------------------------
+
+@pytest.mark.parametrize("prompt, fragment", [("sort : bob <|mdm_mask|>", "special token"),
+                                              ("copy : al <|endoftext|>", "special token"),
+                                              ("sort : bob \ud800", "lone surrogate")])
+def test_batch_lines_get_the_prompt_check(tmp_path, prompt, fragment):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"id": "x", "prompt": prompt}) + "\n")
+    result = CliRunner().invoke(main, ["--model", "embedded", "--gen-length", "16", "--input", str(src),
+                                       "--output", str(out)])
+    assert result.exit_code == 2 and fragment in result.output and "request 'x'" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cli_prompt_gets_the_prompt_check_and_the_unknown_word_warning():
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    runner = CliRunner()
+    bad = runner.invoke(main, ["--model", "embedded", "--gen-length", "16", "--prompt", "sort : <|mdm_mask|>"])
+    assert bad.exit_code == 2 and "special token" in bad.output
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        good = runner.invoke(main, ["--model", "embedded", "--gen-length", "16", "--prompt", "The quick fox"])
+    assert good.exit_code == 0
+    assert any("does not know" in str(w.message) and "'quick'" in str(w.message) for w in caught)
+
+
+def test_api_unknown_words_warn_and_token_ids_are_ints_only(embedded):
+    from dllm_decode.prompts import UnknownWordsWarning, check_token_ids, encode_prompts
+
+    with pytest.warns(UnknownWordsWarning, match="'quick'"):
+        encode_prompts(["The quick fox"], embedded.tokenizer)
+    for bad in ([5.7], ["5"], [True], [1, None], "5", 5, [[1]]):
+        with pytest.raises(TypeError, match="integers|list of token ids"):
+            check_token_ids(bad)
+    with pytest.raises(ValueError, match=r"\[MASK\] id 3"):
+        check_token_ids([5, 3], vocab_size=129, mask_id=3)
+    assert check_token_ids(torch.tensor([1, 2])) == (1, 2)
+
+
+def _llada_dir(tmp_path, **changes):
+    from dllm_decode.models.checkpoint import resolve_model_dir
+
+    source = resolve_model_dir("embedded")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for item in source.iterdir():
+        if item.is_file():
+            (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"mask_token_id": 5}, "mask_token_id 5"),          # a word, not the tokenizer's mask token
+    ({"eos_token_id": 7}, "eos_token_id 7"),
+])
+def test_special_ids_must_agree_with_the_tokenizer(tmp_path, changes, fragment):
+    from dllm_decode.models.checkpoint import ModelLoadError
+    from dllm_decode.models.loading import load_model
+
+    with pytest.raises(ModelLoadError, match=fragment):
+        load_model(_llada_dir(tmp_path, **changes))
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"n_layers": 10_000_000}, "n_layers 10000000 is beyond any real model"),
+    ({"d_model": 65536, "n_heads": 1, "n_kv_heads": 1, "mlp_hidden_size": 1 << 20, "n_layers": 1000},
+     "GiB"),
+])
+def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path, changes, fragment):
+    from dllm_decode.models.checkpoint import ModelLoadError
+    from dllm_decode.models.loading import load_model
+
+    began = time.monotonic()
+    with pytest.raises(ModelLoadError, match=fragment):
+        load_model(_llada_dir(tmp_path, **changes))
+    assert time.monotonic() - began < 5
