@@ -183,3 +183,26 @@ def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.Pa
         yield
     finally:
         handle.close()
+
+
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EPIPE, errno.EIO}
+"""OS errors of writing a result that a command reports in one line (full disk, quota, file too
+big, read-only file system, closed pipe, I/O error)."""
+
+
+@contextlib.contextmanager
+def write_errors() -> Iterator[None]:
+    """Turn an `OutputError` or a failed write (`WRITE_ERRNOS`) anywhere in a command into click's
+    one-line error (exit status 1): a command that could not write its result never exits 0 and
+    never ends in a traceback."""
+    import click
+
+    try:
+        yield
+    except OutputError as err:
+        raise click.ClickException(str(err)) from None
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        where = f" {err.filename!r}" if getattr(err, "filename", None) else ""
+        raise click.ClickException(f"cannot write{where or ' the output'}: {describe(err)}") from None

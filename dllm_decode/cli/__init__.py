@@ -24,7 +24,15 @@ from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        from dllm_decode.outputs import write_errors
+
+        with write_errors():              # a full disk or a special file: one line, exit 1
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Main, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="dllm-decode")
 @decode_options
 @click.pass_context
