@@ -54,7 +54,7 @@ def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: 
                                        where=f"prompt {i}"))
         else:
             raise TypeError(f"prompt {i} must be a string or a list of token ids, got "
-                            f"{type(prompt).__name__}")
+                            f"{'None' if prompt is None else type(prompt).__name__}")
         if not row:
             raise ValueError(f"prompt {i} is empty")
         if vocab_size is not None and not all(0 <= t < vocab_size for t in row):

@@ -341,12 +341,12 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         part = "scheduler" if "scheduler" in str(err) else "cache"
         raise APIError(400, first_line(err), param=f"dllm.{part}") from None
     for name in ("filters", "block_length", "stop_at_eos"):
-        if name in dllm:
+        if dllm.get(name) is not None:                 # null: the server's default, as in OpenAI
             data[name] = dllm[name]
     for name in ("temperature", "seed"):
         if body.get(name) is not None:
             data[name] = body[name]
-    if "gen_length" in dllm:
+    if dllm.get("gen_length") is not None:
         data["gen_length"] = dllm["gen_length"]
     elif max_tokens is not None:
         block = data["block_length"]
@@ -362,7 +362,7 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     if config.gen_length > settings.max_tokens:
         raise APIError(400, f"the canvas of {config.gen_length} tokens exceeds this server's limit "
                             f"of {settings.max_tokens} (max_tokens / dllm.gen_length)",
-                       param="max_tokens" if "gen_length" not in dllm else "dllm.gen_length")
+                       param="max_tokens" if dllm.get("gen_length") is None else "dllm.gen_length")
     return config
 
 

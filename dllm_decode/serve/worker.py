@@ -144,6 +144,8 @@ def startup_check(engine: Engine, config: Any, steps: int = 2) -> str | None:
     special = {getattr(model, "mask_token_id", None), *getattr(model, "eos_token_ids", ())}
     token = next((i for i in range(vocab) if i not in special), 0)
     request = Request(id="startup-check", prompt=(token,), config=config, max_tokens=1)
+    quiet = logging.getLogger(type(engine).__module__)      # the failure is reported once, here
+    was, quiet.disabled = quiet.disabled, True
     try:
         engine.check(request)
         engine.add(request)
@@ -158,4 +160,6 @@ def startup_check(engine: Engine, config: Any, steps: int = 2) -> str | None:
             engine.step()
     except (ValueError, TypeError, RuntimeError) as err:
         return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    finally:
+        quiet.disabled = was
     return None

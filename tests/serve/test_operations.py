@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 from click.testing import CliRunner
 
-from tests.serve.conftest import post
+from tests.serve.conftest import post, wait_until
 
 
 def get(url: str, path: str) -> tuple[int, str]:
@@ -61,12 +62,17 @@ def test_metrics_count_requests_tokens_and_nfe(server):
 
 def test_one_access_line_per_request_at_info(server, caplog):
     url, _ = server
+    def lines(route):
+        return [r.getMessage() for r in caplog.records
+                if r.name == "dllm_decode.serve.access" and f'"GET {route}"' in r.getMessage()]
+
     with caplog.at_level(logging.INFO, logger="dllm_decode.serve.access"):
         get(url, "/health")
         get(url, "/v1/models")
-    lines = [r.getMessage() for r in caplog.records if r.name == "dllm_decode.serve.access"]
-    assert len([m for m in lines if '"GET /health"' in m and " 200 " in m]) == 1
-    assert len([m for m in lines if '"GET /v1/models"' in m]) == 1
+        assert wait_until(lambda: lines("/health") and lines("/v1/models"), 5)   # logged once sent
+        time.sleep(0.1)
+    assert len(lines("/health")) == 1 and " 200 " in lines("/health")[0]
+    assert len(lines("/v1/models")) == 1
 
 
 def test_usage_counts_only_the_tokens_returned_after_a_stop(server):
