@@ -157,6 +157,9 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     for name, neutral in UNSUPPORTED.items():
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
+    for name in ("model", "user"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise APIError(400, f"{name} must be a string, got {body[name]!r}", param=name)
     model = body.get("model")
     if model is not None and model != settings.model_id:
         raise APIError(404, f"the model {model!r} does not exist; this server serves "

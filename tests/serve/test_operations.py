@@ -35,6 +35,16 @@ def test_openapi_describes_the_routes(server):
     assert body["schema"]["$ref"].endswith("/CompletionRequest")
 
 
+def test_the_schema_and_the_validator_accept_the_same_keys():
+    from dllm_decode.serve import schema
+    from dllm_decode.serve.protocol import DLLM_KEYS, KEYS, UNSUPPORTED
+
+    neutral_only = set(UNSUPPORTED) - {"n", "top_p"}                  # documented as not supported
+    assert set(schema.CompletionRequest.model_fields) == KEYS["completion"] - neutral_only
+    assert set(schema.ChatCompletionRequest.model_fields) == KEYS["chat"] - neutral_only
+    assert set(schema.DllmOptions.model_fields) == set(DLLM_KEYS)
+
+
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_get_on_a_post_route_is_an_invalid_request(server, path):
     url, _ = server
