@@ -150,7 +150,8 @@ def lock_path(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.PathLike | None = None,
-                hint: str = "wait for it to finish or choose another output") -> Iterator[None]:
+                hint: str = "wait for it to finish or choose another output",
+                holder: str = "process") -> Iterator[None]:
     """Hold an exclusive writer lock on `path` (its `lock_path`, or `lock`) while the body runs.
 
     The lock is an `flock`, so the OS releases it when the process dies: a killed run never
@@ -162,6 +163,7 @@ def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.Pa
     """
     import fcntl
 
+    kind = holder
     where = Path(lock) if lock is not None else lock_path(path)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
@@ -174,7 +176,7 @@ def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.Pa
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
-            raise OutputError(f"another process (pid {holder}) is writing the {what} "
+            raise OutputError(f"another {kind} (pid {holder}) is writing the {what} "
                               f"{os.fspath(path)!r}; {hint}") from None
         handle.seek(0)
         handle.truncate()
