@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.notices import UnknownWordsWarning
+
 
 def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: Any,
                    vocab_size: int | None = None, mask_id: int | None = None) -> list[list[int]]:
@@ -65,10 +67,6 @@ def encode_prompts(prompts: Sequence[str] | Sequence[Sequence[int]], tokenizer: 
                              f"(the loop decodes only the generation region)")
         ids.append(row)
     return ids
-
-
-class UnknownWordsWarning(UserWarning):
-    """A prompt holds words the tokenizer maps to its unknown token."""
 
 
 def check_text(text: Any, tokenizer: Any = None, where: str = "the prompt", only_mask: bool = False) -> str:
@@ -208,16 +206,3 @@ def chat_prompt(tokenizer: Any, prompt: str, enabled: bool = True) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                          add_generation_prompt=True, tokenize=False)
 
-
-def one_line_warnings() -> None:
-    """Show this package's warnings (unknown words, ...) as `warning: <message>` on one line, as a
-    command line should (Python's default adds the file, line and source line)."""
-    default = warnings.formatwarning
-
-    def format_warning(message: Any, category: type[Warning], filename: str, lineno: int,
-                       line: str | None = None) -> str:
-        if issubclass(category, UnknownWordsWarning):
-            return f"warning: {message}\n"
-        return default(message, category, filename, lineno, line)
-
-    warnings.formatwarning = format_warning      # type: ignore[assignment]

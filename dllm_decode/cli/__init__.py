@@ -39,7 +39,7 @@ class _Main(click.Group):
 def main(ctx: click.Context, **options: Any) -> None:
     """Decode a prompt with a masked diffusion LM (the options below); subcommands for the rest."""
     from dllm_decode.allocator import keep_freed_memory
-    from dllm_decode.prompts import one_line_warnings
+    from dllm_decode.notices import one_line_warnings
 
     one_line_warnings()                   # a prompt's unknown words: one `warning:` line on stderr
     keep_freed_memory()                   # reuse activation memory across forwards (allocator.py)
