@@ -81,8 +81,10 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
 
 
 def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = ()) -> Path:
+    from dllm_decode.outputs import atomic_write
+
     path = Path(out_dir) / "report.md"
-    path.write_text(render(summary, plots))
+    atomic_write(path, render(summary, plots), "report")
     return path
 
 
