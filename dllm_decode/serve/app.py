@@ -130,7 +130,7 @@ def create_app(state: ServerState) -> Any:
     from starlette.exceptions import HTTPException
 
     from dllm_decode.serve import schema
-    from dllm_decode.serve.guard import Guard
+    from dllm_decode.serve.guard import PARSED_BODY, Guard
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -203,7 +203,8 @@ def create_app(state: ServerState) -> Any:
                                             "created": int(state.started), "owned_by": "dllm-decode"}]}
 
     async def handle(kind: str, http: HTTPRequest) -> Any:
-        body = await state.offload(_parse, await http.body())
+        parsed = http.scope.get("state", {}).get(PARSED_BODY, _UNSET)      # parsed by the guard
+        body = parsed if parsed is not _UNSET else await state.offload(_parse, await http.body())
         job = await state.offload(parse_job, kind, body, state.settings, state.tokenizer)
         _admit(state, job)
         updates = _submit(state, job)
@@ -230,6 +231,9 @@ def create_app(state: ServerState) -> Any:
         return await handle("chat", http)
 
     return app
+
+
+_UNSET = object()
 
 
 def _version() -> str:

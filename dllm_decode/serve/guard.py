@@ -110,20 +110,28 @@ class Guard:
                 break
         body = b"".join(chunks)
         if body.strip()[:1] in (b"{", b"["):
-            await self.offload(_check_nesting, body, limits.max_depth)
+            parsed = await self.offload(_check_nesting, body, limits.max_depth)
+            if parsed is not _INVALID:               # the route reads it instead of parsing again
+                scope.setdefault("state", {})[PARSED_BODY] = parsed
         return body
 
 
-def _check_nesting(body: bytes, max_depth: int) -> None:
-    """Raise the 400 for a JSON body nested deeper than `max_depth` (other JSON problems are the
-    route's to report)."""
+PARSED_BODY = "dllm_parsed_body"
+"""Key in the request's `scope["state"]` of the JSON body the guard already parsed."""
+_INVALID = object()
+
+
+def _check_nesting(body: bytes, max_depth: int) -> Any:
+    """The JSON body, parsed; the 400 for one nested deeper than `max_depth`. Invalid JSON gives
+    `_INVALID` (the route reports it)."""
     try:
         value = json.loads(body)
     except RecursionError:
         raise APIError(400, f"the request body is nested deeper than {max_depth} levels") from None
     except ValueError:
-        return
+        return _INVALID
     check_depth(value, max_depth)
+    return value
 
 
 def _replayer(body: bytes, receive: Receive) -> Receive:
