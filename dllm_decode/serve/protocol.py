@@ -177,7 +177,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     include_usage = _flag(options or {}, "include_usage")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     user_text = _user_text(body, kind)
-    warning = unknown_words_warning(tokenizer, user_text) if user_text and tokenizer is not None else None
+    warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
                id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning)
