@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from tests.serve.conftest import post, wait_until
@@ -136,7 +137,6 @@ def test_unknown_words_come_back_as_a_warning(server):
     (["--request-timeout", "inf"], "not a finite number"),
     (["--body-timeout", "nan"], "not a number"),
     (["--model", "ar:ar_target", "--cache", "prefix"], "does not apply to `ar:` models"),
-    (["--model", "embedded-bd", "--scheduler", "adaptive_block"], "cannot decode with these options"),
 ])
 def test_serve_refuses_settings_that_cannot_run(args, fragment):
     from dllm_decode.cli import main
@@ -144,3 +144,26 @@ def test_serve_refuses_settings_that_cannot_run(args, fragment):
     result = CliRunner().invoke(main, ["serve", "--port", "0", *args])
     assert result.exit_code == 2 and fragment in result.output, result.output
     assert "Traceback" not in result.output
+
+
+class Broken(torch.nn.Module):
+    """A model whose forward fails the way an impossible model/policy pair does."""
+
+    def __init__(self, model):
+        super().__init__()
+        for name in ("mask_token_id", "eos_token_ids", "vocab_size", "max_length", "tokenizer"):
+            setattr(self, name, getattr(model, name))
+
+    def forward(self, *args, **kwargs):
+        raise ValueError("this model cannot run this policy")
+
+
+def test_the_start_up_check_runs_the_default_record(embedded):
+    from dllm_decode.engine import Engine
+    from dllm_decode.serve.worker import startup_check
+    from tests.serve.conftest import default_config
+
+    assert startup_check(Engine(embedded, max_batch_size=2), default_config()) is None
+    broken = Engine(Broken(embedded), max_batch_size=2)
+    assert "cannot run this policy" in startup_check(broken, default_config())
+    assert not broken.has_work
