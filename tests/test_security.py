@@ -77,6 +77,17 @@ def test_request_options_take_typed_values_only(embedded, dllm, param):
     assert err.status == 400 and err.param == param
 
 
+@pytest.mark.parametrize("body", [{"stop": ["x" * 100_000]}, {"max_tokens": 10 ** 30}])
+def test_sizes_in_a_request_are_bounded_exactly(embedded, body):
+    from dllm_decode.serve.protocol import APIError, parse_job
+
+    with pytest.raises(APIError) as caught:
+        parse_job("completion", {"prompt": "sort : bob", **body}, _settings(), embedded.tokenizer)
+    assert caught.value.status == 400
+    if "max_tokens" in body:                       # the exact size, not a float's rounding of it
+        assert str(10 ** 30) in caught.value.message
+
+
 def test_dotted_wrapper_options_are_bounded(embedded):
     err = _refusal(embedded, {"scheduler": {"name": "credit", "base" + ".base" * 40: "x"}})
     assert err.status == 400

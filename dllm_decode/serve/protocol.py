@@ -19,7 +19,6 @@ does not know become a `warning` in the reply.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import time
 import typing
@@ -56,6 +55,8 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 """OpenAI parameters accepted only at their neutral value (the check says which values pass)."""
 
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+"""The longest stop string (the stream holds back text that may begin one, per update)."""
 MAX_DEPTH = 16
 """The deepest JSON nesting a request may have (objects and lists; an OpenAI chat body needs 5,
 a wrapped scheduler one more per wrapper); deeper is a 400."""
@@ -312,6 +313,8 @@ def _stops(stop: Any) -> tuple[str, ...]:
     if (not isinstance(stops, list) or len(stops) > MAX_STOPS
             or not all(isinstance(s, str) and s for s in stops)):
         raise APIError(400, f"stop must be a non-empty string or a list of up to {MAX_STOPS}", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(400, f"a stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
     return tuple(stops)
 
 
@@ -353,8 +356,8 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         data["gen_length"] = dllm["gen_length"]
     elif max_tokens is not None:
         block = data["block_length"]
-        data["gen_length"] = math.ceil(max_tokens / block) * block if type(block) is int and block > 0 \
-            else max_tokens
+        data["gen_length"] = -(-max_tokens // block) * block if type(block) is int and block > 0 \
+            else max_tokens                            # integer ceil: exact for any size
     try:
         config = settings.prepare(DecodeConfig.from_dict(data))
     except RecursionError:
