@@ -71,10 +71,21 @@ def _owned(target: Any) -> Any:
 
 
 def _read_lines(input_path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every request line of the input (a regular file or a pipe; a device such as /dev/zero
+    never ends and is refused)."""
+    import os
+    import stat
+
     try:
-        lines = open(input_path, encoding="utf-8").read().splitlines()
+        mode = os.stat(input_path).st_mode
+        if stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            raise click.BadParameter(f"{input_path!r} is not a requests file (a directory or a "
+                                     f"device); give a JSONL file", param_hint="--input")
+        with open(input_path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise click.BadParameter(f"cannot read {input_path!r}: {err}", param_hint="--input") from None
+        reason = err.strerror.lower() if isinstance(err, OSError) and err.strerror else str(err)
+        raise click.BadParameter(f"cannot read {input_path!r}: {reason}", param_hint="--input") from None
     requests: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, 1):
