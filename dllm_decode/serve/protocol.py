@@ -19,6 +19,7 @@ does not know become a `warning` in the reply.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 import typing
@@ -404,8 +405,13 @@ def check_options(kinds: tuple[str, ...], spec: Any, started: list[Any], param: 
     if isinstance(spec, str):
         _no_path(spec, param)
         return
+    if spec is None and depth == 0 and not param.startswith("dllm.filters"):
+        return                                      # the server's default
     if not isinstance(spec, Mapping):
-        return                                      # `component` reports the wrong type
+        shown = "null" if spec is None else json.dumps(spec) if isinstance(spec, (bool, int, float, list)) else repr(spec)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise APIError(400, f"{param} must be a registered name or an object with `name`, got {shown}",
+                       param=param)
     name = spec.get("name")
     cls, kind = _entry(kinds, name, started, param)
     if cls is None:
