@@ -8,21 +8,16 @@ OpenAI features this server does not implement (n > 1, logprobs, penalties, ...)
 with a 400 naming the parameter, never ignored.
 
 What a request may contain is data, never a place: per-request component options choose among
-registered names and typed values (a bool option takes only `true`/`false`, an int only an
-integer), an option that loads a file (`OPTIONS_THAT_LOAD_FILES`) keeps the value the server was
-started with, and no option value may look like a path. JSON nesting is bounded (`MAX_DEPTH`), and
-so is the depth of dotted option names. Prompt text gets the package's one prompt check
+registered names and typed values, never files (`dllm_decode.serve.options`). JSON nesting is
+bounded (`MAX_DEPTH`). Prompt text gets the package's one prompt check
 (`dllm_decode.prompts`): no lone surrogates, no special tokens written out; words the tokenizer
 does not know become a `warning` in the reply.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 import time
-import typing
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +29,7 @@ from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
+from dllm_decode.serve.options import OptionError, check_options
 
 DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos")
 """Keys of the `dllm` extension object."""
@@ -61,11 +57,6 @@ MAX_STOP_CHARS = 256
 MAX_DEPTH = 16
 """The deepest JSON nesting a request may have (objects and lists; an OpenAI chat body needs 5,
 a wrapped scheduler one more per wrapper); deeper is a 400."""
-FILE_OPTION = "loads_file"
-"""Field metadata key of component options that name a file (`field(metadata={FILE_OPTION: True})`)."""
-OPTIONS_THAT_LOAD_FILES = {("filter", "learned", "weights")}
-"""(kind, name, option) of component options that open a file, besides the fields marked with
-`FILE_OPTION`: a request may not change them (they are start-up options)."""
 
 
 class APIError(Exception):
@@ -336,11 +327,14 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
                        param=f"dllm.{unknown[0]}")
     data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
     started = [settings.config.scheduler, settings.config.cache, *settings.config.filters]
-    check_options(settings.scheduler_kinds, dllm.get("scheduler"), started, "dllm.scheduler")
-    check_options(("cache",), dllm.get("cache"), started, "dllm.cache")
-    if isinstance(dllm.get("filters"), list):
-        for i, spec in enumerate(dllm["filters"]):
-            check_options(("filter",), spec, started, f"dllm.filters[{i}]")
+    try:
+        check_options(settings.scheduler_kinds, dllm.get("scheduler"), started, "dllm.scheduler")
+        check_options(("cache",), dllm.get("cache"), started, "dllm.cache")
+        if isinstance(dllm.get("filters"), list):
+            for i, spec in enumerate(dllm["filters"]):
+                check_options(("filter",), spec, started, f"dllm.filters[{i}]")
+    except OptionError as err:
+        raise APIError(400, str(err), param=err.param) from None
     try:
         data["scheduler"] = _part(settings.scheduler_kinds, settings.config.scheduler, dllm.get("scheduler"))
         data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
@@ -385,128 +379,6 @@ def _part(kinds: tuple[str, ...], default: Any, given: Any) -> Any:
         raise ValueError(f"{kinds[0]} must be a name or an object with `name`, got {given!r}")
     kind = next((k for k in kinds if name in registry(k)), kinds[0])
     return component(kind, given)
-
-
-PATH_LIKE = re.compile(r"[/\\\x00]|^~|^\.|\.\.")
-
-
-def check_options(kinds: tuple[str, ...], spec: Any, started: list[Any], param: str, depth: int = 0) -> None:
-    """A request's component spec (a name, or `{"name": ..., option: value}`), checked before
-    anything is built: an option that loads a file keeps a value the server started with (or its
-    default, a shipped name); no string value looks like a path; a bool option takes only a JSON
-    boolean, an int option only an integer, a float option only a number; wrapped components
-    (`base`, dotted `base.x` names) get the same check, down to `MAX_DEPTH` levels.
-
-    Raises:
-        APIError: 400 naming the parameter.
-    """
-    if depth > MAX_DEPTH:
-        raise APIError(400, f"{param} wraps components deeper than {MAX_DEPTH} levels", param=param)
-    if isinstance(spec, str):
-        _no_path(spec, param)
-        return
-    if spec is None and depth == 0 and not param.startswith("dllm.filters"):
-        return                                      # the server's default
-    if not isinstance(spec, Mapping):
-        shown = "null" if spec is None else json.dumps(spec) if isinstance(spec, (bool, int, float, list)) else repr(spec)
-        shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise APIError(400, f"{param} must be a registered name or an object with `name`, got {shown}",
-                       param=param)
-    name = spec.get("name")
-    cls, kind = _entry(kinds, name, started, param)
-    if cls is None:
-        return                                      # an unknown name: `component` lists the choices
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    nested: dict[str, dict[str, Any]] = {}
-    for key, value in spec.items():
-        if key == "name":
-            continue
-        if not isinstance(key, str):
-            raise APIError(400, f"{param} option names must be strings", param=param)
-        head, _, rest = key.partition(".")
-        where = f"{param}.{key}"
-        if head not in fields:
-            continue                                # `build` names the unknown option
-        if rest:
-            nested.setdefault(head, {})[rest] = value
-            continue
-        field = fields[head]
-        if field.metadata.get(FILE_OPTION) or (kind, name, head) in OPTIONS_THAT_LOAD_FILES:
-            allowed = {field.default} | {getattr(c, head) for c in _all(started) if type(c) is cls}
-            if value not in allowed:
-                raise APIError(400, f"{where} names a file; a request may only use a value the server "
-                                    f"was started with ({sorted(map(repr, allowed))}); files are chosen "
-                                    f"when the server starts", param=where)
-        _typed(hints[head], value, where)
-        if isinstance(value, (str, Mapping)) and _is_component_type(hints[head]):
-            check_options(kinds, value, started, where, depth + 1)
-    for head, options in nested.items():
-        base = spec.get(head)
-        inner = {**(base if isinstance(base, Mapping) else {"name": base} if isinstance(base, str) else
-                    {"name": _default_name(fields[head], kinds)}), **options}
-        check_options(kinds, inner, started, f"{param}.{head}", depth + 1)
-
-
-def _entry(kinds: tuple[str, ...], name: Any, started: list[Any], param: str) -> tuple[Any, str]:
-    from dllm_decode.registry import registry
-
-    if not isinstance(name, str):
-        return None, ""
-    _no_path(name, f"{param}.name")
-    for kind in kinds:
-        if name in registry(kind):
-            return registry(kind)[name], kind
-    return None, ""
-
-
-def _default_name(field: Any, kinds: tuple[str, ...]) -> str | None:
-    from dllm_decode.registry import name_of
-
-    default = field.default if field.default is not dataclasses.MISSING else (
-        field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
-    return name_of(default) if default is not None else None
-
-
-def _all(components: list[Any]) -> list[Any]:
-    """The components and every component they wrap."""
-    out, stack = [], list(components)
-    while stack:
-        item = stack.pop()
-        if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            out.append(item)
-            stack.extend(getattr(item, f.name) for f in dataclasses.fields(item))
-    return out
-
-
-def _no_path(value: str, where: str) -> None:
-    if PATH_LIKE.search(value):
-        raise APIError(400, f"{where}={value!r} looks like a file path; per-request options name "
-                            f"registered components and values, never files", param=where)
-
-
-def _is_component_type(annotation: Any) -> bool:
-    return any(isinstance(c, type) and hasattr(c, "select") for c in (annotation, *typing.get_args(annotation)))
-
-
-def _typed(annotation: Any, value: Any, where: str) -> None:
-    """JSON values of a component option must have the option's type (no "true" for a bool)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    plain = args[0] if len(args) == 1 and typing.get_origin(annotation) is not tuple else annotation
-    if value is None and type(None) in typing.get_args(annotation):
-        return
-    if isinstance(value, str):
-        _no_path(value, where)
-    if plain is bool and not isinstance(value, bool):
-        raise APIError(400, f"{where} must be true or false, got {value!r}", param=where)
-    if plain is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise APIError(400, f"{where} must be an integer, got {value!r}", param=where)
-    if plain is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise APIError(400, f"{where} must be a number, got {value!r}", param=where)
-    if typing.get_origin(plain) is tuple and isinstance(value, list):
-        for item in value:
-            if isinstance(item, str):
-                _no_path(item, where)
 
 
 def _param_of(message: str, sent: set[str]) -> str:
