@@ -1,4 +1,5 @@
-"""The OpenAI-compatible request and response bodies, with no web framework.
+"""The OpenAI-compatible request and response bodies (no web framework; shapes and types are
+checked with the pydantic models of `schema`).
 
 A request body becomes a `Job` (prompt tokens, the decode record, limits, stream flags) or an
 `APIError` whose `body()` is OpenAI's error JSON. dLLM knobs travel in one namespaced object,
@@ -150,9 +151,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     for name, neutral in UNSUPPORTED.items():
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
-    for name in ("model", "user"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise APIError(400, f"{name} must be a string, got {body[name]!r}", param=name)
+    check_shape(kind, body)
     model = body.get("model")
     if model is not None and model != settings.model_id:
         raise APIError(404, f"the model {model!r} does not exist; this server serves "
@@ -161,13 +160,11 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens)
     prompt = _encode(text_or_ids, tokenizer)
-    stream = _flag(body, "stream")
+    stream = bool(body.get("stream"))
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
-        raise APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
     if options is not None and not stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
-    include_usage = _flag(options or {}, "include_usage")
+    include_usage = bool((options or {}).get("include_usage"))
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     user_text = _user_text(body, kind)
     warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
@@ -193,6 +190,73 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
                 stack.append((child, depth + 1))
 
 
+UNION_MESSAGES = {
+    "prompt": "prompt must be a non-empty string or a list of token ids",
+    "stop": f"stop must be a non-empty string or a list of up to {MAX_STOPS}",
+    "messages[].content": "messages[].content must be text (a string or text parts)",
+    "dllm.scheduler": "dllm.scheduler must be a registered name or an object with `name`",
+    "dllm.cache": "dllm.cache must be a registered name or an object with `name`",
+    "dllm.filters[]": "dllm.filters[] must be a registered name or an object with `name`",
+}
+"""Messages for fields that accept several shapes (the first shape's error alone would mislead)."""
+EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
+            "string_type": "a string", "list_type": "a list", "dict_type": "an object",
+            "model_type": "an object", "model_attributes_type": "an object"}
+
+
+def check_shape(kind: str, body: Mapping[str, Any]) -> None:
+    """The body's shape and types, checked with the pydantic request model in strict mode
+    (`schema`); the first error becomes one line naming the parameter.
+
+    Raises:
+        APIError: 400.
+    """
+    from pydantic import ValidationError
+
+    from dllm_decode.serve import schema
+
+    model = schema.ChatCompletionRequest if kind == "chat" else schema.CompletionRequest
+    try:
+        model.model_validate(body)
+    except ValidationError as err:
+        raise _shape_error(err.errors()[0]) from None
+
+
+def _shape_error(error: Mapping[str, Any]) -> APIError:
+    """A pydantic error -> the server's 400, worded as the rest of its messages."""
+    parts, through_union = [], False
+    for part in error.get("loc", ()):
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif "[" in part or part in ("str", "int", "float", "bool", "TextPart") or part[:1].isupper():
+            through_union = True                    # a shape tag of a field with several shapes
+            break
+        else:
+            parts.append(("." if parts else "") + part)
+    param = "".join(parts) or None
+    kind, value, context = error.get("type"), error.get("input"), error.get("ctx") or {}
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if kind == "extra_forbidden" and param and param.startswith("dllm."):
+        return APIError(400, f"unknown dllm option(s) [{param[5:]!r}]; valid: {list(DLLM_KEYS)}", param=param)
+    if kind == "extra_forbidden" and param and param.startswith("stream_options"):
+        return APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
+    if through_union:
+        general = re.sub(r"\[\d+\]", "[]", param or "")
+        message = UNION_MESSAGES.get(general, f"{general} has the wrong shape").replace(general, param or "", 1)
+        return APIError(400, f"{message}, got {shown}", param=param)
+    if kind == "missing":
+        return APIError(400, f"{param} is required", param=param)
+    if kind == "literal_error":
+        return APIError(400, f"{param} must be one of {context.get('expected')}, got {shown}", param=param)
+    if kind == "greater_than_equal":
+        return APIError(400, f"{param} must be an integer >= {context.get('ge')}, got {shown}", param=param)
+    if kind == "too_short":
+        return APIError(400, f"{param} must be a non-empty list", param=param)
+    if kind in EXPECTED:
+        return APIError(400, f"{param} must be {EXPECTED[kind]}, got {shown}", param=param)
+    return APIError(400, f"{param}: {error.get('msg', 'invalid value')}", param=param)
+
+
 def _user_text(body: Mapping[str, Any], kind: str) -> str:
     """The text the user wrote (the prompt, or the messages' contents), for the unknown-word note."""
     if kind == "completion":
@@ -200,15 +264,6 @@ def _user_text(body: Mapping[str, Any], kind: str) -> str:
         prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
         return prompt if isinstance(prompt, str) else ""
     return " ".join(_content(m.get("content"), i) for i, m in enumerate(body.get("messages") or []))
-
-
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
-    return value
 
 
 def _prompt(body: Mapping[str, Any], tokenizer: Any = None) -> str | list[int]:
@@ -230,15 +285,8 @@ def _prompt(body: Mapping[str, Any], tokenizer: Any = None) -> str | list[int]:
 def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> str:
     """The messages as one prompt: the tokenizer's chat template, or the lone user message's
     text when there is no template (or it is turned off)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "messages must be a non-empty list", param="messages")
     plain = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in ("system", "user", "assistant",
-                                                                            "developer"):
-            raise APIError(400, f"messages[{i}] must be an object with a role of system, developer, "
-                                f"user or assistant", param=f"messages[{i}]")
+    for i, message in enumerate(body["messages"]):            # shapes checked by `check_shape`
         content = _content(message.get("content"), i)
         _check_text(content, tokenizer, f"messages[{i}].content")
         plain.append({"role": message["role"], "content": content})
@@ -292,10 +340,7 @@ def _max_tokens(body: Mapping[str, Any], kind: str) -> int | None:
     given = [(n, body[n]) for n in names if body.get(n) is not None]
     if not given:
         return None
-    name, value = given[-1]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise APIError(400, f"{name} must be an integer >= 1, got {value!r}", param=name)
-    return value
+    return given[-1][1]                                       # an int >= 1 (`check_shape`)
 
 
 def _stops(stop: Any) -> tuple[str, ...]:
@@ -317,14 +362,7 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     cut at `max_tokens`), else the server's. A `scheduler` / `cache` given as a name or with a
     `name` replaces the default; an object without `name` changes fields of the default one.
     """
-    dllm = body.get("dllm")
-    dllm = {} if dllm is None else dllm
-    if not isinstance(dllm, Mapping):
-        raise APIError(400, "dllm must be an object", param="dllm")
-    unknown = sorted(set(dllm) - set(DLLM_KEYS))
-    if unknown:
-        raise APIError(400, f"unknown dllm option(s) {unknown}; valid: {list(DLLM_KEYS)}",
-                       param=f"dllm.{unknown[0]}")
+    dllm = body.get("dllm") or {}                             # an object of DLLM_KEYS (`check_shape`)
     data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
     started = [settings.config.scheduler, settings.config.cache, *settings.config.filters]
     try:

@@ -1,8 +1,11 @@
-"""Pydantic models of the OpenAI bodies this server reads and writes, for `GET /openapi.json`.
+"""Pydantic models of the OpenAI bodies this server reads and writes.
 
-They describe the wire format (the fields, their types and ranges); the request validation itself
-is `protocol.parse_job`, whose messages name the parameter in OpenAI's error shape. The routes
-declare these models as their request and response schemas.
+The request models check a body's shape and types in strict mode (no "true" for a boolean, no
+1.0 for an integer): `protocol.parse_job` validates with them and words the first error as the
+server's one-line message naming the parameter; what depends on the model and the server (the
+prompt's tokens, the decode record, the canvas limit) is checked after. The routes declare the
+same models as their request and response schemas, so `GET /openapi.json` documents exactly what
+is validated.
 """
 
 from __future__ import annotations
@@ -12,36 +15,46 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class DllmOptions(BaseModel):
     """The `dllm` extension object: decode options over the server's defaults. Components are a
     registered name or `{"name": ..., option: typed value}`; never a file path."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     scheduler: str | dict[str, Any] | None = None
     cache: str | dict[str, Any] | None = None
     filters: list[str | dict[str, Any]] | None = None
-    gen_length: int | None = Field(None, ge=1)
-    block_length: int | None = Field(None, ge=1)
+    gen_length: int | None = None
+    block_length: int | None = None
     stop_at_eos: bool | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool | None = None
 
 
+NEUTRAL = "Accepted only at its neutral value (this server does not implement it)."
+
+
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = None
     seed: int | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, description="Up to 4 stop strings.")
     user: str | None = None
-    n: Literal[1] | None = None
-    top_p: Literal[1] | None = None
+    n: Any = Field(None, description=NEUTRAL + " (1)")
+    top_p: Any = Field(None, description=NEUTRAL + " (1)")
+    presence_penalty: Any = Field(None, description=NEUTRAL + " (0)")
+    frequency_penalty: Any = Field(None, description=NEUTRAL + " (0)")
+    logit_bias: Any = Field(None, description=NEUTRAL + " (empty)")
+    logprobs: Any = Field(None, description=NEUTRAL + " (false)")
     dllm: DllmOptions | None = None
 
 
@@ -50,14 +63,19 @@ class CompletionRequest(_Common):
 
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         ..., description="Text or token ids (one prompt per request).")
+    echo: Any = Field(None, description=NEUTRAL + " (false)")
+    best_of: Any = Field(None, description=NEUTRAL + " (1)")
+    suffix: Any = Field(None, description=NEUTRAL + " (empty)")
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
 
@@ -67,6 +85,7 @@ class ChatCompletionRequest(_Common):
 
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    top_logprobs: Any = Field(None, description=NEUTRAL + " (0)")
 
 
 class Usage(BaseModel):
