@@ -109,7 +109,7 @@ def test_trust_remote_code_takes_only_a_bool(value, tmp_path):
 
 
 def test_training_resume_never_unpickles_code(tmp_path):
-    from dllm_decode.eval.training.loop import load_checkpoint, save_checkpoint
+    from recipes.loop import load_checkpoint, save_checkpoint
 
     marker = tmp_path / "ran"
 
