@@ -81,8 +81,10 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
 
 
 def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = ()) -> Path:
+    from dllm_decode.outputs import atomic_write
+
     path = Path(out_dir) / "report.md"
-    path.write_text(render(summary, plots))
+    atomic_write(path, render(summary, plots), "report")
     return path
 
 
@@ -99,6 +101,8 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, the
     summary = summarize(records, theory=theory, skipped=skipped, meta=meta)
     paths = plot_summary(summary, out) if plots else []
     summary["plots"] = [p.name for p in paths]
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    from dllm_decode.outputs import atomic_write
+
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", "summary")
     write_report(summary, out, paths)
     return summary

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -280,25 +279,11 @@ def exclusive(out: Path, rank: int) -> Iterator[None]:
     Raises:
         ValueError: another process holds the lock (the message names its pid).
     """
-    import fcntl
+    from dllm_decode.outputs import output_lock
 
-    path = out / f".lock.rank{rank}"
-    handle = path.open("a+")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ValueError(f"another evaluation (pid {holder}) is writing to {out}; wait for it "
-                             f"to finish or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+    with output_lock(out, "output folder", lock=out / f".lock.rank{rank}", holder="evaluation",
+                     hint="wait for it to finish or choose another --out"):
         yield
-    finally:
-        handle.close()
 
 
 def _key(batch: Batch, index: int) -> str:
