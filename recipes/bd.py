@@ -230,7 +230,7 @@ def export(model: FastDLLMModel, directory: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dllm_decode.speculative.models import resolve_causal_dir
+    from dllm_decode.models.causal import resolve_causal_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(parser, steps=4000, batch_size=16)

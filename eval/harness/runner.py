@@ -78,7 +78,7 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         return ideal_decoder(**ideal_options(dict(spec.options))), load_tokenizer()
     if spec.kind == "ar":
         from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
-        from dllm_decode.speculative.models import load_causal_lm
+        from dllm_decode.models.causal import load_causal_lm
 
         target = load_causal_lm(spec.name, device=device, trust_remote_code=trust_remote_code)
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
