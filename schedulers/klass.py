@@ -80,11 +80,17 @@ class KLASSScheduler(Wrapper):
         ready = torch.zeros_like(inp.eligible, dtype=torch.long).scatter_add(1, index, ready_k) > 0
 
         fallback, state = super().select(inp, state)
-        any_ready = ready.any(-1, keepdim=True)
-        commit = torch.where(any_ready, ready, fallback.commit)
-        tokens = None if fallback.tokens is None else torch.where(any_ready, inp.candidates, fallback.tokens)
-        finish = None if fallback.finish is None else fallback.finish & ~any_ready.squeeze(-1)
-        decision = Decision(commit=commit, tokens=tokens, finish=finish, truncate_at=fallback.truncate_at)
+        decision = ready_or_fallback(ready, fallback, inp.candidates)
         keep = inside.unsqueeze(-1)                  # columns past a row's block are not its rows
         return decision, {**state, "start": inp.block[:, 0], "probs": torch.where(keep, probs, float("nan")),
                           "kl": torch.where(keep, history, float("inf"))}
+
+
+def ready_or_fallback(ready: Tensor, fallback: Decision, candidates: Tensor) -> Decision:
+    """Rows with a ready position commit exactly those (with the candidates); the other rows
+    follow the fallback rule's decision."""
+    any_ready = ready.any(-1, keepdim=True)
+    commit = torch.where(any_ready, ready, fallback.commit)
+    tokens = None if fallback.tokens is None else torch.where(any_ready, candidates, fallback.tokens)
+    finish = None if fallback.finish is None else fallback.finish & ~any_ready.squeeze(-1)
+    return Decision(commit=commit, tokens=tokens, finish=finish, truncate_at=fallback.truncate_at)

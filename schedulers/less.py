@@ -13,6 +13,7 @@ from torch import Tensor
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.schedulers.columns import carry
 from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
+from dllm_decode.schedulers.klass import ready_or_fallback
 from dllm_decode.schedulers.wrapper import Wrapper
 
 
@@ -111,11 +112,7 @@ class LESSScheduler(Wrapper):
         ready = torch.zeros_like(inp.eligible, dtype=torch.long).scatter_add(1, index, ready_k) > 0
 
         fallback, state = super().select(inp, state)
-        any_ready = ready.any(-1, keepdim=True)
-        commit = torch.where(any_ready, ready, fallback.commit)
-        tokens = None if fallback.tokens is None else torch.where(any_ready, inp.candidates, fallback.tokens)
-        finish = None if fallback.finish is None else fallback.finish & ~any_ready.squeeze(-1)
-        decision = Decision(commit=commit, tokens=tokens, finish=finish, truncate_at=fallback.truncate_at)
+        decision = ready_or_fallback(ready, fallback, inp.candidates)
         keep = inside.unsqueeze(-1)
         return decision, {**state, "start": inp.block[:, 0], "ids": torch.where(keep, ids, -2),
                           "probs": torch.where(keep, probs, 0.0), "run": torch.where(inside, run, 0)}
