@@ -10,7 +10,7 @@ import click
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
 
-EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embedded`, `ideal[:noise=X]`, "
+EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
 
 
