@@ -119,3 +119,50 @@ def test_compatibility_cells_are_real_decodes():
     assert accepted_caches(sdar) == ["none", "prefix", "dual", "block", "suffix"]
     table = markdown({("threshold", "block"): refused, ("threshold", "none"): try_decode(llada, ThresholdScheduler(), DualCache())})
     assert "| `threshold` | no (1) | yes |" in table and "\n1. cache BlockCache" in table
+
+
+# --- no documented example prints a wrong answer ---------------------------------------------
+
+EXPECTED = {"copy": lambda names: names, "sort": sorted, "reverse": lambda names: names[::-1]}
+
+
+def _answer_examples() -> list[tuple[str, str]]:
+    """(page, line) for every documented decode (`dllm-decode ...` or `dllm-decode spec ...`)
+    of a copy/sort/reverse prompt on a shipped model: its answer is known."""
+    import shlex
+
+    out = []
+    for page, text in [("README.md", (ROOT / "README.md").read_text())] + [(p, _text(p)) for p in PAGES]:
+        for line in cli_lines(text):
+            args = shlex.split(line)[1:]
+            if args and not args[0].startswith("-") and args[0] != "spec":
+                continue                                   # another subcommand
+            if "--prompt" not in args or any(a in args for a in ("--device", "--input")):
+                continue
+            prompt = args[args.index("--prompt") + 1]
+            model = args[args.index("--model") + 1] if "--model" in args else "embedded"
+            if prompt.split(" : ")[0] in EXPECTED and model.startswith("embedded"):
+                out.append((page, line))
+    return sorted(set(out))
+
+
+def test_answer_examples_are_found():
+    assert len(_answer_examples()) >= 8
+
+
+@pytest.mark.parametrize("page, line", _answer_examples())
+def test_no_documented_example_prints_a_wrong_answer(page, line):
+    import shlex
+
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    args = shlex.split(line)[1:]
+    task, names = args[args.index("--prompt") + 1].split(" : ")
+    expected = " ".join(EXPECTED[task](names.split()))
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, f"{page}: {line}\n{result.output}"
+    printed = result.output.strip().splitlines()[-1]
+    text = json.loads(printed)["text"] if "--json" in args else printed
+    assert text.strip() == expected, f"{page}: {line!r} prints {text!r}, not {expected!r}"

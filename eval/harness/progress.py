@@ -14,8 +14,9 @@ class Progress:
     """Samples done, running accuracy, rate and ETA.
 
     On a terminal tqdm redraws one line in place; on anything else the same meter (tqdm's
-    `format_meter`) is written as a plain line at most every `log_every` seconds, and always at
-    the end. Disabled (or nothing to do): every call is a no-op.
+    `format_meter`) is written as a plain line every `log_every` seconds, and at the end of a
+    run that wrote one (a run shorter than `log_every` stays quiet). Disabled (or nothing to
+    do): every call is a no-op.
     """
 
     def __init__(self, total: int, label: str = "eval", stream: TextIO | None = None,
@@ -25,6 +26,7 @@ class Progress:
         self.enabled = enabled and total > 0
         self.done, self.score_sum = 0, 0.0
         self.started = self.last_line = time.perf_counter()
+        self.lines = 0
         isatty = getattr(self.stream, "isatty", lambda: False)
         self.bar = (tqdm(total=total, desc=label, file=self.stream, unit="sample", leave=True,
                          dynamic_ncols=True) if self.enabled and isatty() else None)
@@ -44,8 +46,9 @@ class Progress:
             self.bar.update(len(scores))
             return
         now = time.perf_counter()
-        if now - self.last_line >= self.log_every or self.done >= self.total:
+        if now - self.last_line >= self.log_every or (self.done >= self.total and self.lines):
             self.last_line = now
+            self.lines += 1
             self.stream.write(self.line(now) + "\n")
             self.stream.flush()
 
