@@ -50,6 +50,16 @@ def _is_ar(model: str) -> bool:
     return model.startswith("ar:")
 
 
+def series_label(model: str, label: str) -> str:
+    """A legend entry. An AR run says so and names its rule as what it is, the draft-length
+    rule (`AR ar_target+ar_draft (draft length: threshold)`), so it is never read as a dLLM
+    threshold sweep beside it."""
+    if not _is_ar(model):
+        return label
+    rule = label[len(model):].strip() if label.startswith(model) else label
+    return f"AR {model[3:]} (draft length: {rule})" if rule else f"AR {model[3:]}"
+
+
 def point_label(params: dict[str, Any], swept: list[str]) -> str:
     """The text beside a sweep point: its swept values, `k=2`, `τ=0.9, T=1`."""
     def show(value: Any) -> str:
@@ -68,7 +78,13 @@ def plot_summary(summary: dict[str, Any], out_dir: str | Path) -> list[Path]:
     if not available() or not summary["results"]:
         return []
     out = Path(out_dir)
-    return [_overall(summary, out / OVERALL), _per_task(summary, out / PER_TASK)]
+    return [_save(overall_figure(summary), out / OVERALL, 120), _save(per_task_figure(summary), out / PER_TASK, 110)]
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+    return path
 
 
 def title(summary: dict[str, Any]) -> str:
@@ -82,18 +98,15 @@ def title(summary: dict[str, Any]) -> str:
 
 
 def accuracy_limits(values: list[float]) -> tuple[float, float]:
-    """The y range: the data's span with a margin (at least 10 points tall), inside [-3, 103],
-    so a band of 80-100% is not squashed into the top fifth of a 0-100 axis."""
+    """The y range: the data's span (at least 10 points) plus 10%, centred on the data and kept
+    inside [-3, 103], so a band of 80-100% is not squashed into the top fifth of a 0-100 axis."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return -3.0, 103.0
     lo, hi = min(finite), max(finite)
-    span = max(hi - lo, 10.0)
-    margin = 0.08 * span
-    lo, hi = lo - margin, hi + margin
-    if hi - lo < 10.0:
-        lo = hi - 10.0
-    return max(lo, -3.0), min(hi, 103.0)
+    half = 1.1 * max(hi - lo, 10.0) / 2
+    middle = (lo + hi) / 2
+    return max(middle - half, -3.0), min(middle + half, 103.0)
 
 
 def speed_limit(values: list[float]) -> float:
@@ -114,7 +127,9 @@ def _annotate(ax, xs: list[float], ys: list[float], labels: list[str], color: st
                         color=color)
 
 
-def _overall(summary: dict[str, Any], path: Path) -> Path:
+def overall_figure(summary: dict[str, Any]):
+    """Mean accuracy against answer tokens per forward (left) and canvas tokens per step
+    (right), one line per sweep; the matplotlib figure (not saved)."""
     plt = _pyplot()
     fig, (answer_ax, canvas_ax) = plt.subplots(1, 2, figsize=(11.5, 4.9), sharey=True)
     ys: list[float] = []
@@ -123,7 +138,7 @@ def _overall(summary: dict[str, Any], path: Path) -> Path:
     for i, entry in enumerate(summary["leaderboard"]):
         ar = _is_ar(entry.get("model", ""))
         style = _style(i) | ({"marker": "X", "markersize": 9} if ar else {})
-        label = (f"AR ({entry.get('model', '')[3:]}): " if ar else "") + entry["label"]
+        label = series_label(entry.get("model", ""), entry["label"])
         points = entry["points"]
         names = [point_label(p.get("params", {}), entry["swept"]) for p in points]
         accuracy = [p["mean_accuracy"] for p in points]
@@ -154,20 +169,19 @@ def _overall(summary: dict[str, Any], path: Path) -> Path:
           right=speed_limit(xs_canvas))
     fig.suptitle(title(summary), fontsize=12)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def _per_task(summary: dict[str, Any], path: Path) -> Path:
+def per_task_figure(summary: dict[str, Any]):
+    """One panel per task (accuracy against answer tokens per forward), a shared legend and the
+    coupling caption; the matplotlib figure (not saved)."""
     plt = _pyplot()
     tasks = list(dict.fromkeys(cell["task"] for cell in summary["results"]))
     cols = min(4, len(tasks))
     rows = math.ceil(len(tasks) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows + 1.2), squeeze=False)
     groups = list(dict.fromkeys(cell["group"] for cell in summary["results"]))
-    labels = {cell["group"]: (f"AR ({cell['model'][3:]}): " if _is_ar(cell.get("model", "")) else "")
-              + cell["label"] for cell in summary["results"]}
+    labels = {cell["group"]: series_label(cell.get("model", ""), cell["label"]) for cell in summary["results"]}
     for ax, task in zip(axes.flat, tasks):
         seen_y: list[float] = []
         seen_x: list[float] = []
@@ -223,9 +237,7 @@ def _per_task(summary: dict[str, Any], path: Path) -> Path:
     height = fig.get_figheight()
     bottom = (0.5 + 0.18 * legend_rows + (0.35 if caption else 0.0)) / height
     fig.tight_layout(rect=(0, min(bottom, 0.45), 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _axes(ax, title: str, xlabel: str, small: bool = False,
