@@ -61,6 +61,12 @@ def test_help_lists_every_registered_name(kind):
     assert names in text, f"{kind}: {names!r} not in --help"
 
 
+def test_eval_help_lists_them_too():
+    text = " ".join(_invoke("eval", "--help").output.split())
+    for kind in ("scheduler", "cache", "filter"):
+        assert ", ".join(registry(kind)) in text, kind
+
+
 def test_help_follows_the_registry(monkeypatch):
     from dllm_decode.caches import CACHES, PrefixCache
 

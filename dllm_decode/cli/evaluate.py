@@ -8,7 +8,8 @@ import sys
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
-from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
+from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
+                                     trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -29,15 +30,20 @@ def command_line() -> str:
                    "released:DIR[#task+task] (ParallelBench's released output/test directory); "
                    "repeatable, the selections add up.")
 @click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
-              metavar="NAME[:KEY=VALUE,...]", help="Repeatable; each one is a curve (or a point).")
+              metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
+              help=lambda: f"One of {registry_names('scheduler')}; repeatable, each one is a curve "
+                           f"(or a point).")
 @click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
               callback=key_values, help="Set a field on every scheduler that has it; repeatable.")
 @click.option("--sweep", "sweep_specs", multiple=True, metavar="KEY=V1,V2,...",
               help="Sweep a scheduler field, tokens_per_step, block_length, gen_length, temperature "
                    "or cache.FIELD; repeatable (product).")
-@click.option("--cache", "cache_name", default="none", show_default=True)
-@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=key_values)
-@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]")
+@click.option("--cache", "cache_name", default="none", show_default=True, cls=RegistryHelp,
+              help=lambda: f"One of {registry_names('cache')}; NAME[:KEY=VALUE,...] sets fields inline.")
+@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=key_values,
+              help="Set a cache field; repeatable.")
+@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
+              help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
 @click.option("--gen-length", default="32", show_default=True,
               help="Canvas length, or `answer` for each example's reference length (infilling).")
