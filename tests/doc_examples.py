@@ -246,6 +246,9 @@ def run_page(text: str, name: str, cwd: Path, *, fast_only: bool = False) -> lis
                     with server(line, cwd) as serving:     # an unmarked serve line: one request
                         assert one_request(serving).strip()
                     continue
+                if line.startswith("curl") and live is None:
+                    skipped.append(f"{line[:60]}: talks to a server (mark the block with-server)")
+                    continue
                 if line.startswith("torchrun") and shutil.which("torchrun") is None:
                     skipped.append(f"{line[:60]}: torchrun is not on PATH")
                     continue
