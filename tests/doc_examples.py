@@ -246,6 +246,10 @@ def run_page(text: str, name: str, cwd: Path, *, fast_only: bool = False) -> lis
                     with server(line, cwd) as serving:     # an unmarked serve line: one request
                         assert one_request(serving).strip()
                     continue
+                if (re.search(r"(^|\s)(dllm-lm-eval|lm_eval)\s|lm_eval_adapter", line)
+                        and importlib.util.find_spec("lm_eval") is None):
+                    skipped.append(f"{line[:60]}: lm_eval is not installed")
+                    continue
                 if line.startswith("curl") and live is None:
                     skipped.append(f"{line[:60]}: talks to a server (mark the block with-server)")
                     continue
