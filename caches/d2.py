@@ -1,4 +1,4 @@
-"""d2Cache (Jiang et al., 2025, arXiv 2509.23094; `shared/specs/revokable-and-caches.md` §2.2):
+"""d2Cache (Jiang et al., 2025, arXiv 2509.23094):
 per-step, per-token selection of the columns whose K/V are recomputed."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class D2Cache(Cache):
     """Recompute, each step, the active block plus a few chosen columns through every layer; every
     other column keeps its cached K/V.
 
-    The chosen columns (spec §2.2, steps 1-3), each step per row:
+    The chosen columns, each step per row:
       1. masks after the block, by `conf x certainty_density` (the confidence when the column was
          last computed, times a Gaussian kernel of std `sigma` over the decoded indicator, so masks
          next to decoded text come first), up to `current_k` masks counting the block's;

@@ -1,4 +1,4 @@
-"""Fast-dLLM's DualCache (`generate_with_dual_cache`; spec §4.3), with dInfer's vicinity window."""
+"""Fast-dLLM's DualCache (`generate_with_dual_cache`), with dInfer's vicinity window."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ class DualCache(BlockKVCache):
     the rest of the canvas (`view = "rest"`); the refresh step covers the rest.
 
     Attributes:
-        prefix_look, after_look: dInfer's vicinity refresh (`inclusionAI/dInfer`, spec §4.5): also
+        prefix_look, after_look: dInfer's vicinity refresh (`inclusionAI/dInfer`): also
             recompute `prefix_look` rows before the block and `after_look` rows after it each step.
             Deviation: their fresh K/V stay in the cache (dInfer uses them for that forward only).
             A `prefix_look` at least the canvas length recomputes everything before the block
             end and caches only the suffix: on the small embedded model, whose prompt positions
-            track what the answer already holds, that kept task accuracy (22.9% vs 25.0% without a
-            cache, 48 examples) where the default lost it (2.1%); see `eval/bench/cache.py`.
+            track what the answer already holds, that kept most of the uncached decode's task
+            accuracy where the default lost it (`dllm-decode bench cache --variant
+            dual:prefix_look=1024` measures both).
     """
 
     prefix_look: int = 0

@@ -1,4 +1,4 @@
-"""Elastic-Cache (Nguyen-Tri et al., 2025, arXiv 2510.14973; `shared/specs/revokable-and-caches.md` §2.1):
+"""Elastic-Cache (Nguyen-Tri et al., 2025, arXiv 2510.14973):
 attention-aware drift test on the most-attended tokens, depth-aware refresh of the deeper layers."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ElasticCache(Cache):
     recomputed from the cached inputs of layer l (merged with the fresh rows). The first step of
     a decode is a full forward.
 
-    Deviations from the reference (`yxu-dev/Elastic-Cache@1796317`, a copy; spec §2.1):
+    Deviations from the reference (`yxu-dev/Elastic-Cache@1796317`, a copy):
       * the refresh starts at the drifted layer itself (the reference sets `start = l + 1` and so
         feeds layer l+1 the stale layer-l outputs of the other columns): a drift at layer 0 is
         then a full forward, and `gamma > 1` equals `none` exactly;
@@ -55,8 +55,8 @@ class ElasticCache(Cache):
         as its `block_caching=True`;
       * the drift cosine is over the key axis of each head's attention row, averaged over heads
         and tracked tokens (`drift="keys"`, the default); `drift="heads"` is the reference's form,
-        over the head axis per key, averaged over the attended keys (spec §2.1 calls it a
-        pitfall; it is far more sensitive, so it refreshes more);
+        over the head axis per key, averaged over the attended keys (a pitfall: it is far more
+        sensitive, so it refreshes more);
       * per batch row: each row refreshes from its own first drifted layer (batched == one by
         one); the deciding host sync (is there a drift at all, and from which layer) is one
         extra sync per step, the price of skipping work on the host;

@@ -1,6 +1,6 @@
 """What the prefix and dual caches share: the refresh policy and the per-request `KVCache` state.
 
-Fast-dLLM v1 (Wu et al., 2025, arXiv 2505.22618, §3.2; `shared/specs/models-and-caches.md` §4)
+Fast-dLLM v1 (Wu et al., 2025, arXiv 2505.22618, §3.2)
 refreshes the whole cache with one full forward at the start of every semi-autoregressive block;
 dInfer's `cache_update_freq` also refreshes every N steps inside a block. A refresh forward's
 logits are that step's logits (it counts one NFE like every forward); in-block steps feed only

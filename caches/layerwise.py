@@ -1,8 +1,7 @@
 """A layer-by-layer forward over the plain-torch bidirectional models, for the caches that choose,
 per step and per layer, which canvas columns to recompute and that read attention probabilities
-(d2Cache, Elastic-Cache; `shared/specs/revokable-and-caches.md` §4: "forward a subset of query
-rows per layer with full cached K/V", "read attention probabilities", "switch to full recompute
-from layer l").
+(d2Cache, Elastic-Cache): it forwards a subset of query rows per layer against the full cached
+K/V, reads attention probabilities, and can switch to a full recompute from any layer on.
 
 It reads the model's internals (`BlockStackLM.parts()`, each block's `parts()`), so it serves the
 LLaDA layout (the embedded model) and unshifted `DecoderLM`s; Dream (token shift) and the

@@ -1,4 +1,4 @@
-"""Fast-dLLM's PrefixCache (`generate_with_prefix_cache`; spec §4.2)."""
+"""Fast-dLLM's PrefixCache (`generate_with_prefix_cache`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Suffix pruning: Streaming-dLLM's window over the masked suffix (arXiv 2601.17917) and DPad's
-distance-decay suffix dropout (arXiv 2508.14148); `shared/specs/revokable-and-caches.md` §3.1, §3.2."""
+distance-decay suffix dropout (arXiv 2508.14148)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -24,13 +25,16 @@ HOMES: dict[str, tuple[str, str]] = {
     "scheduler": ("dllm_decode.schedulers", "SCHEDULERS"),
     "cache": ("dllm_decode.caches", "CACHES"),
     "filter": ("dllm_decode.filters", "FILTERS"),
-    "draft_length": ("dllm_decode.speculative.schedule", "SPEC_SCHEDULERS"),
+    "draft_length": ("dllm_decode.speculative.draft_lengths", "DRAFT_LENGTHS"),
+    "drafter": ("dllm_decode.speculative.drafters", "DRAFTERS"),
 }
-"""Kind of component -> (package, registry attribute). `draft_length` holds the AR-only rules."""
+"""Kind of component -> (package, registry attribute). `draft_length` holds the AR-only rules;
+`drafter` the speculative drafters (each entry builds its drafter for a target)."""
 
 
 def registry(kind: str) -> Mapping[str, type]:
-    """The registry of one kind of component (`scheduler`, `cache`, `filter`, `draft_length`)."""
+    """The registry of one kind of component (`scheduler`, `cache`, `filter`, `draft_length`,
+    `drafter`)."""
     if kind not in HOMES:
         raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
     module, attribute = HOMES[kind]
@@ -172,8 +176,10 @@ def coerce(annotation: Any, value: Any) -> Any:
 
 
 def _is_component(annotation: Any) -> bool:
+    """A field typed as a plugin interface (an abstract class such as `Scheduler` or a
+    drafter's `DraftSpec`) takes a registry name and dotted options."""
     candidates = [annotation, *typing.get_args(annotation)]
-    return any(isinstance(c, type) and not dataclasses.is_dataclass(c) and hasattr(c, "select")
+    return any(isinstance(c, type) and not dataclasses.is_dataclass(c) and inspect.isabstract(c)
                for c in candidates)
 
 

@@ -5,7 +5,8 @@
   plots, tuned presets, the lm-evaluation-harness adapter;
 * `theory`: the ideal analytic model and the accuracy curves it predicts;
 * `bench`: the benchmarks behind `dllm-decode bench`;
-* `training`: the recipes that train the embedded models.
+* `training`: the Learn2PD filter's training behind `dllm-decode train-filter` (the recipes that
+  trained the embedded models sit in `recipes/` at the repository root, not installed).
 
 Import submodules explicitly (`from dllm_decode.eval.tasks import TASKS`).
 """

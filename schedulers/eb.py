@@ -23,7 +23,7 @@ class EntropyBoundScheduler(Scheduler):
     so at least one token commits. gamma = 0 commits one token per step unless several are
     exactly certain; gamma = inf commits the whole block. The running max is taken along the
     sequence axis (a public port takes it over the batch axis, a bug). Default gamma = 0.001
-    (the port's default; the paper sweeps gamma). No official code was found (spec §7).
+    (the port's default; the paper sweeps gamma). No official code was found.
     """
 
     gamma: float = 0.001

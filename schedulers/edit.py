@@ -15,7 +15,7 @@ class EditScheduler(Scheduler):
     """Commit confident masks and overwrite committed block tokens the model now disagrees with.
 
     LLaDA2.1 (Bie et al., 2026, arXiv 2602.08676; HF `generate` in `modeling_llada21_moe.py` and
-    SGLang's `JointThreshold`, `shared/specs/block-diffusion.md` §3.3), on the active block only:
+    SGLang's `JointThreshold`), on the active block only:
 
     * M2T: every masked position with p(x̂) > `threshold` (the loop adds the most confident one
       when none clears it: HF's `num_to_transfer = 1`);
@@ -28,7 +28,7 @@ class EditScheduler(Scheduler):
     both thresholds are strict (`>`), as in both references. Usable on any model, but it only helps
     models trained to predict at unmasked positions (LLaDA2.1): a LLaDA-style masked-diffusion
     model is trained on masked positions only, so its predictions at committed ones are untrained
-    and its edits are noise (on the embedded model: 58-60% against threshold's 90-96%).
+    and its edits are noise (on the embedded model it is far less accurate than `threshold`).
     Deviations: the loop caps revisions at `MAX_REVISIONS` per column (the references rely on
     the pass budget alone, so two tokens may alternate until it runs out), and the prompt is
     protected by the loop's scope (only generated columns are ever `revisable`).

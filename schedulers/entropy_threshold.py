@@ -20,7 +20,7 @@ class EntropyThresholdScheduler(Scheduler):
     sampling temperature changes the candidate, not the entropy). Ties pass (the reference
     drops a position only when `entropy > threshold`). This is the rule dParallel decodes its
     certainty-forced models with; its `threshold=0.5` is this entropy bar, not Fast-dLLM's
-    confidence threshold (spec learned-parallelism §1.4). tau = 0 commits one token per step
+    confidence threshold. tau = 0 commits one token per step
     unless several are exactly certain; tau = inf commits the whole block. Default tau = 0.5
     (dParallel's GSM8K, MATH and HumanEval setting; 0.45 for MBPP).
 

@@ -20,7 +20,7 @@ class FactorScheduler(Scheduler):
     prefix stops at the first n >= 2 with c_(n) < 1 - f/(n+1) (boundary values pass, as the
     code's `<` rejection). Vectorised with a cumulative product. Fixes two reference bugs: the
     off-by-one that commits all N when only the last candidate fails, and the IndexError on
-    rows with no masks (spec schedulers.md §1d). Default f = 1.0 (eval_gsm8k.sh).
+    rows with no masks. Default f = 1.0 (eval_gsm8k.sh).
     """
 
     factor: float = 1.0

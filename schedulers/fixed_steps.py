@@ -53,8 +53,9 @@ class LowConfidenceScheduler(_FixedSteps):
     """LLaDA low-confidence remasking: keep the most confident predictions, a fixed number per step.
 
     Ties go to the leftmost position (stable sort). EOS is treated like any token; the loop's
-    `stop_at_eos` policy ends a row after a block that contains it (not LLaDA's buggy
-    `confidence_eos_eot_inf` chained assignment, spec schedulers.md §1a).
+    `stop_at_eos` policy ends a row after a block that contains it (not LLaDA's
+    `confidence_eos_eot_inf`, a chained assignment that suppresses EoT's confidence but not EOS's
+    when sampling, both when greedy).
     """
 
     def score(self, inp: StepInput) -> Tensor:

@@ -16,7 +16,7 @@ from dllm_decode.ops import NEG_INF, topk_mask
 class SaberScheduler(Scheduler):
     """Commit above the running mean confidence-at-commit; take back the least-improved tokens.
 
-    Saber (arXiv 2510.18165; `shared/specs/schedulers.md` §7), per row and step:
+    Saber (arXiv 2510.18165), per row and step:
 
     * commit every eligible position with c > tau, tau = the mean confidence at commit of the
       row's tokens committed so far (1.0 before any), and at least the `min_commit` (n = 2) most

@@ -20,7 +20,7 @@ class WinoScheduler(Scheduler):
     """Commit wide at a low bar, then take back the block's tokens that fail verification.
 
     WINO (Hong et al., 2025, arXiv 2507.18578; `Feng-Hong/WINO-DLLM@9549a1d:LLaDA/decoding.py
-    decoding_wino`; `shared/specs/revokable-and-caches.md` §1.1), per row and step, in the active
+    decoding_wino`), per row and step, in the active
     block:
 
     * wide-in: A = the masked positions with p(x̂) > tau_1 (`threshold`, strict `>`, as the
@@ -37,9 +37,8 @@ class WinoScheduler(Scheduler):
     GSM8K, 0.8 MBPP, 0.5 ARC/Countdown; 0.7 in the d2Cache port's YAML), tau_2 = 0.9 (every
     config); the paper decodes gen 256 with block 128 at temperature 0. The accept cap was set
     for long real answers; on an end-of-text-padded canvas it throttles the padding too (at most
-    20 per step), so a block of 256 takes >= 13 forwards where `threshold` takes 1-3: on the
-    embedded model at gen 256, block 256, 48 prompts, NFE 15.8-16.8 against 1.4-2.5; set
-    `max_accept=0` to lift it (confidences are read in float32, the loop's, not float64).
+    20 per step), so a block of 256 takes >= 13 forwards where `threshold` may take a few
+    (`dllm-decode bench schedulers` measures both); set `max_accept=0` to lift it (confidences are read in float32, the loop's, not float64).
 
     Deviation (verification score): the reference appends a shadow copy of the block (B extra
     rows, input [MASK], each at the position of its block column, seeing every main column but
@@ -48,11 +47,10 @@ class WinoScheduler(Scheduler):
     input. That costs no extra rows, needs no 4-D attention mask, and keeps the prefix and dual
     caches usable (the window's logits cover the whole block); but it is not leave-one-out: a
     masked-diffusion model (LLaDA, the embedded model) is trained only at masked positions, so
-    its prediction at a committed one is untrained. Measured on the embedded model (first block
-    of a threshold-0.3 decode, 48 prompts, 1,536 tokens, 24 of them differing from the
-    one-token-per-step decode): every differing token scores < 0.9 both ways, but so do 21.5% of
-    the agreeing ones here against 2.9% leave-one-out (AUC 0.92 vs 0.99), so this score re-masks
-    more good tokens than the reference's would (each costs a later commit, never a mask left).
+    its prediction at a committed one is untrained. On the embedded model, tokens that differ from
+    the one-token-per-step decode score low under both scores, but under this one many more of
+    the agreeing tokens score low too than under leave-one-out, so this score re-masks more good
+    tokens than the reference's would (each costs a later commit, never a mask left).
     Like the reference, it only verifies tokens of a block that is still open: a step that fills
     the block is never checked.
 

@@ -308,7 +308,7 @@ def test_speculative_api_arguments():
     from dllm_decode.schedulers import SCHEDULERS
     from dllm_decode.speculative import SpecConfig, speculative_generate
     from dllm_decode.speculative.drafters.layerskip import layer_subset
-    from dllm_decode.speculative.drafters.registry import DraftContext, make_drafter
+    from dllm_decode.speculative.drafters import DraftContext, make_drafter
     from dllm_decode.speculative.loop import eos_ids_of
     from dllm_decode.speculative.models import load_causal_lm
     from dllm_decode.speculative.verify import greedy_verify, speculative_verify

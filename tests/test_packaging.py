@@ -1,5 +1,5 @@
 """Packaging: one import namespace that survives hostile surroundings, a complete package list,
-and a wheel that carries the package data.
+and a wheel that carries the package data and none of the training recipes (`recipes/`).
 
 The hostile directory holds what research repositories often hold: its own `eval.py`,
 `schedulers/` and `filters/` packages, plus a foreign top-level `filters` distribution on the
@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -96,6 +97,11 @@ def test_wheel_installs_the_namespace_and_the_package_data(tmp_path):
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr
     wheel = next((tmp_path / "dist").glob("dllm_decode-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    recipes = {p.stem for p in (ROOT / "recipes").glob("*.py")} - {"__init__"}
+    assert recipes and not [n for n in names if n.startswith("recipes/")
+                            or pathlib.PurePosixPath(n).stem in recipes and "/training/" in n]
+    assert "dllm_decode/eval/training/filter.py" in names          # what train-filter runs stays
     site = tmp_path / "installed"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                                 str(site), str(wheel)], capture_output=True, text=True, timeout=600)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import click
 
 KINDS = (("schedulers", "scheduler"), ("caches", "cache"), ("filters", "filter"),
-         ("AR draft-length rules (spec --scheduler, beside the schedulers)", "draft_length"))
+         ("AR draft-length rules (spec --scheduler, beside the schedulers)", "draft_length"),
+         ("drafters (spec --draft NAME -d KEY=VALUE)", "drafter"))
 
 
 @click.command("list")
 def list_command() -> None:
     """Print every scheduler, cache, filter and drafter with each one's fields and defaults."""
     from dllm_decode.registry import describe, registry
-    from dllm_decode.speculative.drafters import DRAFTERS, DRAFT_HELP
+    from dllm_decode.speculative.drafters import DRAFT_HELP
 
     for title, kind in KINDS:
         click.echo(f"{title}:")
@@ -20,4 +21,4 @@ def list_command() -> None:
             click.echo(f"  {name:<16} {doc}")
             for field_name, type_name, default in params:
                 click.echo(f"      {field_name} ({type_name}) = {default!r}")
-    click.echo(f"drafters (spec --draft): {', '.join(sorted(DRAFTERS))}. {DRAFT_HELP}")
+    click.echo(f"short --draft spellings: {DRAFT_HELP}")

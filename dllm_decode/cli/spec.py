@@ -18,7 +18,10 @@ RUNTIME_CHOICES = ("hf", "compact")
               help="A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf), `lookup[:MAX_NGRAM]`, "
                    "`layerskip:N` or `layerskip:0,2,3`, `dllm[:MODEL]`, `staged:FIRST>SECOND` "
                    "(FIRST's own drafting speculated by SECOND, e.g. `staged:ar_draft>lookup`), "
-                   "or `none` (plain AR).")
+                   "or `none` (plain AR); or a `DRAFTERS` name with --draft-opt.")
+@click.option("-d", "--draft-opt", "draft_opts", multiple=True, metavar="KEY=VALUE",
+              callback=key_values, help="Override a drafter option (`dllm-decode list`), dotted "
+              "for a staged draft's stages (`second.max_ngram=3`); repeatable.")
 @click.option("--scheduler", default="heuristic", show_default=True,
               help="Decides each round's draft length: `heuristic`, `bild` (BiLD: -o fallback=0.6 "
                    "-o rollback=5|none -o max_small=10; rollback is lossy, greedy only) or any "
@@ -57,9 +60,10 @@ RUNTIME_CHOICES = ("hf", "compact")
               "when the model is a Llama (a draft's numerics never change the output).")
 @click.option("--device", default=None, help="torch device (default: cpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: dict[str, str],
-                 tree_branch: int, tree_budget: int, tree_min_prob: float, max_new_tokens: int, max_draft: int, temperature: float, top_k: int | None,
-                 top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
+def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], scheduler: str,
+                 scheduler_opts: dict[str, str], tree_branch: int, tree_budget: int,
+                 tree_min_prob: float, max_new_tokens: int, max_draft: int, temperature: float,
+                 top_k: int | None, top_p: float | None, seed: int, dllm_scheduler: str, dllm_opts: dict[str, str],
                  dllm_drop: str, prompt: str | None, chat_template: bool, runtime: str,
                  draft_runtime: str, device: str | None, as_json: bool) -> None:
     """Autoregressive speculative decoding: draft a chain or a token tree, let the scheduler
@@ -69,11 +73,11 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
 
     from dllm_decode.cli.options import device_option, read_prompt, usage_errors
     from dllm_decode.prompts import chat_prompt
+    from dllm_decode.models.causal import load_causal_lm
     from dllm_decode.registry import component, component_dict
     from dllm_decode.speculative import (DiffusionDrafter, DraftContext, Sampling, SpecConfig,
-                                         TreeShape, make_drafter, speculative_generate,
-                                         with_runtime)
-    from dllm_decode.speculative.models import load_causal_lm
+                                         TreeShape, draft_spec as read_draft,
+                                         speculative_generate, with_runtime)
     from dllm_decode.speculative.schedule import draft_length_rule
 
     with usage_errors("--scheduler / -o"):
@@ -87,14 +91,16 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
             tree = TreeShape(tree_branch, tree_budget, tree_min_prob)
     with usage_errors("--dllm-scheduler / --dllm-opt"):
         unmasking = component("scheduler", {"name": dllm_scheduler, **dllm_opts})
+    with usage_errors("--draft / --draft-opt"):
+        drafting = read_draft(draft_spec, draft_opts)
     text = read_prompt(prompt)
     where = device_option(device)
     _quiet_transformers()
     with usage_errors("--target"):
         loaded = load_causal_lm(target, device=where)
     with usage_errors("--draft"):
-        drafter, _ = make_drafter(draft_spec, DraftContext(loaded, where, draft_runtime, unmasking,
-                                                           dllm_drop, tree))
+        drafter, _ = drafting.build(DraftContext(loaded, where, draft_runtime, unmasking, dllm_drop,
+                                                 tree))
     if tree is not None and (drafter is None or isinstance(drafter, DiffusionDrafter)):
         raise click.UsageError(f"--tree-branch {tree_branch}: the draft {draft_spec!r} cannot draft "
                                f"a token tree (use a model, layerskip, lookup or staged draft)")
@@ -108,6 +114,7 @@ def spec_command(target: str, draft_spec: str, scheduler: str, scheduler_opts: d
         click.echo(result.text if result.text is not None else " ".join(map(str, result.tokens.tolist())))
         return
     click.echo(json.dumps({**result.to_dict(), "target": target, "draft": draft_spec,
+                           "drafter": component_dict(drafting),
                            "scheduler": component_dict(rule), "runtime": runtime,
                            "draft_runtime": draft_runtime, "max_draft": max_draft,
                            "tree": None if tree is None else {"branch": tree.branch, "budget": tree.budget,

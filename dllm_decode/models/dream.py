@@ -11,7 +11,7 @@ positions a decoder ever scores:
     the pad before it (the reference's `shifted[:, 0] = raw[:, 0]`, applied per row);
   * under a filled KV cache, rows `(a, b)` with a > 0 also compute row a - 1 (its fresh K/V are
     written to the cache like the others), so row a gets its exact shifted logit
-    (`shared/specs/models-and-caches.md` §4.6).
+    (the logit a full forward would give it).
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ class CompactCausalLM:
     def __call__(self, *args: Any, **kwargs: Any) -> CompactOutput:
         return self.forward(*args, **kwargs)   # looked up per call, so benchmarks can time it
 
-    def forward(self, input_ids: Tensor, past_key_values: CompactCache | None = None,
+    def forward(self, input_ids: Tensor, cache: CompactCache | None = None,
                 use_cache: bool = True, logits_to_keep: int = 0,
                 attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 **_: Any) -> CompactOutput:
@@ -151,10 +151,10 @@ class CompactCausalLM:
         if attention_mask is not None and not custom and not bool(attention_mask.all()):
             raise ValueError("the compact runtime does not support padding (attention_mask with "
                              "zeros); use the 'hf' runtime for padded batches")
-        if past_key_values is not None and not isinstance(past_key_values, CompactCache):
-            raise TypeError(f"past_key_values must be a CompactCache (from `new_cache()`), got "
-                            f"{type(past_key_values).__name__}")
-        cache = past_key_values if past_key_values is not None else self.new_cache(input_ids.shape[0])
+        if cache is not None and not isinstance(cache, CompactCache):
+            raise TypeError(f"cache must be a CompactCache (from `new_cache()`), got "
+                            f"{type(cache).__name__}")
+        cache = cache if cache is not None else self.new_cache(input_ids.shape[0])
         start, n = cache.length, input_ids.shape[1]
         total = start + n
         cache.reserve(total)

@@ -1,14 +1,24 @@
 """A causal LM's KV cache as explicit state: the transformers cache plus the tokens it holds.
 
+The cache is a transformers `Cache` object (`DynamicCache`), never the legacy tuple of per-layer
+(key, value) pairs, and it is passed under the name the model's forward declares:
+`cache` (transformers 5.24 and later, which deprecate `past_key_values` for removal in 5.40)
+or `past_key_values` (earlier releases), so no transformers release in the supported range
+prints a deprecation warning. Supported: transformers 4.56 to 5.x (the layered `DynamicCache`
+with `config=` and per-layer `crop`, and `from_pretrained(dtype=)`, arrived in 4.56); the
+speculative tests pass on 4.56.0, 4.57.6, 5.0.0 and 5.24.0.
+
 The loop and the model drafters keep one `KV` per model and request. `extend` feeds only the part
 of a context the cache lacks (after cutting the cache back to the longest common prefix, which
 is how a drafter's cache follows whatever the target accepted); `rollback` is the target's
-explicit cut after a verification (HF `DynamicCache.crop`, spec speculative.md §2.3) and
-`keep_path` its tree form (gather the accepted path's rows, then cut).
+explicit cut after a verification (`DynamicCache.crop`, as HF's assisted generation cuts it)
+and `keep_path` its tree form (gather the accepted path's rows, then cut).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +59,29 @@ def rollback(kv: KV, length: int) -> KV:
     """Keep the first `length` cached positions (drop rejected drafts)."""
     drop = kv.ids.shape[0] - length
     if drop > 0:
-        if kv.cache.get_seq_length() > length:
-            # A negative argument removes that many positions; it means the same in transformers
-            # 4.x (where a positive one is a target length) and 5.x (where positive is refused).
-            kv.cache.crop(-(kv.cache.get_seq_length() - length))
+        _crop(kv.cache, length)
         kv.ids = kv.ids[:length]
     return kv
+
+
+def _crop(cache: Any, length: int) -> None:
+    """Cut every filled layer of `cache` back to `length` positions.
+
+    A negative `crop` argument removes that many positions; it means the same in transformers
+    4.x (where a positive one is a target length) and 5.x (where a positive one is refused). A
+    transformers cache is cut layer by layer, skipping layers that hold nothing (a layer-skip
+    draft leaves the skipped layers empty, and transformers 4.x's whole-cache `crop` fails on
+    them); a cache of its own (`CompactCache`) is cut whole.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        if cache.get_seq_length() > length:
+            cache.crop(-(cache.get_seq_length() - length))
+        return
+    for layer in layers:
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.numel() and layer.get_seq_length() > length:
+            layer.crop(-(layer.get_seq_length() - length))
 
 
 def extend(model: Any, kv: KV, context: Tensor, keep: int,
@@ -62,7 +89,7 @@ def extend(model: Any, kv: KV, context: Tensor, keep: int,
     """Logits for the last `keep` positions of `context`, reusing the cached common prefix.
 
     Args:
-        model: a transformers causal LM (`input_ids`, `past_key_values`, `logits_to_keep`) or a
+        model: a transformers causal LM (`input_ids`, `cache`, `logits_to_keep`) or a
             `CompactCausalLM`.
         kv: the model's state for this request.
         context: (n,) long, the whole sequence so far (prompt, accepted tokens, drafts).
@@ -96,16 +123,27 @@ def feed(model: Any, kv: KV, tokens: Tensor, keep: int, positions: Tensor | None
     extra = {}
     if mask is not None:
         extra = {"attention_mask": _model_mask(model, mask), "position_ids": positions.unsqueeze(0)}
-    out = model(input_ids=tokens.unsqueeze(0), past_key_values=kv.cache, use_cache=True,
-                logits_to_keep=keep, **extra)
+    extra[cache_argument(type(model))] = kv.cache
+    out = model(input_ids=tokens.unsqueeze(0), use_cache=True, logits_to_keep=keep, **extra)
     kv.ids = torch.cat([kv.ids, tokens])
     return out.logits[0, -keep:].float(), kv
+
+
+@functools.lru_cache(maxsize=64)
+def cache_argument(model_type: type) -> str:
+    """The keyword a causal LM class's forward takes its cache under: `cache` where the forward
+    declares it (transformers >= 5.24 and the compact runtime), else `past_key_values`."""
+    try:
+        parameters = inspect.signature(model_type.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def keep_path(kv: KV, start: int, path: list[int]) -> KV:
     """After verifying a tree fed at cache row `start`: keep the rows of the accepted `path`
     (node indices) at rows start, start + 1, ... and drop the rest (Medusa's
-    `update_inference_inputs`: a gather, then the length; spec speculative-2.md §2.5). The kept
+    `update_inference_inputs`: a gather, then the length). The kept
     keys were rotated at `start + depth`, their final positions, so nothing is re-rotated. A path
     that is already in place (a chain's accepted prefix) is a plain rollback."""
     if path != list(range(len(path))):

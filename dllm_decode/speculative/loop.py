@@ -9,7 +9,7 @@ the mask and the gather skipped. Without a drafter every round is one plain AR s
 the baseline the speedups are measured against.
 
 Batch size 1 only, as HF assisted generation ("assisted generate is only supported for
-batch_size = 1"): per-row acceptance makes the caches ragged (spec speculative.md §6).
+batch_size = 1"): per-row acceptance makes the caches ragged.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The same `Sampling` warps the target's and the draft's logits: speculative sampling is exact only
 when `q` is the distribution the draft token was actually drawn from and `p` went through the
-identical warping (spec speculative.md §0.1; HF #32867, #47932).
+identical warping (HF #32867, #47932: a raw-logit q under a warped p is not lossless).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ one) is the draft that the target verifies. How the registered schedulers map:
   block to resize (`check_scheduler`). A scheduler's `process_logits` is applied to the draft's
   distributions before `select`; tokens it would substitute are ignored (the drafter's law fixes
   the tokens); an "all-in" finish keeps the whole draft.
-* `heuristic` (`HeuristicScheduler`, AR-only, so not in the diffusion `SCHEDULERS`): HF's
+* `heuristic` (`HeuristicScheduler`, AR-only: in `DRAFT_LENGTHS`, not in `SCHEDULERS`): HF's
   `num_assistant_tokens_schedule="heuristic"`: +2 after a fully accepted draft, -1 otherwise.
 * `bild` (`BildScheduler`, AR-only): BiLD's fallback (stop drafting below alpha_fb, at most N
   tokens) and rollback (a lenient greedy check at alpha_rb nats; not exact).
@@ -49,168 +49,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from dllm_decode.interfaces import Decision, Scheduler, StepInput
+from dllm_decode.interfaces import Scheduler, StepInput
+from dllm_decode.speculative.draft_lengths import DRAFT_LENGTHS, DraftLengthScheduler
 from dllm_decode.speculative.drafters.base import Draft
 from dllm_decode.speculative.verify import leading_run
 
 _STEP_FIELDS = {f.name for f in dataclasses.fields(StepInput)}
 
 
-class DraftLengthScheduler(Scheduler):
-    """A scheduler that also chooses how many tokens to draft and learns from verification.
-
-    The propose/feedback pair of HF's `CandidateGenerator` (`get_candidates` length and
-    `update_candidate_strategy(..., num_matches)`), as optional hooks over the explicit state,
-    plus the verification rule's lenience (BiLD's rollback).
-
-    Class attributes:
-        early_stops: a drafter that drafts token by token stops as soon as `select` (on a fresh
-            state) would cut before its newest token (`EarlyStop`); off for rules whose `select`
-            cuts nothing (the width already is their choice).
-        cuts: `select` may verify fewer tokens than were drafted; False (the width already is
-            the choice) lets the loop skip asking it each round.
-    """
-
-    early_stops: ClassVar[bool] = False
-    cuts: ClassVar[bool] = True
-
-    def propose_length(self, state: Any) -> int | None:
-        """Tokens to draft this round (the loop caps it at `max_draft`), or None for the cap."""
-        return None
-
-    def feedback(self, state: Any, drafted: int, accepted: int) -> Any:
-        """The target accepted `accepted` of `drafted` tokens; return the new state."""
-        return state
-
-    def lenience(self) -> float | None:
-        """Nats of target cross-entropy under which a non-argmax draft token is still accepted
-        by greedy verification (BiLD's rollback threshold; not exact), or None: exact."""
-        return None
-
-    def continue_drafting(self, confidence: float) -> bool | None:
-        """Fast early-stop test on the newest drafted token's confidence (the spec's
-        `DraftLengthPolicy.continue_drafting`, speculative-2.md §4.3): False stops drafting,
-        True continues, None asks `select` (through `EarlyStop`)."""
-        return None
-
-
-@dataclass(frozen=True)
-class HeuristicScheduler(DraftLengthScheduler):
-    """HF's heuristic draft length: +`increase` after a fully accepted draft, -`decrease` otherwise.
-
-    HF `AssistedCandidateGenerator.update_candidate_strategy` with `num_assistant_tokens_schedule=
-    "heuristic"`; the state is reset per request (HF's `heuristic_transient`: HF's `heuristic`
-    carries gamma across `generate` calls, which makes benchmarks depend on call order).
-    Default start 5 (HF's `num_assistant_tokens` while heuristic was the default, < v4.45).
-    AR-only: it needs verification feedback, which the diffusion loop has no notion of.
-
-    Attributes:
-        initial: draft length of the first round.
-        increase: added after a round whose drafts were all accepted.
-        decrease: removed after a round with a rejection.
-        minimum: lower bound of the draft length.
-        maximum: upper bound (the loop's `max_draft` caps it too).
-    """
-
-    cuts: ClassVar[bool] = False
-
-    initial: int = 5
-    increase: int = 2
-    decrease: int = 1
-    minimum: int = 1
-    maximum: int = 64
-
-    def __post_init__(self) -> None:
-        if self.minimum < 1:
-            raise ValueError(f"minimum must be >= 1, got {self.minimum}")
-        if self.maximum < self.minimum:
-            raise ValueError(f"maximum must be >= minimum ({self.minimum}), got {self.maximum}")
-        if not self.minimum <= self.initial <= self.maximum:
-            raise ValueError(f"initial must be in [{self.minimum}, {self.maximum}], got {self.initial}")
-        if self.increase < 0 or self.decrease < 0:
-            raise ValueError(f"increase and decrease must be >= 0, got {self.increase}, {self.decrease}")
-
-    def init_state(self, batch_size: int, device: torch.device) -> int:
-        return self.initial
-
-    def propose_length(self, state: int) -> int:
-        return state
-
-    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
-        return Decision(commit=inp.eligible), state          # the width already is the choice
-
-    def feedback(self, state: int, drafted: int, accepted: int) -> int:
-        step = self.increase if accepted >= drafted else -self.decrease
-        return max(self.minimum, min(self.maximum, state + step))
-
-
-@dataclass(frozen=True)
-class BildScheduler(DraftLengthScheduler):
-    """BiLD, the Big Little Decoder (Kim et al., NeurIPS 2023, arXiv 2302.07863): fallback and
-    rollback policies over the small (draft) and large (target) model.
-
-    * Fallback: the small model drafts while its probability of the token it picks stays at or
-      above `fallback` (alpha_fb; for a greedy draft that is its max softmax probability, the
-      reference's test), at most `max_small` (N) tokens; the first token below it is dropped and
-      the large model decides that position. (The draft-length interface verifies at least one
-      token: when the very first token fails it is verified anyway, which only helps.)
-    * Rollback: the large model's check also keeps a small-model token that is not its argmax
-      when its cross-entropy -log p_L(y) is at most `rollback` nats (alpha_rb), and rolls back
-      from the first token above it, emitting the large model's token there. Checked at every
-      position (the reference checks only the first above-threshold one, spec speculative-2.md
-      §1.3-1.5). Not exact: a speed/quality knob; greedy only, as the reference.
-      `rollback=None` is exact verification with BiLD's stop rule ("BiLD-stop", §1.6).
-
-    Defaults are the reference code's (0.6, 5.0, 10); 0 means 0 here (the reference silently
-    replaces a 0 threshold by its default). Stateless.
-
-    Attributes:
-        fallback: alpha_fb in [0, 1].
-        rollback: alpha_rb >= 0 in nats, or None (exact).
-        max_small: N, most consecutive small-model tokens per round.
-    """
-
-    fallback: float = 0.6
-    rollback: float | None = 5.0
-    max_small: int = 10
-    early_stops: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.fallback <= 1.0:
-            raise ValueError(f"fallback must be in [0, 1], got {self.fallback}")
-        if self.rollback is not None and not 0.0 <= self.rollback <= 100.0:
-            raise ValueError(f"rollback must be in [0, 100] nats or None, got {self.rollback}")
-        if not 1 <= self.max_small <= 256:
-            raise ValueError(f"max_small must be in [1, 256], got {self.max_small}")
-
-    def propose_length(self, state: Any) -> int:
-        return self.max_small
-
-    def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
-        # `confidence` is the running minimum of the draft's probabilities: a leading run.
-        return Decision(commit=inp.eligible & (inp.confidence >= self.fallback)), state
-
-    def lenience(self) -> float | None:
-        return self.rollback
-
-    def continue_drafting(self, confidence: float) -> bool:
-        return confidence >= self.fallback
-
-
-SPEC_SCHEDULERS: dict[str, type[Scheduler]] = {
-    "heuristic": HeuristicScheduler,    # HF assisted generation, +2 / -1 (AR-only)
-    "bild": BildScheduler,              # BiLD fallback + rollback (Kim et al. 2023; lossy rollback)
-}
-
-
 def draft_length_rule(spec: Any) -> Scheduler:
     """A draft-length rule from its name or `{"name": ..., field: value}`: an AR-only rule
-    (`SPEC_SCHEDULERS`) or any diffusion scheduler, checked with `check_scheduler`.
+    (`DRAFT_LENGTHS`, the `draft_length` registry) or any diffusion scheduler, checked with `check_scheduler`.
 
     Raises:
         ValueError: unknown name (the message lists both registries) or option, or a scheduler
@@ -225,10 +78,10 @@ def draft_length_rule(spec: Any) -> Scheduler:
         raise TypeError(f"a draft-length rule must be a name, a mapping with 'name' or a Scheduler, "
                         f"got {type(spec).__name__} {spec!r}")
     name = spec if isinstance(spec, str) else spec.get("name")
-    if name not in SPEC_SCHEDULERS and name not in registry("scheduler"):
+    if name not in DRAFT_LENGTHS and name not in registry("scheduler"):
         raise ValueError(f"unknown scheduler {name!r}; choose from "
-                         f"{sorted({*SPEC_SCHEDULERS, *registry('scheduler')})}")
-    rule = component("draft_length" if name in SPEC_SCHEDULERS else "scheduler", spec)
+                         f"{sorted({*DRAFT_LENGTHS, *registry('scheduler')})}")
+    rule = component("draft_length" if name in DRAFT_LENGTHS else "scheduler", spec)
     check_scheduler(rule)
     return rule
 

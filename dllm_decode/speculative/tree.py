@@ -2,7 +2,7 @@
 
 Staged speculative decoding (Spector & Ré 2023, arXiv 2308.04623) and SpecInfer (Miao et al.,
 arXiv 2305.09781) verify a tree of candidate continuations in one target forward; Medusa and
-EAGLE-2 (arXiv 2406.16858) build the same mask. Layout (spec speculative-2.md §2.4): nodes are
+EAGLE-2 (arXiv 2406.16858) build the same mask. Layout: nodes are
 flattened breadth-first, every parent before its children and the siblings of a node in the order
 they were proposed; `parents[i]` is node i's parent, -1 for the children of the root (the last
 context token). A chain is `parents = (-1, 0, 1, ...)`, the width-1 special case, and is stored
@@ -10,7 +10,7 @@ as `None` so the hot path can skip the mask.
 
 Each node attends to the cached prefix plus its own ancestors and itself, at position
 `prefix_len + depth`; those are the positions the accepted nodes keep after the cache is
-compacted, so cached keys need no re-rotation (§2.5).
+compacted, so cached keys need no re-rotation (`kv.keep_path`).
 """
 
 from __future__ import annotations

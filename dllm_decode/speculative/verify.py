@@ -6,7 +6,7 @@ and the tokens to append: the path's tokens followed by exactly one target token
 where no child is accepted, or the bonus token after a leaf). A chain is the width-1 tree and
 goes through the same walk (`greedy_verify` / `speculative_verify` are its chain entry points).
 
-Rules (spec speculative-2.md §2.3):
+Rules:
 * greedy: descend into the child equal to the target's argmax; at the first node without one,
   emit the argmax. Identical to greedy AR in exact arithmetic.
 * sampling, recursive rejection (SpecInfer's multi-step speculative sampling, Miao et al. arXiv
@@ -15,7 +15,9 @@ Rules (spec speculative-2.md §2.3):
   is the law c was drawn from given its elder siblings, else r <- norm(max(0, r - q_c)); if every
   child is rejected, sample from r. A deterministic child has a one-hot law (r(c) accepts, the
   residual drops c: SGLang's target-only tree rule, Rule A); one child is Leviathan et al.'s rule.
-  A deterministic child verified with a soft q instead is biased (spec §2.3, toy TV 0.22).
+  A deterministic child verified with a soft q instead is biased: proposed with certainty, it
+  is accepted with probability min(1, p(c) / q(c)) > p(c) (on a two-token toy the output law
+  is 0.22 away from p in total variation).
 * lenient greedy (BiLD's rollback, Kim et al. arXiv 2302.07863): also descend into a child whose
   target cross-entropy -log p(c) is at most `lenience` nats; not exact (a quality knob).
 """
@@ -182,7 +184,7 @@ def speculative_verify(drafts: Tensor, draft_probs: Tensor | None, target_probs:
     Alg. 1 / Chen et al. 2023). Accept draft i with probability min(1, p_i(x_i) / q_i(x_i)); at
     the first rejection sample from norm(max(0, p_i - q_i)) and stop; if all g pass, sample a
     bonus token from p_{g+1}. A deterministic drafter (prompt lookup, argmax dLLM unmasking)
-    passes `draft_probs=None`: q is one-hot (spec §1.3; vLLM's `draft_probs is None` path).
+    passes `draft_probs=None`: q is one-hot (vLLM's `draft_probs is None` path).
 
     Args:
         drafts: (g,) long drafted tokens.

@@ -64,9 +64,6 @@ class BlockDiffOptions:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
 
 
-BD_QUICK = BlockDiffOptions(gen_lengths=(32,), per_task=1, repeats=1)
-
-
 @dataclass(frozen=True)
 class Outcome:
     """One decode: the answer text, answer tokens (before end-of-text) and model forwards."""

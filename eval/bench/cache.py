@@ -102,9 +102,6 @@ def _spec(label: str) -> dict[str, str]:
     return {"name": name, **dict(item.split("=", 1) for item in rest.split(",") if item)}
 
 
-CACHE_QUICK = CacheOptions(gen_lengths=(64,), batch_sizes=(1, 4), per_task=1, repeats=1, forward_repeats=1)
-
-
 def label_of(gen: int, batch: int, cache: str) -> str:
     return f"gen {gen} B{batch} {cache}"
 

@@ -146,17 +146,20 @@ def runtime_view(model: Any, runtime: str) -> Any:
     return set_runtime(copy.copy(model), runtime)
 
 
-def runtime_table(rows: Sequence[dict[str, Any]], header: str) -> list[str]:
-    """The `runtime_speedup` rows as a text table."""
-    lines = [header, f"{'batch':>5}  {'forward':<22}{'reference ms':>13}{'compact ms':>12}"
-                     f"{'speedup':>9}{'max |dlogit|':>14}  argmax equal"]
-    for r in rows:
+def format_runtime(report: dict[str, Any]) -> str:
+    """The `runtime_speedup` rows as a text table (and the profiles, when the report has them)."""
+    lines = [f"compact runtime vs reference ({report['model']}, {report['dtype'][6:]} on "
+             f"{report['device']}, {report['threads']} thread(s), gen {report['gen_length']}, block "
+             f"{report['block_length']}, {report['repeats']} interleaved repeats; median ms per forward)",
+             f"{'batch':>5}  {'forward':<22}{'reference ms':>13}{'compact ms':>12}"
+             f"{'speedup':>9}{'max |dlogit|':>14}  argmax equal"]
+    for r in report["runtime"]:
         what = {"full": f"full ({r['rows']} rows)", "mid": f"full, last {r['rows']} rows",
                 "cached": f"cached {r['rows']}-row step"}[r["kind"]]
         lines.append(f"{r['batch']:>5}  {what:<22}{r['reference_ms']:>13.2f}{r['compact_ms']:>12.2f}"
                      f"{r['speedup']:>8.2f}x{r['max_abs_diff']:>14.1e}  "
                      f"{'yes' if r['argmax_equal'] else 'NO'}")
-    return lines
+    return "\n".join(lines + report.get("profile", []))
 
 
 def profile_runtime(model: Any, prompts: Sequence[str | list[int]], tokenizer: Any,

@@ -23,7 +23,7 @@ from dllm_decode.eval.bench.subject import Subject, samples_for
 from dllm_decode.eval.bench.timing import check_counts
 
 LONG_FROM = 256
-"""Lengths from here up get their own fit: the range the issues' sub-linear target names."""
+"""Lengths from here up get their own fit: long canvases, where a cache's growth must stay sub-linear."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +62,6 @@ class ScalingOptions:
         return {"default": default,
                 "one token per step": replace(default, scheduler=LowConfidenceScheduler()),
                 **{f"default, cache {label}": replace(default, cache=cache) for label, cache in self.caches}}
-
-
-SCALING_QUICK = ScalingOptions(gen_lengths=(16, 32, 64), block_length=16, batch=4, per_task=1, repeats=1)
 
 
 def default_lengths(room: int, block: int, start: int = 64) -> list[int]:

@@ -1,6 +1,6 @@
 """The diffusion sections of the benchmark suite: schedulers, stack, loop and oracle gap.
 
-Counted as design §5 says: NFE (forward passes, refreshes included), tokens per step (canvas
+Counted the same way in every section: NFE (forward passes, refreshes included), tokens per step (canvas
 length / NFE), answer tokens per step (tokens before the first end-of-text / NFE), accuracy (the
 task's metric, in percent), seconds (median of interleaved repeats, `timing.interleave`),
 overhead (share of wall-clock outside model forwards). Every speedup is a ratio of medians
@@ -41,7 +41,7 @@ WINDOW = "suffix window"
 
 @dataclass(frozen=True)
 class SuiteOptions:
-    """One configuration of the suite (`QUICK` is the seconds-long one for tests).
+    """One configuration of the suite (`bench all --quick` runs a seconds-long one).
 
     Attributes:
         gen_length, block_length: the canvas and the semi-autoregressive block.
@@ -79,10 +79,6 @@ class SuiteOptions:
         """A decode record at this suite's lengths."""
         return DecodeConfig(scheduler=scheduler, gen_length=self.gen_length,
                             block_length=self.block_length, **fields)
-
-
-QUICK = SuiteOptions(gen_length=16, block_length=8, per_task=1, batch=4, batch_sizes=(1, 2), repeats=1,
-                     ar_samples=2, ar_new_tokens=8)
 
 
 def row(subject: Subject, samples: Sequence[Sample], m: Measured) -> dict[str, Any]:

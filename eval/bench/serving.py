@@ -1,6 +1,6 @@
 """Load-test `dllm-decode serve`: many concurrent clients against the same requests one at a time.
 
-    dllm-decode bench serving [--requests 320] [--clients 64] [--max-batch 32] [--json FILE]
+    dllm-decode bench serving [--requests 320] [--clients 64] [--max-batch 32] [--json FILE] [--quick]
 
 One run, side by side: every request is first decoded offline, alone (`generate`, the reference
 answers and the no-server baseline); then a server on 127.0.0.1 (in this process, the engine in
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ import torch
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Engine
 from dllm_decode.eval.bench.subject import load_subject, task_samples
+from dllm_decode.eval.bench.timing import check_counts
 from dllm_decode.registry import component
 from dllm_decode.sampler import generate
 from dllm_decode.serve.app import Limits, ServerState, background
@@ -34,11 +36,36 @@ from dllm_decode.serve.protocol import Settings
 from dllm_decode.serve.worker import EngineWorker
 
 
-def run(model_name: str = "embedded", requests: int = 320, clients: int = 64, max_batch: int = 32,
-        gen: int = 32, block: int = 8, threshold: float = 0.9, seed: int = 0,
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServingOptions:
+    """What `bench serving` runs: `requests` task prompts, `clients` concurrent clients, an engine of
+    `max_batch` rows, greedy threshold decoding at `gen_length` / `block_length`.
+
+    Raises:
+        ValueError: a count below 1, or a block that does not divide the canvas.
+    """
+
+    model: str = "embedded"
+    requests: int = 320
+    clients: int = 64
+    max_batch: int = 32
+    gen_length: int = 32
+    block_length: int = 8
+    threshold: float = 0.9
+    threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_counts(self, "requests", "clients", "max_batch", "gen_length", "block_length", "threads")
+        if self.block_length > self.gen_length or self.gen_length % self.block_length:
+            raise ValueError(f"block_length {self.block_length} must divide gen_length {self.gen_length}")
+
+
+def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The benchmark (see the module docstring); returns the report as a dict."""
-    torch.set_num_threads(1)
+    model_name, requests, clients, max_batch = o.model, o.requests, o.clients, o.max_batch
+    gen, block, threshold, seed = o.gen_length, o.block_length, o.threshold, o.seed
+    torch.set_num_threads(o.threads)
     bench = load_subject(model_name)
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the load test needs the task suite's vocabulary (the embedded model)")
@@ -53,7 +80,7 @@ def run(model_name: str = "embedded", requests: int = 320, clients: int = 64, ma
                  for p in prompts]
     offline_wall = time.perf_counter() - started
     settings = Settings(model_id=model_name, config=config, max_tokens=max(gen, 1024))
-    state = ServerState(EngineWorker(Engine(model, tokenizer, max_batch_size=max_batch), threads=1),
+    state = ServerState(EngineWorker(Engine(model, tokenizer, max_batch_size=max_batch), threads=o.threads),
                         settings, Limits(max_queue=requests))
     bodies = [{"model": model_name, "prompt": p} for p in prompts]
     phases = {}
@@ -102,7 +129,7 @@ def _quantile(values: list[float], q: float) -> float:
         else values[0]
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_serving(report: dict[str, Any]) -> str:
     lines = [f"serving load test: {report['model']}, {report['requests']} requests, "
              f"{report['clients']} clients, max batch {report['max_batch']}",
              f"offline one at a time: {report['offline_wall_seconds']} s "

@@ -1,6 +1,6 @@
 """`dllm-decode bench shaped`: a LLaDA-8B-shaped model with random weights on any device.
 
-The GPU path of the serving issue: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
+The GPU serving path: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
 and 64 on a model of LLaDA-8B's shape (32 layers, width 4096, 32 heads, MLP 12288, vocabulary
 126,464), random bf16 weights built on the device (no download, no checkpoint). Random weights
 make the threshold rule commit one token per step, so the benchmark decodes a fixed number of
@@ -67,11 +67,6 @@ class ShapedOptions:
             raise ValueError(f"caches must be some of {list(CACHES)}, got {list(self.caches)}")
         if set(self.runtimes) - set(RUNTIMES) or not self.runtimes:
             raise ValueError(f"runtimes must be some of {list(RUNTIMES)}, got {list(self.runtimes)}")
-
-
-SHAPED_QUICK = dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,
-                    prompt_length=8)
-"""`--quick`: the embedded shape, seconds on a CPU."""
 
 
 def shaped_model(options: ShapedOptions) -> Any:

@@ -80,9 +80,6 @@ class SpecOptions:
             raise ValueError(f"target_runtimes must be some of {list(RUNTIMES)}, got {list(self.target_runtimes)}")
 
 
-SPEC_QUICK = SpecOptions(per_task=1, repeats=1, max_new_tokens=8, smollm2=False, target_runtimes=("compact",))
-
-
 @dataclass(frozen=True)
 class SpecCombo:
     """One row: a drafter (None: plain AR) and the scheduler that picks each draft length.

@@ -1,7 +1,7 @@
 """The rest of the speculative family side by side: chain vs token tree vs staged vs BiLD on the
 embedded AR pair, and dLLM self-speculation on the embedded diffusion model.
 
-    dllm-decode bench tree [--json FILE] [--per-task N] [--repeats R]
+    dllm-decode bench tree [--json FILE] [--per-task N] [--repeats R] [--quick]
 
 AR part (all 12 tasks, `per_task` test prompts each, the `prompt =` AR format), once per target
 runtime (transformers `hf`, `compact`); every configuration decodes the same prompts in a
@@ -33,6 +33,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,38 +47,78 @@ from dllm_decode.speculative import (BildScheduler, HeuristicScheduler, LookupDr
 from dllm_decode.speculative.models import load_causal_lm
 from dllm_decode.speculative.selfspec import self_speculative_generate
 from dllm_decode.eval.bench.spec import SpecCombo, measure, summarize
-from dllm_decode.eval.bench.timing import interleave, speedup
+from dllm_decode.eval.bench.timing import check_counts, interleave, speedup
 
 DEFAULT_ROLLBACKS = (None, 1.0, 2.0, 3.0, 5.0)
 
 
-def run(*, target: str = "ar_target", draft: str = "ar_draft", dllm: str = "embedded",
-        per_task: int = 4, repeats: int = 3, max_new_tokens: int = 48,
-        runtimes: Sequence[str] = ("hf", "compact"), tree: TreeShape = TreeShape(4, 16, 0.05),
-        bild_fallback: float = 0.6, bild_rollbacks: Sequence[float | None] = DEFAULT_ROLLBACKS,
-        self_per_task: int = 2, self_repeats: int = 2, draft_steps: int = 8, self_branch: int = 2,
-        threads: int = 1, log: Callable[[str], None] = print) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TreeOptions:
+    """What `bench tree` runs.
+
+    Attributes:
+        target, draft: the AR pair (causal LM names); dllm: the self-speculation part's model.
+        per_task, repeats, max_new_tokens, runtimes: the AR part's prompts per task, interleaved
+            repeats, new tokens and target runtimes.
+        tree_branch, tree_budget, tree_min_prob: the token trees' shape (`TreeShape`).
+        bild_fallback, bild_rollbacks: BiLD's alpha_fb and its alpha_rb values (None: exact).
+        self_per_task, self_repeats, draft_steps, self_branch: the self-speculation part (0
+            prompts per task: skipped).
+    Raises:
+        ValueError: a count below 1 or a tree `TreeShape` refuses.
+    """
+
+    target: str = "ar_target"
+    draft: str = "ar_draft"
+    dllm: str = "embedded"
+    per_task: int = 4
+    repeats: int = 3
+    max_new_tokens: int = 48
+    runtimes: tuple[str, ...] = ("hf", "compact")
+    tree_branch: int = 4
+    tree_budget: int = 16
+    tree_min_prob: float = 0.05
+    bild_fallback: float = 0.6
+    bild_rollbacks: tuple[float | None, ...] = DEFAULT_ROLLBACKS
+    self_per_task: int = 2
+    self_repeats: int = 2
+    draft_steps: int = 8
+    self_branch: int = 2
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        check_counts(self, "per_task", "repeats", "max_new_tokens", "self_repeats", "draft_steps",
+                     "self_branch", "threads")
+        if self.self_per_task < 0:
+            raise ValueError(f"self_per_task must be >= 0, got {self.self_per_task}")
+        TreeShape(self.tree_branch, self.tree_budget, self.tree_min_prob)     # checks the shape
+
+    @property
+    def tree(self) -> TreeShape:
+        return TreeShape(self.tree_branch, self.tree_budget, self.tree_min_prob)
+
+
+def run(o: TreeOptions, say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Measure everything; returns a JSON-ready report (`"ar"` per runtime, `"self_speculation"`)."""
-    torch.set_num_threads(threads)
-    report: dict[str, Any] = {"threads": threads, "per_task": per_task, "repeats": repeats,
-                              "tree": {"branch": tree.branch, "budget": tree.budget}}
+    torch.set_num_threads(o.threads)
+    report: dict[str, Any] = {"threads": o.threads, "per_task": o.per_task, "repeats": o.repeats,
+                              "tree": {"branch": o.tree_branch, "budget": o.tree_budget}}
     try:
-        loaded, draft_hf = load_causal_lm(target), load_causal_lm(draft)
+        loaded, draft_hf = load_causal_lm(o.target), load_causal_lm(o.draft)
     except ModelLoadError as err:
-        log(f"AR part skipped: {err}")
+        say(f"AR part skipped: {err}")
         loaded = None
     if loaded is not None:
-        report["ar"] = {runtime: ar_suite(loaded, draft_hf, runtime, per_task, repeats, max_new_tokens,
-                                          tree, bild_fallback, bild_rollbacks, log)
-                        for runtime in dict.fromkeys(runtimes)}
-    if self_per_task > 0:
+        report["ar"] = {runtime: ar_suite(loaded, draft_hf, runtime, o, say)
+                        for runtime in dict.fromkeys(o.runtimes)}
+    if o.self_per_task > 0:
         try:
-            model = load_model(dllm)
+            model = load_model(o.dllm)
         except ModelLoadError as err:
-            log(f"self-speculation part skipped: {err}")
+            say(f"self-speculation part skipped: {err}")
         else:
-            report["self_speculation"] = self_suite(model, self_per_task, self_repeats, draft_steps,
-                                                    self_branch, log)
+            report["self_speculation"] = self_suite(model, o.self_per_task, o.self_repeats, o.draft_steps,
+                                                    o.self_branch, say)
     return report
 
 
@@ -106,22 +147,22 @@ def ar_configs(draft: Any, tree: TreeShape, bild_fallback: float,
     return configs
 
 
-def ar_suite(loaded: Any, draft_hf: Any, runtime: str, per_task: int, repeats: int,
-             max_new_tokens: int, tree: TreeShape, bild_fallback: float,
-             bild_rollbacks: Sequence[float | None], log: Callable[[str], None]) -> dict[str, Any]:
+def ar_suite(loaded: Any, draft_hf: Any, runtime: str, o: TreeOptions,
+             say: Callable[[str], None]) -> dict[str, Any]:
     from dllm_decode.eval.tasks import TASKS
     from dllm_decode.eval.tasks.tokenizer import SEPARATOR
 
     target = with_runtime(loaded, runtime)
     draft = with_runtime(draft_hf, "auto")
     tokenizer = target.tokenizer
-    examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", per_task, 0)]
+    tree, repeats = o.tree, o.repeats
+    examples = [e for name in sorted(TASKS) for e in TASKS[name].examples("test", o.per_task, 0)]
     prompts = [tokenizer(f"{e.prompt} {SEPARATOR}", add_special_tokens=False)["input_ids"]
                for e in examples]
-    configs = ar_configs(draft, tree, bild_fallback, bild_rollbacks)
-    log(f"AR, target runtime {runtime}: {len(prompts)} task prompts, {len(configs)} configurations, "
+    configs = ar_configs(draft, tree, o.bild_fallback, o.bild_rollbacks)
+    say(f"AR, target runtime {runtime}: {len(prompts)} task prompts, {len(configs)} configurations, "
         f"{repeats} repeats")
-    measured = measure(target, prompts, configs, repeats, max_new_tokens)
+    measured = measure(target, prompts, configs, repeats, o.max_new_tokens)
 
     def accuracy(results: list[SpecResult]) -> float:
         return statistics.fmean(TASKS[e.task].score(e, r.text or "") for e, r in zip(examples, results))
@@ -134,23 +175,17 @@ def ar_suite(loaded: Any, draft_hf: Any, runtime: str, per_task: int, repeats: i
         entry["nodes_per_call"] = sum(sum(r.nodes) for r in results) / calls
         entry["identical_rate"] = statistics.fmean(
             r.tokens.tolist() == ref for r, ref in zip(results, reference))
-    log(f"\nAR pair, target runtime {runtime}, {len(prompts)} prompts")
-    table(entries, [("tok/call", "mean_accepted_tokens", "{:.2f}"), ("alpha", "acceptance_rate", "{:.2f}"),
-                    ("nodes", "nodes_per_call", "{:.1f}"), ("D fwd/tok", "draft_forwards_per_token", "{:.2f}"),
-                    ("wall", "speedup", "{:.2f}x"), ("cpu", "cpu_speedup", "{:.2f}x"),
-                    ("ident.", "identical_rate", "{:.0%}"), ("acc", "accuracy", "{:.1%}")], log)
     by_label = {e["label"]: e for e in entries}
     name = f"tree {tree.branch}/{tree.budget}"
     ratios = {schedule: by_label[f"{name}, {schedule}"]["mean_accepted_tokens"]
               / by_label[f"chain, {schedule}"]["mean_accepted_tokens"]
               for schedule in ("heuristic", "constant k=16", "threshold 0.4")}
-    log("  tokens per target call, tree / chain: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     return {"target_runtime": runtime, "prompts": len(prompts), "rows": entries,
             "tree_over_chain_tokens_per_call": ratios}
 
 
 def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch: int,
-               log: Callable[[str], None]) -> dict[str, Any]:
+               say: Callable[[str], None]) -> dict[str, Any]:
     """One token per step, its self-speculation, threshold decoding and its self-speculation."""
     from dllm_decode.eval.tasks import TASKS
 
@@ -165,7 +200,7 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
         (f"self-spec of threshold 0.9, K={draft_steps}, {branch - 1} leaf/step", threshold,
          draft_steps, branch),
     ]
-    log(f"dLLM self-speculation: {len(examples)} task prompts, gen 32, {repeats} repeats")
+    say(f"dLLM self-speculation: {len(examples)} task prompts, gen 32, {repeats} repeats")
     by_label = {label: (config, steps, width) for label, config, steps, width in plans}
 
     def job(label: str, index: int, example: Any) -> Callable[[], dict[str, Any]]:
@@ -208,26 +243,44 @@ def self_suite(model: Any, per_task: int, repeats: int, draft_steps: int, branch
         })
     for e in entries:
         e["forward_reduction"] = entries[0]["forwards"] / e["forwards"]
-    table(entries, [("NFE", "forwards", "{:.2f}"), ("rows", "rows", "{:.1f}"),
-                    ("NFE cut", "forward_reduction", "{:.2f}x"), ("wall", "speedup_vs_one_per_step", "{:.2f}x"),
-                    ("cpu", "cpu_speedup_vs_one_per_step", "{:.2f}x"), ("ident.", "identical_rate", "{:.0%}"),
-                    ("acc", "accuracy", "{:.1%}")], log)
-    log("  (identical: to one token per step for its self-speculation, to threshold decoding for "
-        "threshold's)")
     return {"prompts": len(examples), "gen_length": 32, "rows": entries}
 
 
-def table(entries: list[dict[str, Any]], columns: list[tuple[str, str, str]],
-          log: Callable[[str], None]) -> None:
+AR_COLUMNS = [("tok/call", "mean_accepted_tokens", "{:.2f}"), ("alpha", "acceptance_rate", "{:.2f}"),
+              ("nodes", "nodes_per_call", "{:.1f}"), ("D fwd/tok", "draft_forwards_per_token", "{:.2f}"),
+              ("wall", "speedup", "{:.2f}x"), ("cpu", "cpu_speedup", "{:.2f}x"),
+              ("ident.", "identical_rate", "{:.0%}"), ("acc", "accuracy", "{:.1%}")]
+SELF_COLUMNS = [("NFE", "forwards", "{:.2f}"), ("rows", "rows", "{:.1f}"),
+                ("NFE cut", "forward_reduction", "{:.2f}x"), ("wall", "speedup_vs_one_per_step", "{:.2f}x"),
+                ("cpu", "cpu_speedup_vs_one_per_step", "{:.2f}x"), ("ident.", "identical_rate", "{:.0%}"),
+                ("acc", "accuracy", "{:.1%}")]
+
+
+def format_tree(report: dict[str, Any]) -> str:
+    """The AR table per target runtime, the tree/chain ratios, the self-speculation table."""
+    lines: list[str] = []
+    for runtime, part in report.get("ar", {}).items():
+        lines += [f"AR pair, target runtime {runtime}, {part['prompts']} prompts",
+                  *table(part["rows"], AR_COLUMNS),
+                  "  tokens per target call, tree / chain: " + ", ".join(
+                      f"{k} {v:.2f}x" for k, v in part["tree_over_chain_tokens_per_call"].items()), ""]
+    if "self_speculation" in report:
+        part = report["self_speculation"]
+        lines += [f"dLLM self-speculation, {part['prompts']} prompts, gen {part['gen_length']}",
+                  *table(part["rows"], SELF_COLUMNS),
+                  "  (identical: to one token per step for its self-speculation, to threshold "
+                  "decoding for threshold's)"]
+    return "\n".join(lines).rstrip() or "nothing measured (both parts skipped)"
+
+
+def table(entries: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> list[str]:
     """One row per entry: its label, then (heading, key, format) columns."""
     width = max(len("configuration"), *(len(e["label"]) for e in entries)) + 1
     cells = [[fmt.format(e[key]) for _, key, fmt in columns] for e in entries]
     sizes = [max(len(heading), *(len(row[i]) for row in cells)) for i, (heading, _, _) in enumerate(columns)]
     head = f"{'configuration':<{width}}" + " ".join(f"{h:>{n}}" for (h, _, _), n in zip(columns, sizes))
-    log(head)
-    log("-" * len(head))
-    for e, row in zip(entries, cells):
-        log(f"{e['label']:<{width}}" + " ".join(f"{c:>{n}}" for c, n in zip(row, sizes)))
+    return [head, "-" * len(head), *(f"{e['label']:<{width}}" + " ".join(f"{c:>{n}}" for c, n in zip(row, sizes))
+                                      for e, row in zip(entries, cells))]
 
 
 def parse_rollbacks(text: str) -> list[float | None]:

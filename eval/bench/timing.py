@@ -1,6 +1,6 @@
 """The one timing helper of every benchmark: interleaved repeats and a forward timer.
 
-Design §5: speed claims are ratios measured side by side in one run. `interleave` runs every
+Speed claims are ratios measured side by side in one run. `interleave` runs every
 configuration (a label with its list of work items) `repeats` times; inside a repeat it visits
 item 0 of every configuration, then item 1, ..., each time in an order rotated by
 `repeat + item`, so load drifts on a shared machine hit every configuration alike. A

@@ -108,7 +108,7 @@ def ideal_decoder(noise: float = 1e-3) -> Decoder:
     per canvas length).
 
     Args:
-        noise: std of the zero-mean logit noise (spec §2.2); a small value breaks the exact ties
+        noise: std of the zero-mean logit noise (l_ideal + eps); a small value breaks the exact ties
             of uniform marginals at random, as the closed forms for greedy decoding assume. Its
             generator is drawn from the batch's, so runs repeat.
     """

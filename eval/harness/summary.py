@@ -1,5 +1,5 @@
 """`summary.json` from the per-sample records: per (configuration, task) accuracy and speed, per
-configuration means, and the speed-quality figures of each sweep (spec parallelbench.md §3.1).
+configuration means, and the speed-quality figures of each sweep (ParallelBench's metrics).
 
 Every number here is recomputed from `samples.jsonl`, so a summary never disagrees with its samples.
 Accuracy is in percent. Speed has two units, each averaged over samples (per task) and then over

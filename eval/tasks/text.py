@@ -1,6 +1,6 @@
 """ParallelBench's released Text Writing tasks (Words-to-Sentence, paraphrase, summarization).
 
-Their metrics need optional third-party scorers ([PB] `metrics.py`, spec parallelbench.md §1.3):
+Their metrics need optional third-party scorers (ParallelBench's `metrics.py`):
 LanguageTool for the grammar score (`language_tool_python`, needs Java and downloads its server
 on first use), `rouge_score` for ROUGE-L, `sacrebleu` for BLEU and `bert_score` for BERTScore
 (downloads roberta-large). When one is missing the task is skipped with a message naming it;

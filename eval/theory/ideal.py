@@ -1,12 +1,12 @@
-"""The ideal analytic denoiser of ParallelBench §4 (spec `parallelbench.md` §2).
+"""The ideal analytic denoiser of ParallelBench §4 (Kang et al., 2025, arXiv 2510.04767).
 
 For every masked answer position it returns the exact conditional marginal of the data
 distribution, as log-probabilities, given the prompt and the answer tokens already committed on the
 canvas. Per-token marginals are exact, so any loss of accuracy under parallel decoding comes from
-the factorisation across positions alone: the quantity the spec's closed forms describe.
+the factorisation across positions alone: the quantity the closed forms of `formulas` describe.
 
 Data distributions: deterministic ops (copy, sort, reverse, *_index, sudoku) put all mass on one
-answer; shuffle is uniform over the n! permutations (the spec's model; ParallelBench's scorer also
+answer; shuffle is uniform over the n! permutations (the closed forms' model; ParallelBench's scorer also
 rejects the identity, a 1/n! difference); insert/remove/replace_random are uniform over the
 position; latin_square is uniform over all 576 squares on the given symbols. After the answer,
 every position is EOS with probability 1. Committed tokens that no answer agrees with are ignored
@@ -52,7 +52,7 @@ class IdealModel(nn.Module):
     Args:
         gen_length: length of the answer canvas (the last `gen_length` columns of every row).
         noise: standard deviation of zero-mean Gaussian noise added to the log-probabilities
-            (the spec's l_ideal + eps); any small value > 0 breaks exact ties at random, which
+            (l_ideal + eps); any small value > 0 breaks exact ties at random, which
             the closed forms for greedy decoding assume. 0 keeps the logits exact.
         generator: source of that noise (seeded runs repeat).
     """

@@ -1,4 +1,4 @@
-"""On-policy (DAgger) rounds for the Learn2PD filter (spec learned-parallelism §2.2; DAgger: Ross
+"""On-policy (DAgger) rounds for the Learn2PD filter (DAgger: Ross
 et al., 2011, arXiv 1011.0686; Learn2PD: Bao et al., arXiv 2509.25188).
 
 The shipped filter was trained on states its training decodes visit (the one-token-per-step
@@ -8,8 +8,9 @@ most. A round decodes the training prompts under the deployed rule (the filter's
 with the one-token-per-step top-1, then EoTP) and logs every visited state labelled against the
 model's own one-token-per-step reference; the filter is retrained on all data so far.
 
-Labels after an error (spec §2.2 option (a)): a block stops being logged at the policy's first
-wrong commit, and the decode resumes from the oracle state: every commit writes the reference
+Labels after an error: a block stops being logged at the policy's first wrong commit, and the
+decode resumes from the oracle state (rather than relabelling against a fresh one-token-per-step
+run from the diverged state, which costs extra forwards): every commit writes the reference
 token, so the canvas never holds a wrong token and every logged label is exact. The state at the
 wrong commit itself is logged (the mistake is what the filter must learn). With probability
 `beta` a row's step takes the oracle's commit set instead (every slot that already matches, or

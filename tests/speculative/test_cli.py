@@ -134,3 +134,34 @@ def test_new_option_errors(checkpoint, extra, message):
     result = run("--target", checkpoint, "--draft", "layerskip:2", "--prompt", PROMPT, *extra)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output
+
+
+def test_draft_options_configure_a_registry_entry(checkpoint):
+    """`--draft NAME -d KEY=VALUE` (dotted for a staged draft's stages) reaches the same entry as
+    the short spelling; the JSON names the drafter with its options."""
+    base = ["--target", checkpoint, "--prompt", PROMPT, "--max-new-tokens", "12", "--json"]
+    short = json.loads(run(*base, "--draft", f"staged:{checkpoint}>lookup:3").stdout)
+    long = run(*base, "--draft", "staged", "-d", f"first.model={checkpoint}", "-d", "second=lookup",
+               "-d", "second.max_ngram=3")
+    assert long.exit_code == 0, long.output
+    out = json.loads(long.stdout)
+    assert out["drafter"] == short["drafter"] == {
+        "name": "staged", "first": {"name": "model", "model": checkpoint},
+        "second": {"name": "lookup", "max_ngram": 3, "min_ngram": 1}}
+    assert out["tokens"] == short["tokens"]
+    bad = run(*base, "--draft", "lookup", "-d", "width=3")
+    assert bad.exit_code == 2 and "unknown option 'width'" in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("runtime", ["hf", "compact"])
+def test_spec_prints_no_warning(checkpoint, runtime):
+    """A whole `spec` run (loading, drafting, verifying) raises on any warning, transformers'
+    deprecation of the `past_key_values` keyword included."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = run("--target", checkpoint, "--draft", f"staged:{checkpoint}>layerskip:1",
+                     "--draft-runtime", "hf", "--runtime", runtime, "--prompt", PROMPT,
+                     "--max-new-tokens", "8")
+    assert result.exit_code == 0, (result.output, result.exception)

@@ -44,8 +44,8 @@ def test_batched_rows_and_dtypes_match(target, dtype):
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
     compact = CompactCausalLM(model)
     cache = compact.new_cache(batch=2)
-    first = compact(ids[:, :5], past_key_values=cache).logits
-    rest = compact(ids[:, 5:], past_key_values=cache).logits
+    first = compact(ids[:, :5], cache=cache).logits
+    rest = compact(ids[:, 5:], cache=cache).logits
     with torch.inference_mode():
         reference = model(input_ids=ids).logits
     tol = TOL if dtype == torch.float32 else dict(atol=0.05, rtol=0.02)   # bf16: ~3 digits; logits ~3
@@ -105,9 +105,13 @@ def test_other_architectures_are_refused_and_auto_falls_back():
 def test_length_dependent_rotary_padding_and_foreign_caches_are_refused():
     from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+    import inspect
+
+    # transformers 5 names the rotary settings `rope_parameters`, 4.x `rope_scaling`
+    key = "rope_parameters" if "rope_parameters" in inspect.signature(LlamaConfig).parameters else "rope_scaling"
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                          intermediate_size=48, max_position_embeddings=16,
-                         rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+                         **{key: {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}})
     dynamic = LlamaForCausalLM(config).eval()
     with pytest.raises(ValueError, match="rope_type 'dynamic'"):
         CompactCausalLM(dynamic)
@@ -118,6 +122,6 @@ def test_length_dependent_rotary_padding_and_foreign_caches_are_refused():
         compact(ids, attention_mask=torch.tensor([[0, 1, 1]]))
     assert compact(ids, attention_mask=torch.ones(1, 3)).logits.shape == (1, 3, VOCAB)
     with pytest.raises(TypeError, match="must be a CompactCache"):
-        compact(ids, past_key_values=DynamicCache())
+        compact(ids, cache=DynamicCache())
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         CompactCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), capacity=0)

@@ -14,7 +14,7 @@ from dllm_decode.models.checkpoint import EMBEDDED_DIR
 from dllm_decode.speculative import (CompactCausalLM, DiffusionDrafter, HeuristicScheduler, LookupDrafter,
                                      ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)
-from dllm_decode.speculative.models import load_causal_lm
+from dllm_decode.models.causal import load_causal_lm
 from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 pytestmark = pytest.mark.skipif(

@@ -1,5 +1,5 @@
 """Greedy speculative decoding returns the target's own greedy tokens, for every drafter and
-draft-length scheduler (fp32, CPU, tiny random Llamas; spec speculative.md §7.3)."""
+draft-length scheduler (fp32, CPU, tiny random Llamas)."""
 
 from __future__ import annotations
 

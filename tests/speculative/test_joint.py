@@ -1,4 +1,4 @@
-"""The whole loop samples sequences from the target's law (spec speculative.md §7.2).
+"""The whole loop samples sequences from the target's law (Leviathan et al. 2023, Theorem 1).
 
 Target and draft are bigram tables over V = 3; 3 tokens per sample pass through the accept,
 reject-and-resample and bonus paths; the empirical joint over the 27 sequences is compared with

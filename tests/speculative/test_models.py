@@ -7,9 +7,9 @@ import zipfile
 
 import pytest
 
-from dllm_decode.models.checkpoint import ModelLoadError
-from dllm_decode.speculative import gguf
-from dllm_decode.speculative.models import load_causal_lm
+from dllm_decode.models import gguf
+from dllm_decode.models.causal import build_causal, load_causal_lm
+from dllm_decode.models.checkpoint import ModelLoadError, read_config
 from tests.speculative.conftest import tiny_llama
 
 
@@ -19,6 +19,17 @@ def test_load_directory_roundtrip(tmp_path):
     loaded = load_causal_lm(str(tmp_path))
     assert loaded.tokenizer is None and not loaded.training
     assert all((a == b).all() for a, b in zip(model.parameters(), loaded.parameters()))
+
+
+def test_causal_builder_takes_a_family_builders_arguments(tmp_path):
+    """`build_causal(directory, config)` is called like a `models.loading.BUILDERS` entry."""
+    import dllm_decode.speculative.models as old_path
+
+    model = tiny_llama(0)
+    model.save_pretrained(tmp_path)
+    built = build_causal(tmp_path, read_config(tmp_path))
+    assert type(built) is type(model) and built.tokenizer is None
+    assert old_path.load_causal_lm is load_causal_lm      # the old import path still works
 
 
 def test_masked_lm_directory_is_refused(tmp_path):

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dllm_decode.speculative import (SPEC_SCHEDULERS, Draft, HeuristicScheduler, check_scheduler,
+from dllm_decode.speculative import (DRAFT_LENGTHS, Draft, HeuristicScheduler, check_scheduler,
                                      draft_length)
 from dllm_decode.speculative.schedule import EarlyStop
 from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
@@ -97,10 +97,10 @@ def test_heuristic_validation(kwargs):
         HeuristicScheduler(**kwargs)
 
 
-@pytest.mark.parametrize("name", sorted({**SCHEDULERS, **SPEC_SCHEDULERS}))
+@pytest.mark.parametrize("name", sorted({**SCHEDULERS, **DRAFT_LENGTHS}))
 def test_every_registered_scheduler_maps_or_is_rejected(name):
     """Each registered scheduler either gives a draft length in [1, g] or a clear error."""
-    scheduler = {**SCHEDULERS, **SPEC_SCHEDULERS}[name]()
+    scheduler = {**SCHEDULERS, **DRAFT_LENGTHS}[name]()
     if getattr(scheduler, "chooses_block_bounds", False):
         with pytest.raises(ValueError, match="block"):
             check_scheduler(scheduler)

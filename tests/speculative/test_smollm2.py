@@ -11,7 +11,7 @@ import torch
 
 from dllm_decode.speculative import (LookupDrafter, ModelDrafter, SpecConfig, layerskip_drafter,
                                      speculative_generate)
-from dllm_decode.speculative.gguf import gguf_path
+from dllm_decode.models.gguf import gguf_path
 from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
 pytestmark = [pytest.mark.slow,
@@ -23,7 +23,7 @@ NEW = 24
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     return load_causal_lm("smollm2")
 

@@ -144,7 +144,7 @@ def test_raw_q_instead_of_warped_q_fails():
     assert chi_square_p(bad, P) < 1e-6
 
 
-# -- several candidates at one node (spec speculative-2.md §2.3): recursive rejection sampling --
+# -- several candidates at one node: recursive rejection sampling --
 
 K = 3
 

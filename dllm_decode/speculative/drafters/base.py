@@ -29,7 +29,8 @@ class Draft:
         probs: (n, V) float32 the law each token was drawn from (after the target's
             temperature/top-k/top-p; for a later sibling, given the earlier ones; one-hot for a
             deterministic node), or None when every node is deterministic, in which case
-            verification uses one-hot laws (spec speculative.md §1.3, speculative-2.md §2.3).
+            verification uses one-hot laws (a deterministic proposal is a point mass, so
+            speculative sampling accepts it with probability p(token)).
         view: (n, V) float32 distributions shown to the scheduler (`StepInput.probs`), or None
             for one-hot rows at the tokens.
         forwards: drafter forward passes spent on this draft (its NFE).

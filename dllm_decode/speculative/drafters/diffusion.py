@@ -4,7 +4,8 @@ SpecDiff (Christopher et al., arXiv 2408.05636), DiffuSpec (arXiv 2510.02358), F
 (arXiv 2512.20573) in their simplest form: the dLLM decodes `width` masked positions after the AR
 context with the toolkit's own `generate` and an unmasking scheduler, and the AR model checks the
 block left to right. Greedy (argmax) unmasking is deterministic, so q is one-hot and the result
-is lossless with respect to the AR target (spec speculative.md §4.3), whatever the dLLM proposes.
+is lossless with respect to the AR target whatever the dLLM proposes: verification only ever
+keeps tokens the target itself would emit (greedy) or corrects them to the target's law.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Cache, DiffusionLM, NoCache, Scheduler
 from dllm_decode.sampler import generate
 from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
+from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec, same_vocabulary
 from dllm_decode.speculative.sampling import Sampling
 
 
@@ -63,6 +65,43 @@ class DiffusionDrafter(Drafter):
         confidence = _commit_confidence(result.trace, width).to(context.device)
         draft = Draft(tokens, confidence, forwards=int(result.nfe[0]))
         return draft.head(cut_at_eos(tokens, tuple(eos_ids) or tuple(self.model.eos_token_ids))), state
+
+
+@dataclass(frozen=True)
+class DiffusionDraft(DraftSpec):
+    """A masked diffusion LM drafts each round's tokens as one block (SpecDiff).
+
+    Its unmasking scheduler and the text dropped from its context come from the `DraftContext`.
+
+    Attributes:
+        model: the dLLM, a `load_model` name or directory (`embedded` by default); it must share
+            the target's token ids.
+    """
+
+    model: str = "embedded"
+
+    def build(self, context: DraftContext) -> Built:
+        from dllm_decode.models.loading import load_model
+
+        model = load_model(self.model or "embedded", device=context.device)
+        same_vocabulary(context.target, model.vocab_size)
+        unmasking = context.unmasking
+        if unmasking is None:
+            from dllm_decode.registry import component
+
+            unmasking = component("scheduler", "threshold")
+        drop_ids = _token_ids(context.target, context.drop_text)
+        return Built(DiffusionDrafter(model, unmasking, drop_ids=drop_ids), model)
+
+
+def _token_ids(target: Any, text: str) -> tuple[int, ...]:
+    """The token ids of `text` in the target's tokenizer (none for blank text)."""
+    if not text.strip():
+        return ()
+    tokenizer = getattr(target, "tokenizer", None)
+    if tokenizer is None:
+        raise ValueError("dropping text from a dLLM draft's context needs a target with a tokenizer")
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _commit_confidence(trace: list[dict[str, Any]] | None, width: int) -> Tensor:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import nn
 
 from dllm_decode.speculative.compact import CompactCausalLM, resolve_runtime
 from dllm_decode.speculative.drafters.model import ModelDrafter
+from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec
 from dllm_decode.speculative.tree import TreeShape
 
 
@@ -25,21 +27,25 @@ def parse_layers(spec: str, num_layers: int) -> tuple[int, ...]:
         ValueError: malformed text, an index outside [0, num_layers), no layer, all layers, or a
             subset without layer 0 (the cache reads the sequence length from layer 0).
     """
-    text = spec.strip()
-    try:
-        if "," in text:
-            layers = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-        else:
-            layers = tuple(range(int(text)))
-    except ValueError:
-        raise ValueError(f"layerskip expects N (first N layers) or a comma list of layer indices, "
-                         f"got {spec!r}") from None
+    layers = _layer_list(spec)
     if not layers or layers[0] != 0 or layers[-1] >= num_layers:
         raise ValueError(f"layerskip layers must include layer 0 and lie in [0, {num_layers}), "
                          f"got {spec!r}")
     if len(layers) == num_layers:
         raise ValueError(f"layerskip {spec!r} keeps all {num_layers} layers: nothing is skipped")
     return layers
+
+
+def _layer_list(spec: str) -> tuple[int, ...]:
+    """The layers `spec` names, before they are checked against a model."""
+    text = spec.strip()
+    try:
+        if "," in text:
+            return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+        return tuple(range(int(text)))
+    except ValueError:
+        raise ValueError(f"layerskip expects N (first N layers) or a comma list of layer indices, "
+                         f"got {spec!r}") from None
 
 
 def layer_subset(model: nn.Module, layers: Sequence[int]) -> nn.Module:
@@ -85,3 +91,24 @@ def layerskip_drafter(model: nn.Module, spec: str, runtime: str = "hf",
     if resolve_runtime(model, runtime) == "compact":
         return ModelDrafter(CompactCausalLM(model, layers), tree)
     return ModelDrafter(layer_subset(model, layers), tree)
+
+
+@dataclass(frozen=True)
+class LayerSkipDraft(DraftSpec):
+    """The target with some of its layers skipped drafts for itself (early exit, Draft & Verify).
+
+    Attributes:
+        layers: `N` keeps the first N layers (early exit), `0,2,3` keeps those layers (Draft &
+            Verify); layer 0 always stays, and at least one layer must be skipped.
+    """
+
+    layers: str = ""
+
+    def __post_init__(self) -> None:
+        _layer_list(self.layers)
+
+    def build(self, context: DraftContext) -> Built:
+        target = context.target
+        drafter = layerskip_drafter(target, self.layers, context.runtime, context.tree)
+        source = layer_subset(target, parse_layers(self.layers, len(target.model.layers)))
+        return Built(drafter, source)

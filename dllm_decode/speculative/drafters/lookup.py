@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
+from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.tree import TreeBuilder, TreeShape
 
@@ -95,3 +96,24 @@ class LookupDrafter(Drafter):
         order, parents = tree.layout(tree.select(self.tree.budget, width))
         tokens = torch.tensor([tree.token[i] for i in order], dtype=torch.long, device=context.device)
         return Draft(tokens, torch.ones(tokens.shape[0], device=context.device), parents=parents)
+
+
+@dataclass(frozen=True)
+class LookupDraft(DraftSpec):
+    """Prompt lookup: copy what followed the last n-gram's earlier occurrence (no forwards).
+
+    A token tree merges the continuations of all matches when the context asks for one.
+
+    Attributes:
+        max_ngram: longest n-gram matched (HF `max_matching_ngram_size`, default 2).
+        min_ngram: shortest n-gram tried.
+    """
+
+    max_ngram: int = 2
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        LookupDrafter(self.max_ngram, self.min_ngram)          # the drafter's own range checks
+
+    def build(self, context: DraftContext) -> Built:
+        return Built(LookupDrafter(self.max_ngram, self.min_ngram, context.tree), None)

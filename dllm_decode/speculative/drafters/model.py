@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from dllm_decode.speculative.drafters.base import Draft, Drafter
+from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec, same_vocabulary
 from dllm_decode.speculative.kv import KV, extend, feed, new_kv, rollback
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.tree import TreeBuilder, TreeShape
@@ -184,3 +185,31 @@ class _Growth:
             sampled = torch.tensor([self.sampled[n] for n in nodes], device=view.device)
             probs = torch.where(sampled.unsqueeze(-1), view, one_hot)
         return Draft(tokens, confidence, probs, view, 0, parents)
+
+
+@dataclass(frozen=True)
+class ModelDraft(DraftSpec):
+    """A smaller causal LM that shares the target's tokenizer drafts autoregressively.
+
+    It drafts a chain, or a token tree when the context asks for one, and runs as the context's
+    draft runtime says.
+
+    Attributes:
+        model: a `load_causal_lm` name: `ar_draft` (shipped), `smollm2` (fetched GGUF), a
+            checkpoint directory, a `.gguf` file or a repo id in the local HF cache.
+    """
+
+    model: str = "ar_draft"
+
+    def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ValueError("model must name a causal LM (e.g. ar_draft), got ''")
+
+    def build(self, context: DraftContext) -> Built:
+        from dllm_decode.models.causal import load_causal_lm
+        from dllm_decode.speculative.compact import with_runtime
+
+        loaded = load_causal_lm(self.model, device=context.device)
+        model = with_runtime(loaded, context.runtime)
+        same_vocabulary(context.target, model.config.vocab_size)
+        return Built(ModelDrafter(model, context.tree), loaded)

@@ -7,7 +7,7 @@ subset of the draft, another model, or a staged drafter again); the inner rounds
 `verify_round` as the outer loop, with the first stage's model as their target. Inner
 verification is exact, so the first stage's chain keeps the draft model's own law (its greedy
 chain, or a sample from it) and only costs fewer draft forwards; exactness with respect to the
-outer target is untouched (spec speculative-2.md §2.1).
+outer target is untouched: the outer round verifies whatever the first stage drafted.
 
 Tree (the first stage's `tree`): the spine is the staged chain; each depth also proposes the
 first stage's `branch - 1` most probable other tokens as leaves. Their distributions come from
@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
-from dllm_decode.speculative.drafters.model import ModelDrafter
+from dllm_decode.speculative.drafters.layerskip import LayerSkipDraft
+from dllm_decode.speculative.drafters.lookup import LookupDraft
+from dllm_decode.speculative.drafters.model import ModelDraft, ModelDrafter
+from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec, NoDraft
 from dllm_decode.speculative.loop import verify_round
 from dllm_decode.speculative.sampling import Sampling
 from dllm_decode.speculative.tree import TreeBuilder
@@ -122,3 +126,38 @@ class StagedDrafter(Drafter):
             one_hot = torch.nn.functional.one_hot(tokens, q.shape[-1]).to(q.dtype)
             probs = torch.where(on_spine.unsqueeze(-1), view, one_hot)
         return Draft(tokens, confidence, probs, view, chain.forwards, parents)
+
+
+@dataclass(frozen=True)
+class StagedDraft(DraftSpec):
+    """A draft model sped up by a cheaper drafter (Staged speculative decoding, stage 2).
+
+    Both stages are `DRAFTERS` entries, configured as nested options:
+    `first=ar_draft second=lookup second.max_ngram=3`. A deeper chain nests `second`:
+    `second=staged second.first=... second.second=...`. The second stage is built with the first
+    stage's model in the target's place (so `first=ar_draft second=layerskip
+    second.layers=1` skips layers of the draft); the context's tree shape goes to every stage
+    that can draft a tree.
+
+    Attributes:
+        first: a `model` or `layerskip` draft (its model verifies the second stage).
+        second: any drafter but `none`.
+    """
+
+    first: DraftSpec = field(default_factory=ModelDraft)
+    second: DraftSpec = field(default_factory=LookupDraft)
+
+    def __post_init__(self) -> None:
+        from dllm_decode.registry import name_of
+
+        if not isinstance(self.first, (ModelDraft, LayerSkipDraft)):
+            raise ValueError(f"the first stage (first) must be a draft model or layerskip (it "
+                             f"verifies the second stage), got {name_of(self.first)!r}")
+        if not isinstance(self.second, DraftSpec) or isinstance(self.second, NoDraft):
+            raise ValueError(f"the second stage (second) cannot be `{name_of(self.second)}`; "
+                             f"give any drafter but none (none is the first stage alone)")
+
+    def build(self, context: DraftContext) -> Built:
+        first, source = self.first.build(context)
+        second, _ = self.second.build(dataclasses.replace(context, target=source))
+        return Built(StagedDrafter(first, second), source)

@@ -1,0 +1,47 @@
+"""`bench shaped`: a LLaDA-8B-shaped model with random weights on any device
+(`dllm_decode.eval.bench.shaped`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_decode.eval.bench.protocol import (DEVICE, DTYPE, GEN_LENGTH, REPEATS, THREADS, Benchmark, Option,
+                                             Say, Settings, blame, count, fill, later)
+
+
+def run(settings: Settings, say: Say) -> dict[str, Any]:
+    import torch
+
+    from dllm_decode.devices import check_device
+    from dllm_decode.eval.bench.shaped import ShapedOptions, run_shaped
+
+    with blame("--device"):
+        device = {"device": str(check_device(settings["device"]))} if settings.get("device") else {}
+    options = fill(ShapedOptions, settings, **device)
+    torch.set_num_threads(settings.get("threads", 1))
+    return run_shaped(options, say)
+
+
+BENCHMARK = Benchmark(
+    "shaped",
+    "The GPU path: a LLaDA-8B-shaped model with random weights built on --device; tokens/s, loop "
+    "overhead and cache speed-ups at each batch size, one interleaved run.",
+    "Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, prompts of 64 tokens, gen 256, block "
+    "32, 2 steps per block, none / prefix / dual, 2 repeats; --quick: the embedded shape, batch 1, 2, "
+    "prompts of 8 tokens, gen 32, block 16, 1 repeat.",
+    (Option(("--shape",), "shape", ("llada-8b", "embedded"), "The architecture, with random weights "
+            "[llada-8b]."),
+     count("--layers", "layers", "Fewer layers than the shape's."), DEVICE,
+     DTYPE.but(help="Weights and activations [bfloat16]."),
+     count("--batch", "batch_sizes", "Batch sizes; repeatable.", multiple=True), GEN_LENGTH,
+     count("--block-length", "block_length"),
+     count("--steps-per-block", "steps_per_block", "Forwards per block (a fixed count: random weights "
+           "never pass a threshold)."),
+     Option(("--cache",), "caches", ("none", "prefix", "dual"), "Caches to compare; repeatable "
+            "[none, prefix, dual].", multiple=True),
+     Option(("--runtime",), "runtimes", ("reference", "compact"), "Runtimes to compare on the same "
+            "weights; repeatable [reference].", multiple=True),
+     REPEATS, THREADS),
+    run, later("dllm_decode.eval.bench.shaped", "format_shaped"),
+    quick=dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,
+               prompt_length=8))

@@ -1,0 +1,37 @@
+"""`bench serving` end to end on a small load: nothing lost, every answer as offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+
+def test_small_load_answers_everything_like_offline(tmp_path):
+    out = tmp_path / "serving.json"
+    result = CliRunner().invoke(main, ["bench", "serving", "--quick", "--requests", "6", "--clients", "3",
+                                       "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for phase in ("sequential", "concurrent"):
+        p = report[phase]
+        assert (p["answered"], p["failed"], p["lost"], p["different_from_offline"]) == (6, 0, 0, 0)
+    assert (report["requests"], report["clients"], report["max_batch"]) == (6, 3, 4)   # given over --quick
+    assert report["config"]["gen_length"] == 16
+    assert report["throughput_ratio"] > 0 and "concurrent / sequential" in result.output
+
+
+def test_a_model_without_the_task_suite_is_refused():
+    result = CliRunner().invoke(main, ["bench", "serving", "--model", "ideal"])
+    assert result.exit_code == 2 and "not a masked diffusion LM" in result.output
+
+
+def test_a_block_that_does_not_divide_the_canvas_is_refused():
+    result = CliRunner().invoke(main, ["bench", "serving", "--gen-length", "12", "--block-length", "8"])
+    assert result.exit_code == 2 and "must divide" in result.output and "--block-length" in result.output
