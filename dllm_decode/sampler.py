@@ -27,6 +27,7 @@ from dllm_decode.batch import Bounds, Request, Rows
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.errors import NonFiniteLogits
 from dllm_decode.interfaces import Cache, Decision, DiffusionLM, StepInput
+from dllm_decode.models.block_grid import block_start_columns, grid_canvas
 from dllm_decode.ops import gumbel_argmax, masked_scores, topk_mask
 from dllm_decode.prompts import encode_prompts, left_pad
 
@@ -156,6 +157,9 @@ class Decoding:
         request = Request(key, config, generator, tokenizer, out=canvas.clone(),
                           nfe=torch.zeros(canvas.shape[0], dtype=torch.long, device=self.device),
                           trace=[] if self.trace else None, live=canvas.shape[0])
+        # block-diffusion models decode whole blocks of their grid; `out` keeps the G asked for
+        canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],
+                                   config.gen_length, self.mask_id, self.eos_ids[0])
         self.pending.append((request, canvas, mask, ids))
         return key
 
@@ -300,7 +304,7 @@ class Decoding:
                 revising = revising or self.rows.revisions is not None
                 self.rows = self.rows.append(canvas, mask, slot, revising, self.eos_ids[0])
             width = self.rows.x.shape[1]
-            gen_start = width - request.gen_length
+            gen_start = width - canvas.shape[1] + request.out.shape[1] - request.gen_length
             lengths = [len(row) for row in ids]
             self.bounds.extend(Bounds([index] * n, lengths, [gen_start] * n, [width] * n, [gen_start] * n,
                                       [gen_start] * n, [0] * n, [False] * n, [True] * n))
@@ -389,6 +393,10 @@ class Decoding:
         is_masked = window == self.mask_id
         columns = self.columns[offset:offset + width]
         in_region = (columns >= self._region_start()) & (columns < block[:, 1:])
+        if self.block_step == 0:     # a token-shifted block model commits the block start alone
+            alone = block_start_columns(self.model, is_masked, columns, block[:, :1],
+                                        [b.position(i, s) for i, s in enumerate(b.start)])
+            in_region = in_region if alone is None else in_region & alone
         revisable = None
         if self.rows.revisions is not None:
             revisions = self.rows.revisions[:, offset:offset + width]

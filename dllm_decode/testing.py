@@ -119,3 +119,28 @@ def tiny_block_diffusion(family: str = "fast_dllm", seed: int = 0, block_size: i
             noise = torch.randn(p.shape, generator=generator)
             p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
     return model.eval()
+
+
+FLOAT32_ULPS = 32
+"""How far logits of two DIFFERENT compute paths of one float32 model may differ, in float32 ulps
+(machine epsilon, 2**-23) of the logits' scale (their largest magnitude, at least 1). Two paths
+(the compact runtime and the reference blocks, a cached and an uncached forward, this package and
+transformers) multiply the same numbers in different orders and matrix shapes, and ATen and the
+BLAS pick their kernels per CPU (`ATEN_CPU_CAPABILITY`: default, avx2, avx512), so their rounding
+differs by a few ulps per layer: the tiny test models (logits up to ~6) measured at most 11.3
+ulps (avx512), 7.9 (avx2), 7.1 (default) over the model tests' 291 comparisons on an Intel Xeon;
+32 leaves room for other CPUs. The same path on the same inputs stays bit-equal and is tested
+exactly."""
+
+
+def logits_tolerance(expected: Tensor, ulps: int = FLOAT32_ULPS) -> dict[str, float]:
+    """`torch.testing.assert_close` keywords for comparing logits from a different compute path
+    with `expected`: an absolute bound of `ulps` float32 ulps of the logits' scale."""
+    scale = max(float(expected.detach().abs().amax()), 1.0) if expected.numel() else 1.0
+    return {"atol": ulps * torch.finfo(torch.float32).eps * scale, "rtol": 0.0}
+
+
+def assert_logits_close(actual: Tensor, expected: Tensor, ulps: int = FLOAT32_ULPS) -> None:
+    """Assert logits from a different compute path equal `expected` to float rounding
+    (`logits_tolerance`)."""
+    torch.testing.assert_close(actual, expected, **logits_tolerance(expected, ulps))

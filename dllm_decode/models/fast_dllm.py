@@ -9,6 +9,19 @@ previous block, whose value cannot change while the block is decoded (block-caus
 sees the block). Same deliberate differences from the reference as the Dream adapter (padding
 mask applied; position 0 keeps its own row; cached rows `(a, b)` also compute row a - 1).
 
+Decoding rule (the reference's `batch_sample`): a block whose first position is on the grid and
+still masked (every block after the prompt's, and the first one when the prompt ends on a
+boundary) commits that position alone, its argmax, in the block's first step; its logit comes
+from the forward that also writes the previous block into the KV cache (the block cache's fused
+first step, or the prefill), so no forward is added. Only then do the block's denoising steps
+run, seeing the committed token. A prompt that ends inside a block has no such step: that block
+starts with prompt tokens. Differences that remain: at temperature > 0 the block start is sampled
+like every other commit (the reference takes its argmax at any temperature); a prompt of exactly
+one block gets the prompt as context (the reference prefills only prompts longer than a block, so
+its first block then decodes without the prompt in its cache); [MASK] is never committed. The loop applies the rule to every model with `block_start_first`
+(`models.block_grid`). Blocks are whole blocks of the grid: the canvas runs to the next
+boundary after prompt + gen_length, and the answer is cut to gen_length.
+
 The mask token `|<MASK>|` (151665) is added to the tokenizer, not to config.json; a
 `mask_token_id` key in the file, when present, wins. `FastDLLMLlamaConfig` is the same recipe on
 a Llama backbone (no attention bias): the toolkit's embedded block-diffusion model.

@@ -186,13 +186,21 @@ class BlockCausal:
     query q attends key k iff `k // b <= q // b` in positions, and never padding. Because no row
     attends a later block, the K/V of block j depend on blocks 0..j only: a `KVCache` whose
     columns before the active block were written while those blocks held their final tokens is
-    EXACT (`shared/specs/block-diffusion.md` §4). `token_shift` says which logits row the
+    EXACT (no later block can change them). `token_shift` says which logits row the
     network itself uses for position i (1: row i - 1, Fast-dLLM v2; 0: row i); the adapters
     undo it, so the returned row i always predicts position i.
     """
 
     block_size: int
     token_shift: int = 0
+
+    @property
+    def block_start_first(self) -> bool:
+        """True for a token-shifted model: a block's first position is predicted by the previous
+        block's last row, which never sees the block, so its logit is final before the block's
+        first step; the loop then commits that position alone in that step, as the reference
+        decoders do (`models.block_grid.block_start_columns`)."""
+        return self.token_shift > 0
 
     def key_mask(self, attention_mask: Tensor | None, positions: Tensor,
                  fed: tuple[int, int]) -> Tensor:

@@ -6,7 +6,7 @@ per head slot into q, k, v; per-head RMSNorm on q and k; RoPE on the first
 `head_dim * partial_rotary_factor` dims of each head; output `dense`, biased iff `use_bias`) ->
 RMSNorm -> MLP: dense SwiGLU for layers < `first_k_dense_replace`, else a mixture of experts.
 
-MoE router, as the reference `LLaDA2MoeGate` computes it (`shared/specs/block-diffusion.md` §3.1):
+MoE router, as the reference `LLaDA2MoeGate` computes it:
 fp32 logits `W_gate h`; scores = sigmoid (or softmax when `score_function` says so); experts are
 chosen on `scores + expert_bias` with DeepSeek-V3's group-limited top-k (arXiv 2412.19437: groups
 ranked by the sum of their top-2 scores, the best `topk_group` kept, then the top
@@ -16,7 +16,7 @@ normalised over the chosen ones (`norm_topk_prob`) and multiplied by `routed_sca
 
 Config defaults for absent keys are the reference configuration class's, so a file is read as
 the reference reads it. Deliberate difference: the reference builds a CAUSAL mask unless it is
-handed a 4-D one (spec §3.1 pitfall); here the block-causal mask comes from positions, always.
+handed a 4-D one (with no 4-D mask its SDPA path runs causally); here the block-causal mask comes from positions, always.
 The block size is not in the released config.json: `block_size` (or `block_length`) there wins,
 else 32, the reference `generate` default.
 """

@@ -56,7 +56,8 @@ def test_block_cache_decodes_exactly_like_no_cache_and_batched_like_alone(family
 
 def test_blocks_follow_the_position_grid():
     """A 3-token prompt on a 4-grid: the first decode block is the one position that completes
-    the prompt's block, then whole blocks (one token per step shows the block sizes)."""
+    the prompt's block, then whole blocks, the last one running on to the grid past P + G
+    (one token per step shows the block sizes; the answer keeps G = 12 tokens)."""
     model = tiny_block_diffusion("sdar", seed=1)
     result = generate(model, [[1, 2, 3]], config(LowConfidenceScheduler(), gen=12, block=4,
                                                  stop_at_eos=False, cache=BlockCache()), trace=True)
@@ -65,7 +66,7 @@ def test_blocks_follow_the_position_grid():
         if step["block_step"] == 0:
             per_block.append(0)
         per_block[-1] += int(step["commit"].sum())
-    assert per_block == [1, 4, 4, 3] and result.nfe.tolist() == [12]
+    assert per_block == [1, 4, 4, 4] and result.nfe.tolist() == [13] and result.tokens.shape == (1, 12)
     eligible_first = torch.isfinite(result.trace[0]["confidence"][0]).sum()
     assert int(eligible_first) == 1
 

@@ -15,10 +15,9 @@ from dllm_decode.models import KVCache, load_model
 from dllm_decode.models.compact import DLLM_RUNTIMES, compact_problem, compact_stack, set_runtime
 from dllm_decode.models.layers import RUNTIME_STATE
 from dllm_decode.models.checkpoint import ModelLoadError
-from dllm_decode.testing import tiny_block_diffusion
+from dllm_decode.testing import assert_logits_close, tiny_block_diffusion
 from tests.models.conftest import LENGTH, left_padded_batch, make_dream, make_llada
 
-FP32 = dict(atol=1e-4, rtol=1e-4)
 
 MODELS = {
     "llada": lambda: make_llada(),
@@ -55,13 +54,13 @@ def test_float32_logits_equal_reference(name, padded):
     mask = mask if padded else None
     for rows in [None, (3, 8)]:
         kwargs = {} if rows is None else {"rows": rows}
-        torch.testing.assert_close(run(model, "compact", ids, mask, **kwargs),
-                                   run(model, "reference", ids, mask, **kwargs), **FP32)
+        assert_logits_close(run(model, "compact", ids, mask, **kwargs),
+                                   run(model, "reference", ids, mask, **kwargs))
     for refresh in [(0, LENGTH), (4, LENGTH)]:     # a refresh asked for every row, or the rest
         reference = cached_steps(model, "reference", ids, mask, (4, 8), refresh)
         compact = cached_steps(model, "compact", ids, mask, (4, 8), refresh)
         for ours, theirs in zip(compact, reference):     # refresh logits, cached step, stored K/V
-            torch.testing.assert_close(ours, theirs, **FP32)
+            assert_logits_close(ours, theirs)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -101,7 +100,7 @@ def test_embedded_model_matches_on_a_batch_with_a_cache():
     reference = cached_steps(model, "reference", canvas, mask, (start, start + 32))
     compact = cached_steps(model, "compact", canvas, mask, (start, start + 32))
     for ours, theirs in zip(compact, reference):
-        torch.testing.assert_close(ours, theirs, **FP32)
+        assert_logits_close(ours, theirs)
 
 
 @pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
@@ -146,7 +145,7 @@ def test_training_keeps_the_reference_forward_and_weights_are_refused_stale():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05)
-    torch.testing.assert_close(run(model, "compact", ids, None), run(model, "reference", ids, None), **FP32)
+    assert_logits_close(run(model, "compact", ids, None), run(model, "reference", ids, None))
 
 
 def test_unknown_and_unsupported_runtimes_are_refused():
@@ -183,7 +182,7 @@ def test_compact_holds_no_second_copy_of_the_weights():
     tensors = [*model.parameters(), *(t for b in blocks for t in vars(b).values() if torch.is_tensor(t))]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     assert sum(storages.values()) == weights
-    torch.testing.assert_close(compact, run(model, "reference", ids, mask), **FP32)
+    assert_logits_close(compact, run(model, "reference", ids, mask))
 
 
 def test_shared_weights_follow_a_state_load_and_a_dtype_change():
@@ -195,7 +194,7 @@ def test_shared_weights_follow_a_state_load_and_a_dtype_change():
     ids, mask = left_padded_batch()
     run(model, "compact", ids, mask)                       # the weights are views now
     model.load_state_dict(other.state_dict())
-    torch.testing.assert_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask), **FP32)
+    assert_logits_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask))
     model.to(torch.bfloat16)                               # the fp32 stack is let go at once
     assert RUNTIME_STATE not in model.__dict__
     halved = run(model, "compact", ids, mask)
@@ -214,12 +213,12 @@ def test_replaced_parameters_and_untracked_updates_reach_the_compact_forward():
             p.add_(0.1 * torch.randn_like(p))
     run(model, "compact", ids, mask)
     model.load_state_dict({k: v.clone() for k, v in other.state_dict().items()}, assign=True)
-    torch.testing.assert_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask), **FP32)
+    assert_logits_close(run(model, "compact", ids, mask), run(other, "reference", ids, mask))
     sdar = set_runtime(tiny_block_diffusion("sdar", block_size=4), "compact")
     run(sdar, "compact", ids, mask)
     q_norm, _ = sdar.parts()[1][0].qk_norms()
     q_norm.weight.data.mul_(3)                             # no version bump
-    torch.testing.assert_close(run(sdar, "compact", ids, mask), run(sdar, "reference", ids, mask), **FP32)
+    assert_logits_close(run(sdar, "compact", ids, mask), run(sdar, "reference", ids, mask))
 
 
 def test_a_model_loaded_under_inference_mode_runs_compact():
@@ -243,7 +242,7 @@ def test_copies_do_not_carry_the_compact_stack():
     before = run(model, "compact", ids, mask)
     for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert RUNTIME_STATE not in twin.__dict__
-        torch.testing.assert_close(run(twin, "compact", ids, mask), before, **FP32)
+        assert_logits_close(run(twin, "compact", ids, mask), before)
 
 
 def test_a_model_run_compact_saves_and_reloads(tmp_path):
@@ -251,7 +250,7 @@ def test_a_model_run_compact_saves_and_reloads(tmp_path):
     ids, mask = left_padded_batch()
     before = run(model, "compact", ids, mask)
     model.save_pretrained(tmp_path)                  # the shared views are written as own tensors
-    torch.testing.assert_close(run(load_model(tmp_path), "compact", ids, mask), before, **FP32)
+    assert_logits_close(run(load_model(tmp_path), "compact", ids, mask), before)
 
 
 def test_cli_runtime_option():
@@ -274,5 +273,5 @@ def test_checkpoint_loaded_compact_matches_the_reference(tmp_path, make):
     compact = load_model(tmp_path, runtime="compact")
     ids, mask = left_padded_batch((LENGTH, 6))
     with torch.inference_mode():
-        torch.testing.assert_close(compact(ids, attention_mask=mask),
-                                   reference(ids, attention_mask=mask), **FP32)
+        assert_logits_close(compact(ids, attention_mask=mask),
+                                   reference(ids, attention_mask=mask))

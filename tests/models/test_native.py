@@ -6,9 +6,9 @@ import torch
 
 from dllm_decode.interfaces import DiffusionLM
 from dllm_decode.models import KVCache
+from dllm_decode.testing import assert_logits_close
 from tests.models.conftest import LENGTH, VOCAB, left_padded_batch
 
-EXACT = dict(atol=1e-5, rtol=1e-5)   # float32, same maths, different GEMM shapes
 
 
 def logits(model, ids, mask=None, **kwargs):
@@ -31,7 +31,7 @@ def test_rows_slice_the_full_forward(make_native):
     ids, mask = left_padded_batch()
     full = logits(model, ids, mask)
     for rows in [(0, LENGTH), (0, 1), (3, 8), (LENGTH - 1, LENGTH)]:
-        torch.testing.assert_close(logits(model, ids, mask, rows=rows), full[:, rows[0]:rows[1]], **EXACT)
+        assert_logits_close(logits(model, ids, mask, rows=rows), full[:, rows[0]:rows[1]])
 
 
 def test_left_padding_is_invisible(make_native):
@@ -43,7 +43,7 @@ def test_left_padding_is_invisible(make_native):
     for pad_id in (0, 36):
         padded = ids.clone()
         padded[1, :LENGTH - 7] = pad_id
-        torch.testing.assert_close(logits(model, padded, mask)[1:, LENGTH - 7:], alone, **EXACT)
+        assert_logits_close(logits(model, padded, mask)[1:, LENGTH - 7:], alone)
 
 
 def test_batch_rows_are_independent(make_native):
@@ -52,7 +52,7 @@ def test_batch_rows_are_independent(make_native):
     batched = logits(model, ids, mask)
     for row in range(3):
         one = logits(model, ids[row:row + 1], mask[row:row + 1])
-        torch.testing.assert_close(batched[row:row + 1], one, **EXACT)
+        assert_logits_close(batched[row:row + 1], one)
 
 
 def edit(ids: torch.Tensor, rows: tuple[int, int], seed: int) -> torch.Tensor:
@@ -75,11 +75,11 @@ def test_one_layer_cache_is_exact(make_native):
     model = make_native(layers=1)
     ids, mask = left_padded_batch((LENGTH, 8))
     kv = KVCache()
-    torch.testing.assert_close(logits(model, ids, mask, kv=kv), logits(model, ids, mask), **EXACT)
+    assert_logits_close(logits(model, ids, mask, kv=kv), logits(model, ids, mask))
     for step, rows in enumerate(STEPS):
         ids = edit(ids, rows, seed=step)
         cached = logits(model, ids, mask, kv=kv, rows=rows)
-        torch.testing.assert_close(cached, logits(model, ids, mask)[:, rows[0]:rows[1]], **EXACT)
+        assert_logits_close(cached, logits(model, ids, mask)[:, rows[0]:rows[1]])
         assert cached.shape == (2, rows[1] - rows[0], VOCAB)
 
 
@@ -88,10 +88,10 @@ def test_refresh_forward_is_exact_with_two_layers(make_native):
     ids, mask = left_padded_batch((LENGTH, 8))
     kv = KVCache()
     full = logits(model, ids, mask)
-    torch.testing.assert_close(logits(model, ids, mask, kv=kv, rows=(3, 6)), full[:, 3:6], **EXACT)
+    assert_logits_close(logits(model, ids, mask, kv=kv, rows=(3, 6)), full[:, 3:6])
     assert len(kv.keys) == 2 and kv.keys[0].shape[-2] == LENGTH
     # With nothing changed since the refresh, a cached step is exact at any depth.
-    torch.testing.assert_close(logits(model, ids, mask, kv=kv, rows=(3, 6)), full[:, 3:6], **EXACT)
+    assert_logits_close(logits(model, ids, mask, kv=kv, rows=(3, 6)), full[:, 3:6])
 
 
 def test_two_layer_cache_goes_stale_after_edits(make_native):
