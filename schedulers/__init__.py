@@ -7,17 +7,24 @@ require_namespaced(__name__)
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
 from dllm_decode.schedulers.credit import CreditScheduler
+from dllm_decode.schedulers.dus import DUSScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
 from dllm_decode.schedulers.edit import EditScheduler
 from dllm_decode.schedulers.eb import EntropyBoundScheduler
 from dllm_decode.schedulers.entropy_threshold import EntropyThresholdScheduler
 from dllm_decode.schedulers.factor import FactorScheduler
+from dllm_decode.schedulers.frechet import FrechetScheduler
+from dllm_decode.schedulers.hierarchy import HierarchyScheduler
 from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
                                     RandomScheduler)
 from dllm_decode.schedulers.klass import KLASSScheduler
+from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
+from dllm_decode.schedulers.multi_block import MultiBlockScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
+from dllm_decode.schedulers.pc_sampler import PCSamplerScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
+from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
 from dllm_decode.schedulers.wino import WinoScheduler
 from dllm_decode.schedulers.wrapper import Wrapper
@@ -40,11 +47,19 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "edit": EditScheduler,                     # LLaDA2.1: M2T threshold + token-to-token edits
     "saber": SaberScheduler,                   # Saber: running-mean bar + backtracking (no cache)
     "wino": WinoScheduler,                     # WINO: wide-in threshold + narrow-out re-masking in the block
+    "dus": DUSScheduler,                       # DUS: dilated groups, one per step (log-many forwards per block)
+    "pc_sampler": PCSamplerScheduler,          # PC-Sampler/Uncode: position-decayed, frequency-calibrated top-k
+    "slowfast": SlowFastScheduler,             # SlowFast: explore a span, then fill it in parallel
+    "hierarchy": HierarchyScheduler,           # dInfer: each masked segment's best above a low bar + a high bar
+    "multi_block": MultiBlockScheduler,        # d3LLM/D2F: pipelined sub-blocks, entropy gate
+    "frechet": FrechetScheduler,               # Fast-dLLM++: Frechet-profile certificate on the sorted prefix
+    "less": LESSScheduler,                     # LESS: confident, persistent and JS-stable positions (provisional)
 }
 
-__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "EarlyCommitScheduler", "EditScheduler",
+__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
-           "KLASSScheduler",
+           "FrechetScheduler", "HierarchyScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
+           "PCSamplerScheduler", "SlowFastScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

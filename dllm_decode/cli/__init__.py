@@ -18,10 +18,12 @@ from dllm_decode.cli.bench import bench_command
 from dllm_decode.cli.decode import decode_options, run_decode
 from dllm_decode.cli.evaluate import eval_command
 from dllm_decode.cli.fetch import fetch_command
+from dllm_decode.cli.freq_table import freq_table_command
 from dllm_decode.cli.listing import list_command
 from dllm_decode.cli.serve import serve_command
 from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
+from dllm_decode.cli.tune import tune_command
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,5 +40,5 @@ def main(ctx: click.Context, **options: Any) -> None:
 
 
 for _command in (list_command, eval_command, spec_command, bench_command, train_filter_command,
-                 fetch_command, serve_command):
+                 fetch_command, serve_command, tune_command, freq_table_command):
     main.add_command(_command)

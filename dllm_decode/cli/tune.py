@@ -1,0 +1,128 @@
+"""`dllm-decode tune`: the fastest policy per task (and one overall) within a quality budget."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dllm_decode.cli.decode import DEFAULT_MODEL
+from dllm_decode.cli.options import DTYPES
+
+DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfast,klass,less,local_leap,dus,multi_block"
+
+
+@click.command("tune")
+@click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
+              help="A diffusion model (directory, `embedded`, `tiny`) or `ideal[:noise=X]`.")
+@click.option("--tasks", "selection", default="all", show_default=True, help="As for `eval`.")
+@click.option("--calibration", type=click.IntRange(1), default=100, show_default=True,
+              help="Calibration prompts per task (the search sees only these).")
+@click.option("--held-out", type=click.IntRange(1), default=100, show_default=True,
+              help="Held-out prompts per task (only scored, never searched on).")
+@click.option("--data-seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
+@click.option("--split-salt", default="tune", show_default=True, help="Salt of the prompt hash that splits them.")
+@click.option("--budget", default="within:1.0", show_default=True,
+              help="within:POINTS (paired drop against one token per step) or at-least:PERCENT.")
+@click.option("--rules", default=DEFAULT_RULES, show_default=True, help="Rules to search (comma list).")
+@click.option("--caches", default="none", show_default=True,
+              help="Caches to cross with (comma list, or `auto`: every cache the model supports). Under the "
+                   "forwards objective a cache changes no forward count, only accuracy.")
+@click.option("--gen-length", default="256", show_default=True, help="Canvas length, or `answer`.")
+@click.option("--block-length", type=click.IntRange(1), default=32, show_default=True,
+              help="Block length (ignored with --gen-length answer: one block per canvas).")
+@click.option("--exhaustive", is_flag=True, help="Also run the full grid on the calibration split (forward count "
+                                                 "and best single global setting, for comparison).")
+@click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Resumable: samples are kept under OUT/calibration and OUT/held_out.")
+@click.option("--progress/--no-progress", default=None)
+@click.option("--device", default=None)
+@click.option("--dtype", type=click.Choice(DTYPES), default=None)
+def tune_command(model_name: str, selection: str, calibration: int, held_out: int, data_seed: int, split_salt: str,
+                 budget: str, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
+                 batch_size: int, out_dir: str, progress: bool | None, device: str | None, dtype: str | None) -> None:
+    """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
+    forwards per prompt) within the budget, per task and overall; check it on a held-out split;
+    write OUT/presets.json, tune.json and report.md."""
+    import math
+    from pathlib import Path
+
+    from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
+    from dllm_decode.eval.harness.runner import decoder_for
+    from dllm_decode.eval.tasks.sources import select_tasks
+    from dllm_decode.eval.tune.output import model_identity, write
+    from dllm_decode.eval.tune.search import Budget
+    from dllm_decode.eval.tune.space import SPACE, check_rules
+    from dllm_decode.eval.tune.tuner import tune
+
+    spec = model_spec(model_name)
+    if spec.kind == "ar":
+        raise click.UsageError("tune searches diffusion decoding policies; the AR baseline has none")
+    if gen_length != "answer" and not (gen_length.isdigit() and int(gen_length) >= 1):
+        raise click.BadParameter(f"expected an integer >= 1 or 'answer', got {gen_length!r}", param_hint="--gen-length")
+    canvas = None if gen_length == "answer" else int(gen_length)
+    block = None if canvas is None else block_length
+    names = [r.strip() for r in rules.split(",") if r.strip()]
+    with usage_errors("--budget"):
+        parsed = Budget.parse(budget)
+    with usage_errors("--rules"):
+        check_rules(names)
+    if parsed.kind == "within" and 100 / calibration > parsed.points:
+        click.echo(f"note: one calibration prompt is {100 / calibration:.2g} points, more than the budget's "
+                   f"{parsed.points:g}: the budget then means 'no calibration prompt lost', which overfits; "
+                   f"use --calibration {math.ceil(100 / parsed.points)} or more per task", err=True)
+    if canvas is None:                      # block lengths must divide every answer length
+        skipped = [r for r in names if SPACE[r].field == "block_length"]
+        names = [r for r in names if r not in skipped]
+        if skipped:
+            click.echo(f"skipped {', '.join(skipped)}: its knob is the block length, which needs a fixed "
+                       f"--gen-length", err=True)
+    with usage_errors("--tasks"):
+        runs, messages = select_tasks(selection, calibration + held_out, data_seed)
+    writable_dir(out_dir, "--out")
+    with usage_errors("--model"):
+        decoder, tokenizer = decoder_for(spec, device_option(device), torch_dtype(dtype))
+    cache_names = _caches(caches, spec)
+    for message in messages:
+        click.echo(message, err=True)
+    with usage_errors():
+        outcome = tune(decoder, str(spec), runs, rules=names, caches=cache_names, budget=parsed,
+                       calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
+                       out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
+                       progress=sys.stderr.isatty() if progress is None else progress, exhaustive=exhaustive)
+    directory = _directory(spec)
+    write(outcome, Path(out_dir), model=model_identity(str(spec), directory), command=" ".join(sys.argv),
+          gen_length=canvas or 0)
+    for task in outcome.tasks:
+        point = outcome.per_task[task]
+        click.echo(f"{task}: " + (f"{point.setting.label()} {point.setting.params()} NFE {point.nfe:.2f}"
+                                  if point else "reference (nothing faster met the budget)"))
+    click.echo(f"overall: {outcome.overall.label() + ' ' + str(outcome.overall.params()) if outcome.overall else 'none'}")
+    click.echo(f"wrote {out_dir}/presets.json, tune.json, report.md")
+
+
+def _caches(text: str, spec) -> list[str]:
+    from dllm_decode.caches import CACHES
+
+    if text == "auto":
+        return ["none"] if spec.kind == "ideal" else ["none", "prefix", "dual"]
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CACHES]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown cache {', '.join(unknown) or '(none given)'}; known: {', '.join(sorted(CACHES))}",
+                                 param_hint="--caches")
+    if spec.kind == "ideal" and names != ["none"]:
+        raise click.BadParameter("the ideal model has no K/V to cache; use --caches none", param_hint="--caches")
+    return names
+
+
+def _directory(spec):
+    if spec.kind != "diffusion":
+        return None
+    from dllm_decode.models.checkpoint import resolve_model_dir
+
+    try:
+        return resolve_model_dir(spec.name)
+    except ValueError:
+        return None

@@ -1,0 +1,69 @@
+"""The tuner's search space: per rule, its main speed knob and a grid from conservative to
+aggressive, along which accuracy is roughly monotone (non-increasing).
+
+Grids are the published sweeps where there is one (ParallelBench's threshold sweep, the papers'
+recommended ranges), cut to a handful of points. A knob may be a `DecodeConfig` field
+(`block_length` for DUS) or `tokens_per_step` (fixed-count rules). Rules without a speed knob
+(`pc_sampler`, `oracle`, `saber`, `wino`'s pair of bars, the wrappers) are not searched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dllm_decode.eval.harness.grid import Setting
+
+REFERENCE_RULE = "low_confidence"
+"""One token per step: the budget's reference."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A rule's speed knob: `field` (a scheduler field, `block_length` or `tokens_per_step`) and
+    its grid from conservative to aggressive; `fixed` are options held at set values."""
+
+    field: str
+    grid: tuple[str, ...]
+    fixed: tuple[tuple[str, str], ...] = ()
+
+
+SPACE: dict[str, Knob] = {
+    "threshold": Knob("threshold", ("1.0", "0.95", "0.9", "0.85", "0.8", "0.7", "0.6", "0.5")),
+    "factor": Knob("factor", ("0.5", "0.75", "1.0", "1.3", "1.6", "1.9")),
+    "frechet": Knob("margin", ("0.5", "0.3", "0.25", "0.2", "0.1", "0.02")),
+    "eb": Knob("gamma", ("0.001", "0.01", "0.1", "0.5", "1.0", "2.0")),
+    "entropy_threshold": Knob("threshold", ("0.1", "0.2", "0.3", "0.4", "0.5", "0.7", "1.0")),
+    "multi_block": Knob("threshold", ("0.1", "0.2", "0.3", "0.4", "0.5", "0.7", "1.0")),
+    "hierarchy": Knob("low_threshold", ("0.9", "0.75", "0.62", "0.5", "0.4", "0.3")),
+    "slowfast": Knob("high_threshold", ("1.0", "0.9", "0.8", "0.7", "0.6", "0.5")),
+    "klass": Knob("confidence_threshold", ("0.95", "0.9", "0.8", "0.7")),
+    "less": Knob("confidence", ("0.95", "0.9", "0.8", "0.7")),
+    "local_leap": Knob("tau", ("0.9", "0.85", "0.8", "0.75", "0.7", "0.6")),
+    "dus": Knob("block_length", ("1", "2", "4", "8", "16", "32")),
+    "low_confidence": Knob("tokens_per_step", ("2", "4", "8")),
+}
+
+
+def chain(rule: str, cache: str, gen_length: int | None, block_length: int | None) -> list[Setting]:
+    """The rule's grid as settings, conservative first."""
+    knob = SPACE[rule]
+    out = []
+    for value in knob.grid:
+        block = int(value) if knob.field == "block_length" else block_length
+        options = knob.fixed if knob.field == "block_length" else (*knob.fixed, (knob.field, value))
+        out.append(Setting(scheduler=rule, options=tuple(options), cache=cache, gen_length=gen_length,
+                           block_length=block, swept=(knob.field,)))
+    return out
+
+
+def reference(gen_length: int | None, block_length: int | None) -> Setting:
+    """One token per step, no cache, at the lengths searched."""
+    return Setting(scheduler=REFERENCE_RULE, cache="none", gen_length=gen_length, block_length=block_length)
+
+
+def check_rules(rules: Sequence[str]) -> None:
+    """Raise a one-line `ValueError` for a rule with no speed knob in `SPACE`."""
+    unknown = [r for r in rules if r not in SPACE]
+    if unknown:
+        raise ValueError(f"no tuning knob for {', '.join(unknown)}; searchable rules: {', '.join(sorted(SPACE))}")

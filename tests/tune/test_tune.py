@@ -1,0 +1,136 @@
+"""`dllm-decode tune`: splits, budgets, the budgeted search against an exhaustive sweep, presets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+from dllm_decode.eval.harness.presets import find_preset
+from dllm_decode.eval.tasks import Example
+from dllm_decode.eval.tasks.sources import TaskRun
+from dllm_decode.eval.tune.output import write
+from dllm_decode.eval.tune.search import Budget, split
+from dllm_decode.eval.tune.space import SPACE
+from dllm_decode.eval.tune.tuner import tune
+
+GRID = [float(v) for v in SPACE["threshold"].grid]          # 1.0 ... 0.5, conservative first
+
+
+def synthetic(pass_rates: dict[str, dict[float, float]], cost: dict[float, int]):
+    """A decoder whose accuracy per (task, threshold) and forwards per threshold are given: prompt
+    i passes when its hash quantile is below the rate (so accuracy is monotone in the rate)."""
+    def decode(prompts, setting, gen_length, generator):
+        options = dict(setting.options)
+        t = float(options.get("threshold", 2.0))             # the reference: one token per step
+        task = prompts[0].split(":")[0]
+        rate = pass_rates[task].get(t, 1.0)
+        rows = []
+        for p in prompts:
+            q = int(hashlib.sha256(p.encode()).hexdigest()[:8], 16) / 16 ** 8
+            ok = t == 2.0 or q < rate
+            rows.append({"output": "ok" if ok else "no", "nfe": cost.get(t, 64), "tokens_per_step": 1.0,
+                         "answer_tokens_per_step": 1.0})
+        return rows, 0.01
+    return decode
+
+
+def runs(tasks, n):
+    return [TaskRun(t, tuple(Example(t, f"{t}: {i}", "ok") for i in range(n)), lambda e, out: float(out == "ok"))
+            for t in tasks]
+
+
+def test_budget_parsing_and_judgement():
+    assert Budget.parse("within:1.0") == Budget("within", 1.0)
+    with pytest.raises(ValueError, match="within:POINTS or at-least:PERCENT"):
+        Budget.parse("within:x")
+    ref, scores = [1.0] * 100, [1.0] * 99 + [0.0]
+    assert Budget("within", 1.0).meets(scores, ref) and not Budget("within", 0.5).meets(scores, ref)
+    assert Budget("at-least", 99.0).meets(scores, ref)
+    assert Budget("within", 1.0).clearly_fails([0.0] * 50 + [1.0] * 50, ref)
+
+
+def test_splits_are_disjoint_stable_and_sized():
+    cal, held = split(runs(["a", "b"], 30), 20, "tune")
+    again, _ = split(runs(["a", "b"], 30), 20, "tune")
+    for c, h in zip(cal, held):
+        assert len(c.examples) == 20 and len(h.examples) == 10
+        assert not {e.prompt for e in c.examples} & {e.prompt for e in h.examples}
+    assert [e.prompt for e in cal[0].examples] == [e.prompt for e in again[0].examples]
+    other, _ = split(runs(["a"], 30), 20, "other salt")
+    assert [e.prompt for e in other[0].examples] != [e.prompt for e in cal[0].examples]
+
+
+def test_search_finds_the_sweeps_best_with_a_quarter_of_its_forwards(tmp_path):
+    # task "easy" holds full accuracy down to 0.5; "hard" loses it below 0.9; forwards fall along the grid
+    cost = {t: c for t, c in zip(GRID, [64, 48, 32, 24, 16, 8, 4, 2])}
+    rates = {"easy": {t: 1.0 for t in GRID}, "hard": {t: (1.0 if t >= 0.9 else 0.5) for t in GRID}}
+    outcome = tune(synthetic(rates, cost), "synthetic", runs(["easy", "hard"], 200), rules=["threshold"],
+                   caches=["none"], budget=Budget("within", 1.0), calibration=100, salt="tune", gen_length=8,
+                   block_length=8, out=tmp_path, exhaustive=True)
+    assert dict(outcome.per_task["easy"].setting.options)["threshold"] == "0.5"
+    assert dict(outcome.per_task["hard"].setting.options)["threshold"] == "0.9"
+    assert dict(outcome.overall.options)["threshold"] == "0.9"
+    assert outcome.sweep_best["mean_nfe"] == 32                     # the sweep's best global: 0.9
+    assert outcome.search_forwards <= 0.25 * outcome.sweep_forwards
+    assert all(f["meets"] for name, per in outcome.held_out.items() for f in per.values() if name != "best_threshold") 
+
+
+def test_the_reference_is_kept_when_nothing_faster_meets_the_budget(tmp_path):
+    rates = {"hard": {t: 0.0 for t in GRID}}
+    outcome = tune(synthetic(rates, {}), "synthetic", runs(["hard"], 40), rules=["threshold"], caches=["none"],
+                   budget=Budget("within", 1.0), calibration=20, salt="tune", gen_length=8, block_length=8,
+                   out=tmp_path)
+    assert outcome.per_task["hard"] is None and outcome.overall is None
+    document = write(outcome, tmp_path, model={"name": "synthetic"}, command="test", gen_length=8)
+    assert document["presets"]["hard"]["parts"]["scheduler"]["name"] == "low_confidence"
+    assert "nothing faster met the budget" in (tmp_path / "report.md").read_text()
+
+
+def test_on_the_ideal_model_copy_takes_one_forward_within_budget(tmp_path):
+    result = CliRunner().invoke(main, ["tune", "--model", "ideal:noise=0.01", "--tasks", "copy", "--calibration", "4",
+                                       "--held-out", "4", "--gen-length", "answer", "--rules", "threshold",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    presets = json.loads((tmp_path / "presets.json").read_text())
+    copy = presets["presets"]["copy"]
+    assert copy["parts"]["scheduler"] == {"name": "threshold", "threshold": 0.5}
+    assert copy["held_out"]["copy"]["nfe"] == 1.0 and copy["held_out"]["copy"]["meets"]
+    preset = find_preset(f"{tmp_path / 'presets.json'}:copy", {"name": "ideal:noise=0.01"})
+    assert preset.config(gen_length=8, block_length=8).scheduler.threshold == 0.5
+
+
+def test_a_preset_tuned_on_another_model_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "presets.json"
+    path.write_text(json.dumps({"model": {"name": "m", "weights_sha256": "aa"}, "budget": "within:1",
+                                "presets": {"copy": {"parts": {"scheduler": {"name": "threshold"}}}}}))
+    assert find_preset(f"{path}:copy", {"name": "m", "weights_sha256": "aa"}).parts["scheduler"]["name"] == "threshold"
+    with pytest.raises(ValueError, match="tuned on another model") as err:
+        find_preset(f"{path}:copy", {"name": "m2", "weights_sha256": "bb"})
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="has no preset 'sort'"):
+        find_preset(f"{path}:sort")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--budget", "half"], "within:POINTS or at-least:PERCENT"),
+    (["--rules", "pc_sampler"], "no tuning knob for pc_sampler"),
+    (["--caches", "prefix"], "the ideal model has no K/V"),
+])
+def test_bad_options_get_one_line_errors(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["tune", "--model", "ideal", "--tasks", "copy", "--calibration", "2",
+                                       "--held-out", "2", "--gen-length", "answer", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_cannot_meet_is_an_exact_bound_on_the_whole_split():
+    reference = [1.0] * 99 + [0.0]                       # the reference misses the last prompt
+    budget = Budget("within", 1.0)
+    assert not budget.cannot_meet([0.0], reference)      # one loss: the last prompt may make it up
+    assert not budget.cannot_meet([0.0, 0.0], reference)  # two losses, one gain: exactly 1 point
+    assert budget.cannot_meet([0.0, 0.0, 0.0], reference)  # three: at best 2 points over
+    assert Budget("at-least", 99.0).cannot_meet([0.0, 0.0], [1.0] * 100)
+    assert not Budget("at-least", 98.0).cannot_meet([0.0, 0.0], [1.0] * 100)
