@@ -11,6 +11,7 @@ generated from it at build time, so it cannot drift from the code.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,7 +130,8 @@ def try_decode(model: Any, scheduler: Any, cache: Any, gen_length: int = 8,
         block = getattr(model, "block_size", None) or block_length
         config = DecodeConfig(scheduler=scheduler, cache=cache, gen_length=gen_length,
                               block_length=min(block, gen_length))
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # a rule's advice for a tiny random model
             generate(model, [prompt], config, generator=torch.Generator().manual_seed(0))
     except (ValueError, TypeError) as err:
         return Cell(False, first_line(err))

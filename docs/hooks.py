@@ -114,10 +114,21 @@ def measurement_rows(root: Path = MEASUREMENTS) -> list[dict[str, Any]]:
     return rows
 
 
+def nested_folders(root: Path = MEASUREMENTS) -> list[tuple[str, str]]:
+    """(path, title) of every folder below a measurement folder that has its own README.md: its
+    files are described there (the title is the README's first heading)."""
+    out = []
+    for readme in sorted(root.glob("*/*/**/README.md")) if root.is_dir() else []:
+        first = next((line.lstrip("# ").strip() for line in readme.read_text().splitlines() if line.strip()), "")
+        out.append((readme.parent.relative_to(root.parent).as_posix(), first))
+    return out
+
+
 def results() -> str:
     rows = measurement_rows()
     if not rows:
         return "No measurement files yet.\n"
+    nested = nested_folders()
     out = ["| file | machine | date | commit | sample size | interval | command |",
            "|---|---|---|---|---|---|---|"]
     for row in rows:
@@ -128,6 +139,10 @@ def results() -> str:
             cells.append(f"`{text}`" if key in ("command", "commit") and value is not None else text)
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     out.append("")
+    if nested:
+        out += ["Folders with their own README (their files are described there):", ""]
+        out += [f"* `{path}/`: {title}" for path, title in nested]
+        out.append("")
     for row in rows:
         if row["text"].strip():
             out += [f"#### `{row['folder']}/{row['file']}`", "", "```text", row["text"].rstrip(), "```", ""]

@@ -170,3 +170,10 @@ def test_no_documented_example_prints_a_wrong_answer(page, line):
     printed = result.output.strip().splitlines()[-1]
     text = json.loads(printed)["text"] if "--json" in args else printed
     assert text.strip() == expected, f"{page}: {line!r} prints {text!r}, not {expected!r}"
+
+
+def test_results_name_nested_folders_with_their_own_readme(tmp_path):
+    (tmp_path / "cpu_2026-01-02" / "rules").mkdir(parents=True)
+    (tmp_path / "cpu_2026-01-02" / "rules" / "README.md").write_text("\n# New rules side by side\n\nmore\n")
+    (tmp_path / "cpu_2026-01-02" / "README.md").write_text("# top\n")
+    assert _hooks().nested_folders(tmp_path) == [(f"{tmp_path.name}/cpu_2026-01-02/rules", "New rules side by side")]
