@@ -3,9 +3,9 @@
 glibc serves allocations above its mmap threshold (128 KiB to 32 MiB, adapting) with fresh
 `mmap` pages and unmaps them on free, and trims the heap top above its trim threshold. A
 diffusion forward allocates the same large activation buffers every step, so each step
-page-faults them back in: on the embedded model at batch 16, gen 256 that was 26,500 minor faults
-per forward and most of the kernel time (issue 22; `dllm-decode bench allocator` measures it).
-Raising both thresholds makes the allocator reuse those blocks: 330 faults per forward.
+page-faults them back in: on a small model at a large batch those faults can take most of the
+kernel time (`dllm-decode bench allocator` measures them on the machine at hand). Raising both
+thresholds makes the allocator reuse those blocks.
 
 Safe for a decoding process: its resident memory stays at its peak instead of shrinking between
 forwards, which is what a process that will run the next forward wants. The command line and the

@@ -1,8 +1,7 @@
-"""The state the loop keeps for a running batch: the requests, the canvas rows and their bounds.
+"""The canvas rows of a running batch and their bounds: the records `dllm_decode.running` keeps.
 
-`Request` is one call's worth of rows decoded under one `DecodeConfig` and one generator; its
-finished rows land in its own `out` canvas. `Rows` holds the tensors of every row still decoding
-(all requests together); `Bounds` holds their host-side bounds. Rows are laid out right-aligned:
+`Rows` holds the tensors of every row still decoding (all requests together); `Bounds` holds
+their host-side bounds. Rows are laid out right-aligned:
 each row is `[padding][prompt][generation]` with its own generation start, so rows of different
 lengths share one canvas, and a request that joins between blocks only pads the others on the
 left (which no row attends, and which no cache keeps across a block start).
@@ -10,50 +9,11 @@ left (which no row attends, and which no cache keeps across a block start).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
-
-from dllm_decode.config import DecodeConfig
-
-
-@dataclass
-class Request:
-    """One request: B prompts decoded under one config with one generator.
-
-    Attributes:
-        key: the caller's name for it (returned by `Decoding.step` when it finishes).
-        config: how its rows decode (scheduler, filters, lengths, temperature, EOS policy).
-        generator: its only source of randomness.
-        tokenizer: encodes its string prompts and decodes its answers.
-        out: (n, P + G) its rows' final canvases, prompts right-aligned at column P.
-        nfe: (n,) forwards each row took part in with work to do.
-        trace: per step, its rows' commits (when requested).
-        state: its scheduler's state for its rows still decoding, in batch order.
-        live: its rows still decoding.
-        cancelled: dropped by the caller (it has no result).
-    """
-
-    key: Hashable
-    config: DecodeConfig
-    generator: torch.Generator
-    tokenizer: Any
-    out: Tensor
-    nfe: Tensor
-    trace: list[dict[str, Any]] | None
-    state: Any = None
-    live: int = 0
-    cancelled: bool = False
-    started: float = field(default_factory=time.perf_counter)
-    seconds: float = 0.0
-
-    @property
-    def gen_length(self) -> int:
-        return self.config.gen_length
 
 
 @dataclass
@@ -105,7 +65,7 @@ class Bounds:
     """Host-side bounds of the rows still decoding, one entry per row, in batch order.
 
     Attributes:
-        request: the row's request (index into `Decoding.requests`).
+        request: the row's request (index into `Batch.members`).
         gen_start, gen_end: its generation region (`gen_end` shrinks under truncation).
         prompt_length: its prompt's tokens, i.e. the position of its first generated column
             (positions count real tokens from the row's first one).

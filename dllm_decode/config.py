@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -152,7 +151,3 @@ class DecodeResult:
         """Tokens up to the first end-of-text / NFE: the speed a reader of the answer sees."""
         return self.answer_lengths.double() / self.nfe.clamp_min(1).double()
 
-
-def replace(config: DecodeConfig, **changes: Any) -> DecodeConfig:
-    """`dataclasses.replace`, re-validated (the convenience the loop and eval use)."""
-    return dataclasses.replace(config, **changes)

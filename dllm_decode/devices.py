@@ -69,3 +69,12 @@ def device_sync(device: torch.device) -> Callable[[], None] | None:
     """What waits for `device`'s queued work (CUDA), or None where work is synchronous; timers
     call it around what they time."""
     return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def device_of(model: Any) -> torch.device:
+    """The device a model computes on: its first parameter's, else its `device` attribute, else
+    the CPU."""
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError, TypeError):
+        return torch.device(getattr(model, "device", "cpu"))

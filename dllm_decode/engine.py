@@ -5,17 +5,19 @@ Diffusion requests join one running batch per cache configuration (`dllm_decode.
 a request joins between blocks with its own decode record, generator and lengths, and leaves
 when done). `step()` advances every running batch by one denoising step and reports per request
 the answer text that became final (for streaming) and, as soon as a request's answer can no
-longer change, its final result: first done, first out (SGLang's `--dllm-fdfo`, spec serving.md
-§1.1); its row leaves the batch at once.
+longer change, its final result: first done, first out (SGLang's `--dllm-fdfo`); its row leaves
+the batch at once.
 
 A request's answer is final when its row has no mask left, when an end-of-text token lies in its
 final prefix (everything before the first masked column: no later step can change it), or when
 that prefix holds `max_tokens` answer tokens. Answers equal `generate` on the request alone,
 greedy or sampled: a batch's rows do not interact (padding is masked, random draws are per row).
 
-The engine is not thread-safe: one thread owns it (the server's worker). Causal LMs (the AR and
-speculative baseline) are served through `SpeculativeModel`, one request per group, each decoded
-to the end in one step (`speculative_generate` has no step-wise form).
+One thread owns the engine (the server's worker): `add`, `cancel` and `step` called while
+another thread is inside one of them raise `RuntimeError` (refused, not serialised); `check`
+reads no engine state and may be called from anywhere. What decodes is a
+`Backend` (`dllm_decode.serving`): `DiffusionBackend` here for a DiffusionLM, `CausalBackend`
+(`dllm_decode.causal_serving`) for a causal LM wrapped in `SpeculativeModel`.
 """
 
 from __future__ import annotations
@@ -24,159 +26,19 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from dllm_decode.config import DecodeConfig
+from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
+from dllm_decode.member import OneThread, owned
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.sampler import Decoding
+from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
+
+__all__ = ["FINISH_REASONS", "Engine", "Output", "Request", "SpeculativeModel", "Update", "check_cache"]
 
 log = logging.getLogger(__name__)
-
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
-"""`stop`: an end-of-text token ended the answer; `length`: the canvas or `max_tokens` ran out;
-`cancelled`: `Engine.cancel`; `error`: the decode raised (the message is in `Output.error`)."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """One prompt to decode.
-
-    Attributes:
-        id: unique among the engine's requests in flight.
-        prompt: token ids (chat template already applied).
-        config: how to decode it, its seed included (`config.seed`).
-        max_tokens: cut the answer after this many tokens (None: the canvas, `gen_length`).
-    Raises:
-        ValueError: an empty id or prompt, a negative token id, `max_tokens` < 1.
-    """
-
-    id: str
-    prompt: tuple[int, ...]
-    config: DecodeConfig
-    max_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise ValueError(f"a request id must be a non-empty string, got {self.id!r}")
-        prompt = tuple(int(t) for t in self.prompt)
-        if not prompt:
-            raise ValueError(f"request {self.id!r}: the prompt is empty")
-        if min(prompt) < 0:
-            raise ValueError(f"request {self.id!r}: token ids must be >= 0, got {min(prompt)}")
-        object.__setattr__(self, "prompt", prompt)
-        if not isinstance(self.config, DecodeConfig):
-            raise TypeError(f"request {self.id!r}: config must be a DecodeConfig, got "
-                            f"{type(self.config).__name__}")
-        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
-            raise ValueError(f"request {self.id!r}: max_tokens must be >= 1 or None, got {self.max_tokens!r}")
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-
-@dataclass(frozen=True)
-class Output:
-    """A finished request.
-
-    Attributes:
-        text: the answer (decoded without special tokens, stripped; None without a tokenizer).
-        tokens: the answer's tokens (up to the first end-of-text, cut at `max_tokens`).
-        prompt_tokens: the prompt's length.
-        nfe: model forward passes its group ran until the answer was final.
-        seconds: from admission to the final answer.
-        queued: seconds spent waiting for admission.
-        finish_reason: one of `FINISH_REASONS`.
-        error: the error message when `finish_reason == "error"`.
-    """
-
-    text: str | None
-    tokens: tuple[int, ...]
-    prompt_tokens: int
-    nfe: int
-    seconds: float
-    queued: float
-    finish_reason: str
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Update:
-    """What `Engine.step` reports for one request.
-
-    Attributes:
-        request_id: the request.
-        text: answer text that became final since the last update (append-only; concatenated
-            over a request's updates it equals `output.text`).
-        tokens: answer tokens that became final since the last update.
-        output: set on the request's last update.
-    """
-
-    request_id: str
-    text: str = ""
-    tokens: tuple[int, ...] = ()
-    output: Output | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.output is not None
-
-
-@dataclass(frozen=True)
-class SpeculativeModel:
-    """A causal LM served by the AR / speculative loop (`dllm_decode.speculative`).
-
-    Attributes:
-        target: the verifying causal LM (with `.tokenizer`).
-        drafter: proposes tokens (None: plain AR).
-        max_draft: the most tokens drafted per round.
-    A request's `DecodeConfig` gives the draft-length scheduler, `gen_length` (the token budget),
-    `temperature` and `seed`; its cache, blocks and filters do not apply.
-    """
-
-    target: Any
-    drafter: Any = None
-    max_draft: int = 8
-
-    @property
-    def tokenizer(self) -> Any:
-        return getattr(self.target, "tokenizer", None)
-
-    @property
-    def max_length(self) -> int | None:
-        from dllm_decode.speculative.loop import context_of
-
-        return context_of(self.target)
-
-
-@dataclass
-class _Live:
-    """Engine-side bookkeeping of one request."""
-
-    request: Request
-    added: float
-    started: float = 0.0
-    sent_tokens: int = 0
-    sent_text: str = ""
-    done: bool = False
-
-
-def check_cache(model: Any, config: Any) -> None:
-    """Raise the `ValueError` the decode would raise at its first step when `config`'s cache
-    cannot run on `model` (a block cache on a model without block-causal attention, a KV cache
-    on a model without one): checked before any work (CLI startup, each server request)."""
-    config.cache.init_state(model)
-
-
-def _vocab_size(model: Any) -> int | None:
-    target = model.target if isinstance(model, SpeculativeModel) else model
-    vocab = getattr(target, "vocab_size", None)
-    if vocab is None:
-        vocab = getattr(getattr(target, "config", None), "vocab_size", None)
-    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
 
 
 class Engine:
@@ -197,13 +59,14 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.max_batch_size = max_batch_size
-        self.speculative = isinstance(model, SpeculativeModel)
-        self.eos_ids = self._eos_ids()
-        self.waiting: collections.deque[_Live] = collections.deque()
-        self.groups: list[_Group] = [] if self.speculative else [_DiffusionBatches(self)]
-        self.lives: dict[str, _Live] = {}
+        self.backend: Backend = CausalBackend(model, self.tokenizer) if isinstance(model, SpeculativeModel) \
+            else DiffusionBackend(model, self.tokenizer)
+        self.eos_ids = self.backend.eos_ids
+        self.waiting: collections.deque[Live] = collections.deque()
+        self.lives: dict[str, Live] = {}
         self.pending: list[Update] = []          # cancellations, reported by the next step
         self.steps = 0
+        self._owner = OneThread("this Engine")
 
     # -- the API -------------------------------------------------------------------------------
 
@@ -221,16 +84,12 @@ class Engine:
         if limit is not None and total > limit:
             raise ValueError(f"prompt ({len(request.prompt)} tokens) + gen_length "
                              f"({request.config.gen_length}) exceeds the model's context of {limit} tokens")
-        vocab = _vocab_size(self.model)
+        vocab = self.backend.vocab_size
         if vocab is not None and (bad := next((t for t in request.prompt if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the vocabulary [0, {vocab})")
-        if self.speculative:
-            _spec_config(self.model, request.config)
-        else:
-            check_cache(self.model, request.config)
-            if vocab is not None:
-                request.config.scheduler.check_fits(vocab, request.config.gen_length)
+        self.backend.check(request)
 
+    @owned
     def add(self, request: Request) -> None:
         """Queue a request.
 
@@ -240,68 +99,62 @@ class Engine:
         if request.id in self.lives:
             raise ValueError(f"request id {request.id!r} is already in flight")
         self.check(request)
-        live = _Live(request, added=time.perf_counter())
+        live = Live(request, added=time.perf_counter())
         self.lives[request.id] = live
         self.waiting.append(live)
 
+    @owned
     def cancel(self, request_id: str) -> bool:
         """Stop reporting a request; its last update (`finish_reason="cancelled"`) comes with the
-        next `step()`. A waiting request leaves the queue; a running one stops counting once its
-        Returns False for an unknown or finished request."""
+        next `step()`. A waiting request leaves the queue; a running one leaves its batch at once
+        (its rows are freed). Returns False for an unknown or finished request."""
         live = self.lives.get(request_id)
         if live is None or live.done:
             return False
         if live in self.waiting:
             self.waiting.remove(live)
-        for group in self.groups:
-            group.drop(live)
+        self.backend.drop(live)
         self.pending.append(self._finish(live, (), "cancelled", nfe=0))
         return True
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.pending or any(g.lives for g in self.groups))
+        return bool(self.waiting or self.pending or self.backend.lives)
 
+    @owned
     @torch.inference_mode()
     def step(self) -> list[Update]:
         """Admit waiting requests while rows are free, advance every group by one step, report."""
         updates, self.pending = self.pending, []
         self._admit(updates)
-        for group in list(self.groups):
-            try:
-                group.step()
-                updates += group.poll(self)
-            except Exception as err:              # one group's failure must not stop the others
-                log.exception("decoding group failed")
-                for live in group.fail():
-                    updates.append(self._finish(live, (), "error", nfe=0, error=first_line(err)))
-            if self.speculative and all(live.done for live in group.lives):
-                self.groups.remove(group)
+        try:
+            events = self.backend.step()
+        except Exception as err:                  # the batch failed: its requests fail, not the engine
+            log.exception("decoding failed")
+            events = [Event(live, (), "error", error=first_line(err)) for live in self.backend.fail()]
+        for event in events:
+            if event.reason is not None:
+                updates.append(self._finish(event.live, event.answer, event.reason, event.nfe, event.error))
+            elif (update := self._progress(event.live, event.answer)) is not None:
+                updates.append(update)
         self.steps += 1
         return updates
 
     def stats(self) -> dict[str, int]:
         """Counts for health and metrics endpoints."""
-        return {"waiting": len(self.waiting), "running": sum(not live.done for g in self.groups for live in g.lives),
-                "rows": self.rows_in_use, "groups": sum(g.batches for g in self.groups), "steps": self.steps,
+        return {"waiting": len(self.waiting), "running": sum(not live.done for live in self.backend.lives),
+                "rows": self.rows_in_use, "groups": self.backend.batches, "steps": self.steps,
                 "max_batch_size": self.max_batch_size}
 
     @property
     def rows_in_use(self) -> int:
-        return sum(group.rows for group in self.groups)
+        return self.backend.rows
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _eos_ids(self) -> tuple[int, ...]:
-        if self.speculative:
-            from dllm_decode.speculative import eos_ids_of
-
-            return eos_ids_of(self.model.target, self.tokenizer)
-        return tuple(self.model.eos_token_ids)
-
     def _admit(self, updates: list[Update]) -> None:
-        """FIFO admission into free rows: a diffusion request joins its cache's running batch
-        (at that batch's next block boundary); a causal-LM request gets a group of its own."""
+        """FIFO admission into free rows: the backend takes the request (a diffusion request joins
+        its cache's running batch at that batch's next block boundary)."""
         room = self.max_batch_size - self.rows_in_use
         now = time.perf_counter()
         while room > 0 and self.waiting:
@@ -309,10 +162,7 @@ class Engine:
             live.started = now
             room -= 1
             try:
-                if self.speculative:
-                    self.groups.append(_SpeculativeGroup(self, [live]))
-                else:
-                    self.groups[0].add(live)
+                self.backend.add(live)
             except Exception as err:              # a bad request fails alone, not the engine
                 log.exception("admitting a request failed")
                 updates.append(self._finish(live, (), "error", nfe=0, error=first_line(err)))
@@ -322,7 +172,7 @@ class Engine:
             return None
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True).strip()
 
-    def _progress(self, live: _Live, answer: Sequence[int]) -> Update | None:
+    def _progress(self, live: Live, answer: Sequence[int]) -> Update | None:
         """The newly final part of a still-running answer, or None when nothing new is sendable.
         Text is held back while it ends in an incomplete character (U+FFFD) or while its decoded
         form does not extend what was sent (a tokenizer merging across the boundary)."""
@@ -337,7 +187,7 @@ class Engine:
         live.sent_tokens = len(answer)
         return Update(live.request.id, delta, new)
 
-    def _finish(self, live: _Live, answer: Sequence[int], reason: str, nfe: int,
+    def _finish(self, live: Live, answer: Sequence[int], reason: str, nfe: int,
                 error: str | None = None, text: str | None = None) -> Update:
         """The request's last update: the rest of its text and its `Output`."""
         if text is None and reason in ("stop", "length"):
@@ -353,64 +203,54 @@ class Engine:
         return Update(live.request.id, delta, tuple(answer[live.sent_tokens:]), output)
 
 
-class _Group:
-    """Requests being decoded; `rows` is how many batch rows they occupy."""
-
-    lives: list[_Live]
-    rows: int
-    batches: int = 1
-
-    def step(self) -> None:
-        raise NotImplementedError
-
-    def poll(self, engine: Engine) -> list[Update]:
-        raise NotImplementedError
-
-    def drop(self, live: _Live) -> None:
-        """A cancelled request leaves (its rows are freed)."""
-
-    def fail(self) -> list[_Live]:
-        """After `step` or `poll` raised: the requests that fail with it (they leave)."""
-        failed, self.lives = [live for live in self.lives if not live.done], []
-        return failed
+def check_cache(model: Any, config: Any) -> None:
+    """Raise the `ValueError` the decode would raise at its first step when `config`'s cache
+    cannot run on `model` (a block cache on a model without block-causal attention, a KV cache
+    on a model without one): checked before any work (CLI startup, each server request)."""
+    config.cache.init_state(model)
 
 
-class _DiffusionBatches(_Group):
+class DiffusionBackend(Backend):
     """Every running diffusion request: one `Decoding` per cache configuration (a batch shares
     its cache), each request a member with its own record and generator (`config.seed`)."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, model: Any, tokenizer: Any):
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = tuple(model.eos_token_ids)
+        self.vocab_size = vocab_size_of(model)
         self.decodings: dict[Any, Decoding] = {}
         self.where: dict[str, Any] = {}               # request id -> its batch's cache
         self.lives = []
+        self.finished: dict[str, Any] = {}            # the last step's results and failures
+        self.failed: dict[str, str] = {}
+
+    def check(self, request: Request) -> None:
+        check_cache(self.model, request.config)
+        if self.vocab_size is not None:
+            request.config.scheduler.check_fits(self.vocab_size, request.config.gen_length)
 
     @property
-    def rows(self) -> int:                           # type: ignore[override]
-        return len(self.lives)
-
-    @property
-    def batches(self) -> int:                        # type: ignore[override]
+    def batches(self) -> int:
         return len(self.decodings)
 
-    def add(self, live: _Live) -> None:
+    def add(self, live: Live) -> None:
         config = live.request.config
-        decoding = self.decodings.get(config.cache) or Decoding(self.engine.model, config.cache)
+        decoding = self.decodings.get(config.cache) or Decoding(self.model, config.cache)
         decoding.add([list(live.request.prompt)], config, key=live.request.id,
-                     tokenizer=self.engine.tokenizer)
+                     tokenizer=self.tokenizer)
         self.decodings[config.cache] = decoding
         self.where[live.request.id] = config.cache
         self.lives.append(live)
 
-    def drop(self, live: _Live) -> None:
+    def drop(self, live: Live) -> None:
         if live in self.lives:
             self.decodings[self.where.pop(live.request.id)].cancel(live.request.id)
             self.lives.remove(live)
 
-    def step(self) -> None:
-        """One step of every running batch; a batch that raises fails its own requests only."""
-        self.finished: dict[str, Any] = {}
-        self.failed: dict[str, str] = {}
+    def step(self) -> list[Event]:
+        """One step of every running batch, then what became final; a batch that raises fails
+        its own requests only."""
+        self.finished, self.failed = {}, {}
         for cache, decoding in list(self.decodings.items()):
             try:
                 for key in decoding.step():
@@ -423,15 +263,16 @@ class _DiffusionBatches(_Group):
                 continue
             if decoding.finished:
                 del self.decodings[cache]
+        return self._poll()
 
-    def poll(self, engine: Engine) -> list[Update]:
-        updates: list[Update] = []
+    def _poll(self) -> list[Event]:
+        events: list[Event] = []
         for live in list(self.lives):
             key = live.request.id
             if key in self.failed:
                 self.where.pop(key, None)
                 self.lives.remove(live)
-                updates.append(engine._finish(live, (), "error", nfe=0, error=self.failed[key]))
+                events.append(Event(live, (), "error", error=self.failed[key]))
                 continue
             if key in self.finished:
                 result = self.finished[key]
@@ -441,7 +282,7 @@ class _DiffusionBatches(_Group):
                 snapshot, lengths = self.decodings[self.where[key]].snapshot(key)
                 tokens, final, nfe = snapshot[0].tolist(), int(lengths[0]), None
             prefix = tokens[:final]
-            stop = next((i for i, t in enumerate(prefix) if t in engine.eos_ids), None)
+            stop = next((i for i, t in enumerate(prefix) if t in self.eos_ids), None)
             answer = prefix if stop is None else prefix[:stop]
             limit = live.request.max_tokens
             if limit is not None and len(answer) >= limit:
@@ -451,9 +292,7 @@ class _DiffusionBatches(_Group):
             elif final == len(tokens):
                 reason = "length"
             else:
-                update = engine._progress(live, answer)
-                if update is not None:
-                    updates.append(update)
+                events.append(Event(live, answer))
                 continue
             if nfe is None:                           # final before its rows finished: free them
                 decoding = self.decodings[self.where[key]]
@@ -461,59 +300,10 @@ class _DiffusionBatches(_Group):
                 decoding.cancel(key)
             self.where.pop(key, None)
             self.lives.remove(live)
-            updates.append(engine._finish(live, answer, reason, nfe=nfe))
-        return updates
+            events.append(Event(live, answer, reason, nfe))
+        return events
 
-    def fail(self) -> list[_Live]:
+    def fail(self) -> list[Live]:
         self.decodings.clear()
         self.where.clear()
         return super().fail()
-
-
-class _SpeculativeGroup(_Group):
-    """One request on the AR / speculative loop, decoded to the end in its first step."""
-
-    def __init__(self, engine: Engine, lives: list[_Live]):
-        (self.live,) = self.lives = lives
-        self.rows = 1
-        self.model: SpeculativeModel = engine.model
-        self.config = _spec_config(self.model, self.live.request.config)
-        self.result: Any = None
-
-    def step(self) -> None:
-        from dllm_decode.speculative import speculative_generate
-        from dllm_decode.speculative.kv import _device_of
-
-        request = self.live.request
-        device = _device_of(self.model.target)
-        self.result = speculative_generate(
-            self.model.target, list(request.prompt), self.config, self.model.drafter,
-            generator=torch.Generator(device=device).manual_seed(request.seed),
-            tokenizer=self.model.tokenizer)
-
-    def poll(self, engine: Engine) -> list[Update]:
-        tokens = self.result.tokens.tolist()
-        stop = next((i for i, t in enumerate(tokens) if t in engine.eos_ids), None)
-        answer = tokens if stop is None else tokens[:stop]
-        limit = self.live.request.max_tokens
-        reason = "stop" if stop is not None else "length"
-        if limit is not None and len(answer) > limit:
-            answer, reason = answer[:limit], "length"
-        self.rows = 0
-        return [engine._finish(self.live, answer, reason, nfe=self.result.target_forwards)]
-
-
-def _spec_config(model: SpeculativeModel, config: DecodeConfig) -> Any:
-    """The speculative loop's record for a decode record (the budget is `gen_length`).
-
-    Raises:
-        ValueError: a scheduler the AR mode cannot drive, or filters (they act on a canvas).
-    """
-    from dllm_decode.speculative import Sampling, SpecConfig
-
-    if config.filters:
-        raise ValueError("filters act on a diffusion canvas; a causal LM takes none")
-    return SpecConfig(scheduler=config.scheduler, max_new_tokens=config.gen_length,
-                      max_draft=model.max_draft, sampling=Sampling(temperature=config.temperature),
-                      stop_at_eos=config.stop_at_eos)
-

@@ -50,7 +50,9 @@ class DiffusionLM(Protocol):
 
 @dataclass(frozen=True)
 class StepInput:
-    """Everything a scheduler or filter may look at for one denoising step.
+    """Everything a scheduler or filter may look at for one denoising step. Built only by
+    `dllm_decode.step.step_input` (the loop, the reference loop and every tool that shows a rule
+    a view), which derives `eligible`, `confidence`, `live` and `revisable` from the rest.
 
     The window is the canvas columns `[offset, offset + W)` the step has logits for: the active
     block and everything after it without a cache or with the prefix cache, the block alone under

@@ -2,7 +2,7 @@
 
 A masked diffusion LM has no left-to-right factorisation, so `log p(target | prefix)` is estimated
 by its evidence lower bound (LLaDA, arXiv 2502.09992, Eq. 6 conditioned on the prompt; the
-estimator of LLaDA's `eval_llada.py` `get_log_likelihood`, spec serving.md §5):
+estimator of LLaDA's `eval_llada.py` `get_log_likelihood`):
 
     -log p(y | x) <= E_{m ~ U{1..L}} E_{mask m of the L target tokens} [ (L / m) * sum_{masked i} CE_i ]
 
@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.sampler import _device_of
+from dllm_decode.devices import device_of
+from dllm_decode.prompts import encode_prompts
 
 
 @torch.inference_mode()
@@ -44,9 +45,10 @@ def loglikelihood(model: Any, prefix: Sequence[int], target: Sequence[int], *, m
         ValueError: an empty target, `mc_num` not a positive multiple of `mc_batch`, a negative
             `cfg`, or a sequence longer than the model's context.
     """
-    prefix, target = [int(t) for t in prefix], [int(t) for t in target]
-    if not target:
+    if not len(target):
         raise ValueError("the target (continuation) is empty")
+    (ids,) = encode_prompts([[*prefix, *target]], None, getattr(model, "vocab_size", None))  # ints only
+    prefix, target = ids[:len(ids) - len(target)], ids[len(ids) - len(target):]
     if mc_batch < 1 or mc_num < mc_batch or mc_num % mc_batch:
         raise ValueError(f"mc_num ({mc_num}) must be a positive multiple of mc_batch ({mc_batch})")
     if not cfg >= 0:
@@ -55,7 +57,7 @@ def loglikelihood(model: Any, prefix: Sequence[int], target: Sequence[int], *, m
     if limit is not None and len(prefix) + len(target) > limit:
         raise ValueError(f"prefix ({len(prefix)}) + target ({len(target)}) tokens exceed the model's "
                          f"context of {limit}")
-    device = _device_of(model)
+    device = device_of(model)
     sequence = torch.tensor(prefix + target, device=device)
     length, start = len(target), len(prefix)
     generator = torch.Generator(device=device).manual_seed(_seed(seed, prefix, target))

@@ -40,7 +40,7 @@ class LearnedFilter(Filter):
         ValueError: bad mode/threshold/width, or weights missing or of another width.
     """
 
-    weights: str = SHIPPED
+    weights: str = dataclasses.field(default=SHIPPED, metadata={"loads_file": True})   # start-up only
     width: int = 32
     threshold: float = 0.96
     mode: str = "union"

@@ -46,11 +46,13 @@ def weights_path(name: str) -> Path:
 
 
 def save_mlp(module: ConfidenceMLP, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-    """Write `module` as safetensors, with its shape (and any `metadata`) in the header."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """Write `module` as safetensors, with its shape (and any `metadata`) in the header, to a
+    temporary file renamed into place (`OutputError` for a special file or a full disk)."""
+    from dllm_decode.outputs import write_with
+
     meta = {**(metadata or {}), "width": str(module.width), "hidden": str(module.hidden)}
-    save_file({k: v.detach().float().contiguous().cpu() for k, v in module.state_dict().items()},
-              str(path), metadata=meta)
+    state = {k: v.detach().float().contiguous().cpu() for k, v in module.state_dict().items()}
+    write_with(path, lambda tmp: save_file(state, tmp, metadata=meta), "filter weights")
 
 
 def load_mlp(name: str) -> ConfidenceMLP:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from dllm_decode.speculative.models import load_causal_lm, resolve_causal_dir
+from dllm_decode.models.causal import load_causal_lm, resolve_causal_dir
 from dllm_decode.eval.tasks.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
 from recipes.data import EOS_ID, PAD_ID, VOCAB, Pool, build_pool, causal_batch, step_rng
 from recipes.evaluate import accuracy_by_task, causal_generate

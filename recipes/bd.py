@@ -50,7 +50,7 @@ from recipes.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, Pool, build_pool,
                                             step_rng)
 from recipes.evaluate import accuracy_by_task, left_pad
 from recipes.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
-                                            run_summary, train, write_summary)
+                          load_checkpoint, run_summary, train, write_summary)
 from dllm_decode.models.checkpoint import read_config, read_safetensors
 from dllm_decode.models.fast_dllm import FastDLLMLlamaConfig, FastDLLMModel
 from dllm_decode.models.layers import default_positions, rope_tables
@@ -230,7 +230,7 @@ def export(model: FastDLLMModel, directory: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dllm_decode.speculative.models import resolve_causal_dir
+    from dllm_decode.models.causal import resolve_causal_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(parser, steps=4000, batch_size=16)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     model = converted(resolve_causal_dir(args.init), args.block_size)
     if args.export_only:
-        model.load_state_dict(torch.load(args.out / CHECKPOINT, weights_only=False)["model"])
+        model.load_state_dict(load_checkpoint(args.out / CHECKPOINT)["model"])
         export(model, args.out / "model")
         print(f"exported {args.out / CHECKPOINT} to {args.out / 'model'}")
         return

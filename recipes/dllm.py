@@ -32,7 +32,7 @@ from recipes.data import (EOS_ID, LATIN_TARGETS, MASK_ID, PAD_ID, VOCAB, Pool, b
                                 diffusion_batch, step_rng)
 from recipes.evaluate import accuracy_by_task, diffusion_generate
 from recipes.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
-                                            run_summary, train, write_summary)
+                          load_checkpoint, run_summary, train, write_summary)
 
 SIZES = {
     "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512),
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.export_only:
         model = LLaDAModelLM(model_config(args.size))
-        state = torch.load(args.out / CHECKPOINT, weights_only=False)
+        state = load_checkpoint(args.out / CHECKPOINT)
         model.load_state_dict(state["model"])
         export(model, args.out / "model")
         print(f"exported step {state['step']} to {args.out / 'model'}")

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from recipes.data import EOS_ID, MASK_ID, PAD_ID, Pool, encode, step_rng
 from recipes.loop import LoopConfig, add_run_arguments, train
+from dllm_decode.outputs import atomic_write
 from dllm_decode.eval.training.side_by_side import format_table, side_by_side, suite_examples
 
 TEACHER = "teacher.json"
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         table = compare(args, load_model, log)
         summary["side_by_side"] = table
         print(format_table(table), flush=True)
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(summary_path, json.dumps(summary, indent=2) + "\n", "summary")
     if (args.out / "model").is_dir():
         shutil.copyfile(summary_path, args.out / "model" / "training_summary.json")
     print(json.dumps({k: v for k, v in summary.items() if k != "side_by_side"}, indent=2), flush=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -81,7 +80,7 @@ def train(model: nn.Module, loss_at: Callable[[int], Tensor], cfg: LoopConfig, o
                               weight_decay=cfg.weight_decay)
     start, losses, spent = 0, [], 0.0
     if resume and (out / CHECKPOINT).is_file():
-        state = torch.load(out / CHECKPOINT, weights_only=False)
+        state = load_checkpoint(out / CHECKPOINT)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start, losses, spent = state["step"], state["losses"], state.get("seconds", 0.0)
@@ -120,11 +119,32 @@ def train(model: nn.Module, loss_at: Callable[[int], Tensor], cfg: LoopConfig, o
 
 def save_checkpoint(out: Path, model: nn.Module, optim: torch.optim.Optimizer, step: int,
                     losses: list[float], seconds: float) -> None:
-    """Write atomically, so a kill during the write never leaves a torn checkpoint."""
-    tmp = out / (CHECKPOINT + ".tmp")
-    torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
-                "losses": losses, "seconds": seconds}, tmp)
-    os.replace(tmp, out / CHECKPOINT)
+    """Write atomically, so a kill during the write never leaves a torn checkpoint. Only tensors,
+    numbers, strings, lists and dicts: `load_checkpoint` reads it without unpickling code."""
+    from dllm_decode.outputs import write_with
+
+    state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step,
+             "losses": losses, "seconds": seconds}
+    write_with(out / CHECKPOINT, lambda tmp: torch.save(state, tmp), "checkpoint")
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A checkpoint written by `save_checkpoint`, read with `torch.load(weights_only=True)`: a
+    file holding anything but tensors and plain data (a crafted pickle) is refused, never run.
+
+    Raises:
+        SystemExit: one line naming the file, for a file that is not such a checkpoint.
+    """
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:
+        raise SystemExit(f"error: {path} holds Python objects besides tensors and plain data; it is "
+                         f"refused (loading it could run code), so it was not written by this recipe") from None
+    except Exception as err:  # noqa: BLE001 - torch raises several types for a broken file
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SystemExit(f"error: {path} is not a training checkpoint this recipe wrote: {first}") from None
 
 
 def run_summary(losses: list[float], began: float) -> dict[str, float]:
@@ -137,5 +157,7 @@ def run_summary(losses: list[float], began: float) -> dict[str, float]:
 
 def write_summary(out: Path, summary: dict) -> None:
     """Write `<out>/summary.json` and print it."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from dllm_decode.outputs import atomic_write
+
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2) + "\n", "summary")
     print(json.dumps(summary, indent=2), flush=True)

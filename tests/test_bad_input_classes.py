@@ -237,17 +237,11 @@ def test_server_requests_are_checked_like_the_cli():
 
 
 def test_server_body_nested_too_deep_is_a_400():
-    import asyncio
-
-    from dllm_decode.serve.app import _json
+    from dllm_decode.serve.app import _parse
     from dllm_decode.serve.protocol import APIError
 
-    class Body:
-        async def body(self):
-            return b"[" * 100000 + b"]" * 100000
-
     with pytest.raises(APIError, match="nested"):
-        asyncio.run(_json(Body()))
+        _parse(b"[" * 100000 + b"]" * 100000)
 
 
 def test_serve_refuses_before_loading():

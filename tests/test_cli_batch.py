@@ -41,7 +41,8 @@ def test_a_requests_file_equals_one_by_one_decoding_and_resumes(tmp_path):
     # a torn last line and a new request: the re-run keeps the finished ones and adds the new one
     out.write_text(out.read_text() + '{"id": "torn"')
     write(src, [{"id": "a", "prompt": prompts[0]}, {"prompt": prompts[1], "max_tokens": 1},
-                {"id": "c", "prompt": prompts[2]}, {"id": "d", "prompt": "copy : al"}])
+                {"id": "c", "prompt": prompts[2], "dllm": {"scheduler": "low_confidence"}},
+                {"id": "d", "prompt": "copy : al"}])
     again = run(*EMBEDDED, "--input", str(src), "--output", str(out))
     assert again.exit_code == 0, again.output
     assert [r["id"] for r in records(out)][3:] == ["d"] and len(records(out)) == 4

@@ -61,7 +61,7 @@ def test_greedy_answers_equal_decoding_alone_in_a_busy_engine(embedded):
         assert out.tokens == tuple(alone.tokens[0, :int(alone.answer_lengths[0])].tolist())
         assert out.nfe <= int(alone.nfe[0]) and out.finish_reason == "stop"
         assert out.prompt_tokens == len(request.prompt)
-    assert not engine.lives and not any(g.lives for g in engine.groups)
+    assert not engine.lives and not engine.backend.lives
 
 
 def test_tiny_model_noise_is_batch_invariant_too():
@@ -99,7 +99,7 @@ def test_a_request_leaves_as_soon_as_its_answer_is_final():
     outputs, _, steps = run(engine)
     finished_at = {u.request_id: i + 1 for i, us in enumerate(steps) for u in us if u.finished}
     assert finished_at == {"short": 2, "long": 8}
-    assert not any(g.lives for g in engine.groups) and engine.steps == 8
+    assert not engine.backend.lives and engine.steps == 8
     assert outputs["short"].tokens == (1, 2) and outputs["short"].nfe == 2
     assert outputs["short"].finish_reason == outputs["long"].finish_reason == "length"
     assert outputs["long"].tokens == tuple(range(1, 9)) and outputs["long"].nfe == 8
@@ -234,3 +234,40 @@ def test_a_causal_lm_is_served_one_request_per_group():
         assert outputs[str(i)].nfe == alone.target_forwards
     with pytest.raises(ValueError, match="filters"):
         engine.check(Request("f", [1], dataclasses.replace(cfg, filters=(component("filter", "eotp"),))))
+
+
+def test_a_second_thread_calling_the_engine_is_refused():
+    import threading
+
+    inner, entered, release = tiny_llada_with_tokenizer(), threading.Event(), threading.Event()
+
+    class Slow(torch.nn.Module):
+        mask_token_id, eos_token_ids = inner.mask_token_id, inner.eos_token_ids
+        vocab_size, max_length, tokenizer = inner.vocab_size, inner.max_length, inner.tokenizer
+
+        def forward(self, *args, **kwargs):
+            entered.set()
+            release.wait(10)
+            return inner(*args, **kwargs)
+
+    engine = Engine(Slow())
+    engine.add(Request("a", [1, 2], config(gen_length=8, block_length=8)))
+    worker = threading.Thread(target=engine.step)
+    worker.start()
+    assert entered.wait(10)
+    try:
+        for call in (engine.step, lambda: engine.add(Request("b", [1], config())), lambda: engine.cancel("a")):
+            with pytest.raises(RuntimeError, match="in use by another thread"):
+                call()
+        engine.check(Request("c", [1], config()))        # reads no engine state: allowed
+    finally:
+        release.set()
+        worker.join()
+    outputs, _, _ = run(engine)
+    assert outputs["a"].finish_reason in ("stop", "length")
+
+
+def test_a_request_prompt_must_be_token_ids():
+    for bad in ("hello", [1, 2.5], [True], ["3"]):
+        with pytest.raises(TypeError, match="token ids|integers"):
+            Request("x", bad, config())

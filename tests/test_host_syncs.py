@@ -1,4 +1,5 @@
-"""The loop syncs with the host at most once per step (design §4), plus once per block start.
+"""The loop syncs with the host at most once per step, plus once per block start (a rule that
+chooses its block ends reads them then).
 
 Every tensor-to-host conversion (`item`, `tolist`, `cpu`, `numpy`, `bool()`, `int()`, `float()`,
 `index`) made inside `Decoding.step` is counted, for every registered scheduler under each

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dllm_decode import DecodeConfig, generate
-from dllm_decode.interfaces import Decision, Scheduler, StepInput
+from dllm_decode.interfaces import Decision, NoCache, Scheduler, StepInput
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
 from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 
@@ -237,3 +237,73 @@ def test_non_finite_logits_are_reported_as_a_model_problem():
         next(model.parameters()).fill_(float("nan"))
     with pytest.raises(NonFiniteLogits, match="NaN or infinite logits.*not the scheduler"):
         generate(model, [[1, 2]], config(gen=8, block=4))
+
+
+def test_automatic_keys_are_never_reused_after_results_are_taken():
+    from dllm_decode.sampler import Decoding
+
+    decoding = Decoding(tiny_llada(), NoCache())
+    keys = []
+    for _ in range(4):                      # add, finish, hand over, add again: every key is new
+        key = decoding.add([[1, 2]], config(gen=4, block=4))
+        keys.append(key)
+        while not decoding.finished:
+            decoding.step()
+        decoding.result(key)
+    assert len(set(keys)) == 4
+    decoding.add([[3]], config(gen=4, block=4), key=99)
+    assert decoding.add([[3]], config(gen=4, block=4)) not in {99, *keys}
+
+
+def test_a_second_thread_stepping_the_same_decoding_is_refused():
+    import threading
+
+    from dllm_decode.sampler import Decoding
+
+    inner, entered, release = tiny_llada(), threading.Event(), threading.Event()
+
+    class Slow(torch.nn.Module):
+        mask_token_id, eos_token_ids = inner.mask_token_id, inner.eos_token_ids
+        vocab_size, max_length = inner.vocab_size, inner.max_length
+
+        def forward(self, *args, **kwargs):
+            entered.set()
+            release.wait(10)
+            return inner(*args, **kwargs)
+
+    decoding = Decoding(Slow(), NoCache())
+    decoding.add([[1, 2]], config(gen=4, block=4))
+    worker = threading.Thread(target=decoding.step)
+    worker.start()
+    assert entered.wait(10)
+    try:
+        for call in (decoding.step, lambda: decoding.add([[1]], config(gen=4, block=4)),
+                     lambda: decoding.cancel(0)):
+            with pytest.raises(RuntimeError, match="in use by another thread"):
+                call()
+    finally:
+        release.set()
+        worker.join()
+    while not decoding.finished:             # the owner's decode is unharmed
+        decoding.step()
+    assert torch.equal(decoding.result(0).tokens, generate(inner, [[1, 2]], config(gen=4, block=4)).tokens)
+
+
+@pytest.mark.parametrize("bad", [5.7, "5", True, None, 2 ** 70])
+def test_token_ids_must_be_integers_at_every_entry_point(bad):
+    from dllm_decode.engine import Engine, Request
+    from dllm_decode.likelihood import loglikelihood
+    from dllm_decode.reference import reference_generate
+    from dllm_decode.sampler import Decoding
+
+    model = tiny_llada()
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        generate(model, [[1, bad]], config(gen=4, block=4))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        Decoding(model, NoCache()).add([[bad, 1]], config(gen=4, block=4))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        Engine(model).add(Request("r", (1, bad), config(gen=4, block=4)))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        reference_generate(model, [1, bad], config(gen=4, block=4))
+    with pytest.raises((TypeError, ValueError), match="token id|integer"):
+        loglikelihood(model, [1], [2, bad], mc_num=4, mc_batch=4)

@@ -26,14 +26,24 @@ from dllm_decode.cli.train_filter import train_filter_command
 from dllm_decode.cli.tune import tune_command
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        from dllm_decode.outputs import write_errors
+
+        with write_errors():              # a full disk or a special file: one line, exit 1
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Main, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="dllm-decode")
 @decode_options
 @click.pass_context
 def main(ctx: click.Context, **options: Any) -> None:
     """Decode a prompt with a masked diffusion LM (the options below); subcommands for the rest."""
     from dllm_decode.allocator import keep_freed_memory
+    from dllm_decode.notices import one_line_warnings
 
+    one_line_warnings()                   # a prompt's unknown words: one `warning:` line on stderr
     keep_freed_memory()                   # reuse activation memory across forwards (allocator.py)
     if ctx.invoked_subcommand is None:
         run_decode(**options)

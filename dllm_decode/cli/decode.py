@@ -157,7 +157,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     if input_path is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size, str(spec))
         return
-    wrapped = chat_prompt(tokenizer, text, chat_template)
+    with usage_errors("--prompt"):
+        wrapped = chat_prompt(tokenizer, text, chat_template)
     if stream:
         batch.stream_one(model, config, wrapped)
         return

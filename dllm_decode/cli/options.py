@@ -241,7 +241,12 @@ def writable_file(path: str, hint: str) -> Any:
     say nothing to root, and places like /proc refuse files whatever they say. Returns the `Path`."""
     from pathlib import Path
 
-    target = Path(path).expanduser()
+    from dllm_decode.outputs import OutputError, check_output
+
+    try:
+        target = check_output(path, "output file")      # empty names and special files refused
+    except OutputError as err:
+        raise click.BadParameter(str(err), param_hint=hint) from None
     if target.is_dir():
         raise click.BadParameter(f"{path!r} is a directory; give a file path", param_hint=hint)
     writable_dir(str(target.parent), hint)
@@ -262,6 +267,9 @@ def writable_dir(path: str, hint: str) -> Any:
     import tempfile
     from pathlib import Path
 
+    if not str(path).strip():
+        raise click.BadParameter("the folder name is empty (it would mean the current directory); "
+                                 "give a folder", param_hint=hint)
     folder = Path(path).expanduser()
     if folder.exists() and not folder.is_dir():
         raise click.BadParameter(f"{path!r} exists and is not a directory", param_hint=hint)

@@ -10,6 +10,19 @@ import click
 from dllm_decode.cli.decode import MODEL_HELP, record_options
 from dllm_decode.cli.options import FloatRange
 
+
+class Seconds(FloatRange):
+    """A finite number of seconds > 0 (`inf` and `nan` are refused: every timer needs an end)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, min_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if out == float("inf"):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return out
+
 SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` (a causal LM, plain " \
     "or speculative, one request at a time each)."
 
@@ -25,11 +38,15 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="Requests that may wait for a row; beyond that a request gets 429.")
 @click.option("--max-tokens", type=click.IntRange(1), default=1024, show_default=True,
               help="The largest canvas (gen_length) a request may ask for.")
-@click.option("--request-timeout", type=FloatRange(0, min_open=True), default=600.0,
+@click.option("--request-timeout", type=Seconds(), default=600.0,
               show_default=True, help="Seconds per request, queueing included (then 504).")
-@click.option("--shutdown-timeout", type=FloatRange(0, min_open=True), default=30.0,
+@click.option("--shutdown-timeout", type=Seconds(), default=30.0,
               show_default=True, help="On SIGINT/SIGTERM, seconds in-flight requests get to finish "
               "before they are cancelled.")
+@click.option("--max-body-bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
+              help="The largest request body (then 413).")
+@click.option("--body-timeout", type=Seconds(), default=30.0, show_default=True,
+              help="Seconds a request body may take to arrive in full (then 408).")
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
               help="ar: models: most tokens drafted per round.")
 @click.option("--threads", type=click.IntRange(1), default=None,
@@ -39,11 +56,12 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
 def serve_command(model_name: str, chat_template: bool, device: str | None, dtype: str | None,
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
-                  max_draft: int, threads: int | None, log_level: str, trust_remote_code: bool = False,
+                  max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None, log_level: str, trust_remote_code: bool = False,
                   runtime: str | None = None, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
-    "stream": true), /v1/models, /health. The decoding options are the server's defaults; a
-    request changes them in its `dllm` object (see the README)."""
+    "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
+    server's defaults; a request changes them in its `dllm` object, choosing among registered
+    components and values (anything that loads a file is set here, at start-up)."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -55,7 +73,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     from dllm_decode.engine import Engine
     from dllm_decode.serve.app import Limits, ServerState, serve
     from dllm_decode.serve.protocol import Settings
-    from dllm_decode.serve.worker import EngineWorker
+    from dllm_decode.serve.worker import EngineWorker, startup_check
 
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
@@ -63,6 +81,10 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     where = device_option(device)
     _check_address(host, port)
     if spec.kind == "ar":
+        if record.get("cache_name") not in (None, "none") or record.get("cache_opts"):
+            raise click.BadParameter(f"--cache {record.get('cache_name')} does not apply to `ar:` models: a "
+                                     f"causal LM always decodes with its own KV cache (leave --cache out)",
+                                     param_hint="--cache / -c")
         record = {**record, "scheduler": _rule(record)}
     config = decode_record(**record)
     if config.gen_length > max_tokens:
@@ -70,7 +92,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                                  param_hint="--gen-length")
     with usage_errors():
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
-                        shutdown_timeout=shutdown_timeout)
+                        shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
+                        body_timeout=body_timeout)
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
@@ -89,6 +112,9 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds)
     engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
+    problem = startup_check(engine, settings.config)
+    if problem is not None:
+        raise click.UsageError(f"this model cannot decode with these options: {problem}")
     state = ServerState(EngineWorker(engine, threads), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from dllm_decode.models.checkpoint import (EMBEDDED_DIR, ModelLoadError, custom_code, load_tokenizer,
-                                           read_config, untrusted_code_error,
-                                           resolve_model_dir)
+                                           read_config, require_bool, resolve_model_dir,
+                                           untrusted_code_error)
 from dllm_decode.models.gguf import WHEEL_MODELS, FetchError, gguf_path, load_gguf
 
 EMBEDDED_AR = ("ar_target", "ar_draft")
@@ -46,7 +46,9 @@ def load_causal_lm(name: str | Path, dtype: torch.dtype = torch.float32,
     Raises:
         ModelLoadError: missing model, a directory that is not a causal LM, or a GGUF problem
             (one-line message).
+        TypeError: `trust_remote_code` that is not a bool (the string "false" is truthy).
     """
+    require_bool(trust_remote_code, "trust_remote_code")
     text = str(name)
     try:
         if text in WHEEL_MODELS:
@@ -70,9 +72,11 @@ def build_causal(directory: Path, config: dict[str, Any], dtype: torch.dtype = t
     Raises:
         ModelLoadError: not a causal LM, custom code without `trust_remote_code`, or weights
             that do not load (one line).
+        TypeError: `trust_remote_code` that is not a bool.
     """
     from transformers import AutoModelForCausalLM
 
+    require_bool(trust_remote_code, "trust_remote_code")
     architectures = config.get("architectures") or []
     if architectures and not any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         raise ModelLoadError(f"{directory}: {architectures[0]} is not a causal LM; the AR mode "

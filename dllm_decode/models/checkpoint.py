@@ -2,6 +2,11 @@
 safetensors (single file or shards), strict state loading, the tokenizer, and the one-line
 `ModelLoadError`.
 
+Confinement: the weights are read only from inside the checkpoint directory: a shard name in
+`model.safetensors.index.json` must be a plain relative name (no absolute path, no `..`), and no
+weight file may be a symlink leading out of the directory (the HF cache's own `blobs/` folder,
+where its snapshot links point, excepted).
+
 Custom code: a directory whose `tokenizer_config.json` (or, for the generic masked-LM fallback,
 `config.json`) maps an auto class to a Python file of its own (`auto_map`, as the real
 Dream-v0 repository does for `DreamTokenizer`) runs that file when loaded. That is opt-in, as in
@@ -82,6 +87,14 @@ SIZE_KEYS = ("vocab_size", "embedding_size", "d_model", "n_heads", "n_kv_heads",
              "num_key_value_heads", "intermediate_size", "head_dim", "max_sequence_length",
              "max_position_embeddings", "bd_size", "block_size")
 """config.json keys that, when present and not null, must be positive integers (every family)."""
+MAX_SIZES = {"n_layers": 1024, "num_hidden_layers": 1024, "n_heads": 4096, "num_attention_heads": 4096,
+             "n_kv_heads": 4096, "num_key_value_heads": 4096, "num_experts": 4096,
+             "vocab_size": 1 << 24, "embedding_size": 1 << 24, "d_model": 1 << 17, "hidden_size": 1 << 17,
+             "mlp_hidden_size": 1 << 20, "intermediate_size": 1 << 20, "moe_intermediate_size": 1 << 20,
+             "head_dim": 1 << 14, "max_sequence_length": 1 << 24, "max_position_embeddings": 1 << 24}
+"""Upper bounds of config.json sizes, checked before anything is built: ten times the largest
+public models' values (a config asking for more is corrupt or hostile, and building it would
+take minutes and gigabytes before failing)."""
 TOKEN_KEYS = ("mask_token_id", "pad_token_id", "eos_token_id")
 """config.json keys that, when present and not null, must be token ids inside the vocabulary."""
 
@@ -98,6 +111,11 @@ def check_config(path: Path, config: dict[str, Any]) -> None:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ModelLoadError(f"{path}: {key} must be a positive integer, got {value!r}")
+    for key, bound in MAX_SIZES.items():
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+            raise ModelLoadError(f"{path}: {key} {value} is beyond any real model (at most {bound}); "
+                                 f"the config is corrupt")
     vocab = max(config.get("vocab_size") or 0, config.get("embedding_size") or 0)
     for key in TOKEN_KEYS:
         value = config.get(key)
@@ -109,25 +127,116 @@ def check_config(path: Path, config: dict[str, Any]) -> None:
                 raise ModelLoadError(f"{path}: {key} {item!r} is outside the vocabulary {bound}")
 
 
-def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Single `model.safetensors` or shards listed in `model.safetensors.index.json`."""
-    from safetensors.torch import load_file
+def require_bool(value: object, name: str) -> bool:
+    """`value` when it is a real `bool`; a one-line TypeError otherwise (the string "false" is
+    truthy: an opt-in must never be read from a truthy value).
 
+    Raises:
+        TypeError: naming the parameter, the value and its type.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def weight_file(directory: Path, name: object, source: Path | None = None) -> Path:
+    """The path of a weight file named `name` inside `directory`, checked to stay there.
+
+    Raises:
+        ModelLoadError: a name that is not a plain relative path (absolute, `..`, empty, not a
+            string), or a file that resolves (through a symlink) outside the directory.
+    """
+    where = source or directory
+    if not isinstance(name, str) or not name.strip() or "\x00" in name:
+        raise ModelLoadError(f"{where}: shard name {name!r} is not a file name")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts or name.startswith("~"):
+        raise ModelLoadError(f"{where}: shard {name!r} lies outside the checkpoint folder (names must "
+                             f"be relative, without '..')")
+    path = directory / relative
+    resolved = path.resolve()
+    roots = [directory.resolve()]
+    if directory.parent.name == "snapshots":            # the HF cache links snapshots to its blobs
+        roots.append((directory.parent.parent / "blobs").resolve())
+    if not any(resolved == root or root in resolved.parents for root in roots):
+        raise ModelLoadError(f"{where}: shard {name!r} links outside the checkpoint folder "
+                             f"(to {resolved}); weights are read only from inside it")
+    return path
+
+
+def shard_names(directory: Path) -> list[str]:
+    """The weight files of a checkpoint: the shards its index names, or `model.safetensors`.
+
+    Raises:
+        ModelLoadError: no weights, a broken index, or a shard name that leaves the directory.
+    """
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted({str(v) if isinstance(v, str) else v for v in weight_map.values()}, key=repr)
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError):
             raise ModelLoadError(f"{index} is not a safetensors index (JSON with a "
                                  f"'weight_map' object)") from None
-    elif (directory / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
+        for name in files:
+            weight_file(directory, name, index)
+        return files
+    if (directory / "model.safetensors").is_file():
+        weight_file(directory, "model.safetensors")
+        return ["model.safetensors"]
+    raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
+
+
+def parameter_floor(config: dict[str, Any]) -> int:
+    """A lower bound of a config's parameter count (embedding, attention q/o and two MLP
+    matrices per layer; experts counted): a model cannot need less memory than this."""
+    def size(*keys: str) -> int:
+        value = next((config[k] for k in keys if isinstance(config.get(k), int)), 0)
+        return int(value) if not isinstance(value, bool) else 0
+
+    hidden, layers = size("d_model", "hidden_size"), size("n_layers", "num_hidden_layers")
+    vocab = max(size("vocab_size"), size("embedding_size"))
+    inner = size("mlp_hidden_size", "intermediate_size")
+    experts = size("num_experts") * size("moe_intermediate_size")
+    return vocab * hidden + layers * (2 * hidden * hidden + 2 * hidden * max(inner, experts))
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available now (Linux `MemAvailable`), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(path: Path, config: dict[str, Any], bytes_per_parameter: int) -> None:
+    """Refuse, before anything is allocated, a config whose parameters cannot fit in the memory
+    available now (the weights are read into host memory first, whatever the device).
+
+    Raises:
+        ModelLoadError: naming the estimate and the free memory.
+    """
+    need = parameter_floor(config) * bytes_per_parameter
+    free = available_memory()
+    if free is not None and need > free:
+        raise ModelLoadError(f"{path}: the model needs at least {need / 2 ** 30:.1f} GiB for its "
+                             f"parameters, and {free / 2 ** 30:.1f} GiB of memory is available")
+
+
+def read_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Single `model.safetensors` or shards listed in `model.safetensors.index.json`, each
+    confined to the directory (`weight_file`)."""
+    from safetensors.torch import load_file
+
+    files = shard_names(directory)
     state: dict[str, torch.Tensor] = {}
     for name in files:
         try:
-            state.update(load_file(str(directory / name)))
+            state.update(load_file(str(weight_file(directory, name))))
         except Exception as err:  # noqa: BLE001 - safetensors raises several types for bad files
             raise ModelLoadError(f"cannot read {directory / name}: {first_line(err)}") from None
     return state
@@ -141,12 +250,12 @@ def tensor_names(directory: Path) -> set[str]:
     if index.is_file():
         try:
             return set(json.loads(index.read_text())["weight_map"])
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
             return set()          # `read_safetensors` reports the broken index
     try:
-        with safe_open(str(directory / "model.safetensors"), framework="pt") as file:
+        with safe_open(str(weight_file(directory, "model.safetensors")), framework="pt") as file:
             return set(file.keys())
-    except Exception:  # noqa: BLE001 - a missing or broken file is reported by `read_safetensors`
+    except Exception:  # noqa: BLE001 - a missing, broken or escaping file: `read_safetensors` reports it
         return set()
 
 
@@ -157,16 +266,21 @@ def first_line(err: BaseException) -> str:
 
 def save_checkpoint(directory: str | Path, config: dict[str, Any], model: nn.Module,
                     dtype: torch.dtype = torch.float32) -> None:
-    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads)."""
+    """Write `config.json` and a single `model.safetensors` (the layout `read_safetensors` reads),
+    each to a temporary file renamed into place (`dllm_decode.outputs`): the weights first, so a
+    folder with the new config never holds torn weights."""
     from safetensors.torch import save_file
+
+    from dllm_decode.outputs import atomic_write, write_with
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # own contiguous copies: the compact runtime leaves weights as views of shared matrices
     state = {k: v.detach().to(dtype).clone(memory_format=torch.contiguous_format)
              for k, v in model.state_dict().items()}
-    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    write_with(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+               "weights")
+    atomic_write(directory / "config.json", json.dumps(config, indent=2) + "\n", "model config")
 
 
 def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], directory: Path,
@@ -219,6 +333,7 @@ def load_tokenizer(directory: Path, trust_remote_code: bool = False):
         ModelLoadError: the tokenizer needs its own code and `trust_remote_code` is False, or it
             cannot be loaded.
     """
+    require_bool(trust_remote_code, "trust_remote_code")
     if not any((directory / name).is_file() for name in
                ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.txt")):
         return None

@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from dllm_decode.models.layers import default_positions
-from dllm_decode.models.checkpoint import ModelLoadError, custom_code, untrusted_code_error
+from dllm_decode.models.checkpoint import ModelLoadError, custom_code, require_bool, untrusted_code_error
 
 
 def _position_offset(model: nn.Module) -> int:
@@ -84,7 +84,9 @@ def load_masked_lm(directory: Path, tokenizer: Any, trust_remote_code: bool = Fa
     Raises:
         ModelLoadError: no tokenizer or no mask token, weights missing or of the wrong shape,
             custom code without `trust_remote_code`, or anything transformers cannot load.
+        TypeError: `trust_remote_code` that is not a bool.
     """
+    require_bool(trust_remote_code, "trust_remote_code")
     if tokenizer is None:
         raise ModelLoadError(f"{directory} has no tokenizer; a generic masked LM takes its mask "
                              f"token from it")

@@ -11,9 +11,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dllm_decode.models.checkpoint import (ModelLoadError, first_line, load_state_strict,
-                                           load_tokenizer, read_config, read_safetensors,
-                                           resolve_model_dir, tensor_names)
+from dllm_decode.models.checkpoint import (ModelLoadError, check_memory, first_line,
+                                           load_state_strict, load_tokenizer, read_config,
+                                           read_safetensors, require_bool, resolve_model_dir,
+                                           tensor_names)
 
 
 def _build_native(directory: Path, config: dict[str, Any], config_cls: type, model_cls: type,
@@ -22,6 +23,7 @@ def _build_native(directory: Path, config: dict[str, Any], config_cls: type, mod
     weights), then take the checkpoint's tensors, minus the `drop` names."""
     if absent := [key for key in required if key not in config]:
         raise ModelLoadError(f"{directory / 'config.json'} lacks required key(s) {absent}")
+    check_memory(directory / "config.json", config, bytes_per_parameter=2)   # the smallest dtype read
     try:
         parsed = config_cls.from_dict(config)
     except (ValueError, TypeError) as err:
@@ -150,6 +152,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
     Raises:
+        TypeError: `trust_remote_code` that is not a bool (the string "false" is truthy).
         ModelLoadError: missing or corrupt directory, bad config, unsupported model type (a
             causal LM included), tokenizer without a mask token for a generic masked LM, custom
             code without `trust_remote_code` (the message names `--trust-remote-code`); a
@@ -157,6 +160,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     """
     from dllm_decode.devices import check_device, check_dtype
 
+    require_bool(trust_remote_code, "trust_remote_code")
     dtype, device = check_dtype(dtype), check_device(device)
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a directory or a model name, got {type(path).__name__} {path!r}")
@@ -193,6 +197,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         eos = (int(tokenizer.eos_token_id),)
     model.eos_token_ids = eos + turn_end_ids(tokenizer, eos)
     check_token_ids(directory, model)
+    check_tokenizer_ids(directory, model, tokenizer)
     model.name_or_path = str(path)
     from dllm_decode.models.compact import default_runtime, set_runtime
 
@@ -222,3 +227,35 @@ def check_token_ids(directory: Path, model: nn.Module) -> None:
     if model.mask_token_id in model.eos_token_ids:
         raise ModelLoadError(f"{directory / 'config.json'}: mask_token_id {model.mask_token_id} is "
                              f"also an eos_token_id; [MASK] must be its own token")
+
+
+def check_tokenizer_ids(directory: Path, model: nn.Module, tokenizer: Any) -> None:
+    """The model's special ids agree with its tokenizer: [MASK] is the tokenizer's mask token
+    when it names one, and every special id the model decodes with ([MASK], each end of text)
+    is one of the tokenizer's special or added tokens, not an ordinary word (a config whose mask
+    id is a word decodes garbage without an error).
+
+    Raises:
+        ModelLoadError: naming config.json, the key, the id and what the tokenizer calls it.
+    """
+    if tokenizer is None:
+        return
+    where = directory / "config.json"
+    vocab = int(model.vocab_size)
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if isinstance(mask, int) and mask != model.mask_token_id and mask < vocab:
+        raise ModelLoadError(f"{where}: mask_token_id {model.mask_token_id} differs from the "
+                             f"tokenizer's mask token {getattr(tokenizer, 'mask_token', None)!r} "
+                             f"(id {mask}); the two must agree")
+    try:
+        special = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or () if i is not None}
+        special |= {int(i) for i in (tokenizer.get_added_vocab() or {}).values()}
+        size = len(tokenizer)
+    except Exception:  # noqa: BLE001 - a tokenizer without these views is not checked further
+        return
+    named = [("mask_token_id", model.mask_token_id), *(("eos_token_id", e) for e in model.eos_token_ids)]
+    for key, value in named:
+        if value < size and value not in special:
+            word = tokenizer.convert_ids_to_tokens(value)
+            raise ModelLoadError(f"{where}: {key} {value} is the ordinary token {word!r} in the "
+                                 f"tokenizer, not a special token; the config and the tokenizer disagree")

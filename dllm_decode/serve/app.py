@@ -1,10 +1,17 @@
 """The HTTP server: FastAPI routes over an `EngineWorker`, run by uvicorn (the `[serve]` extra;
 importing this module needs FastAPI).
 
-Routes: `GET /health`, `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions`
-(streamed as server-sent events with `"stream": true`). Every error is OpenAI's JSON with a
-4xx/5xx status: 400 bad request, 404 unknown model or route, 429 queue full, 503 shutting down,
-504 request timeout, 500 a failed decode.
+Routes: `GET /health`, `GET /v1/models`, `GET /metrics` (Prometheus text), `GET /openapi.json`,
+`POST /v1/completions`, `POST /v1/chat/completions` (streamed as server-sent events with
+`"stream": true`). Every error is OpenAI's JSON with a 4xx/5xx status: 400 bad request (too deep
+included), 404 unknown model or route, 405 wrong method, 408 a body that did not arrive in time,
+413 a body over the limit, 429 queue full, 503 shutting down, 504 request timeout, 500 a failed
+decode.
+
+The event loop does no CPU work of size: JSON parsing, the request check and tokenising run in
+one CPU thread (`ServerState.offload`), the model in the engine's thread, so `/health` answers
+while a big request is refused or a long prompt is tokenised. Every route sits behind
+`guard.Guard` (body size, body read time, nesting, access log, metrics).
 
 What a streamed chunk carries: the answer text that became *final* since the previous chunk,
 i.e. the newly committed tokens before the first still-masked position (`Decoding.snapshot`).
@@ -16,18 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
+import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request as HTTPRequest   # module level: FastAPI reads the route annotations
 
 from dllm_decode.engine import Output, Request, Update
-from dllm_decode.serve.protocol import APIError, Job, Settings, StopText, chunk, parse_job, reply
+from dllm_decode.serve.metrics import Metrics
+from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
+                                        reply)
 from dllm_decode.serve.worker import EngineWorker
 
 log = logging.getLogger("dllm_decode.serve")
@@ -43,18 +55,31 @@ class Limits:
             event, and its row is freed).
         shutdown_timeout: seconds in-flight requests get to finish after a shutdown signal;
             the rest are cancelled (503 / an error event).
+        max_body_bytes: the largest request body (then 413, before the body is read when the
+            client declares its length).
+        body_timeout: seconds a request body may take to arrive in full (then 408).
+        max_depth: the deepest JSON nesting of a body (then 400).
+    Raises:
+        ValueError: a negative count, or a time that is not a finite number > 0.
     """
 
     max_queue: int = 64
     request_timeout: float = 600.0
     shutdown_timeout: float = 30.0
+    max_body_bytes: int = 1 << 20
+    body_timeout: float = 30.0
+    max_depth: int = MAX_DEPTH
 
     def __post_init__(self) -> None:
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        for name in ("request_timeout", "shutdown_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        for name in ("max_queue", "max_body_bytes", "max_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
+                raise ValueError(f"{name} must be an integer >= {0 if name == 'max_queue' else 1}, got {value!r}")
+        for name in ("request_timeout", "shutdown_timeout", "body_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not value > 0:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
 class ServerState:
@@ -68,6 +93,13 @@ class ServerState:
         self.served = 0
         self.started = time.time()
         self.server: Any = None             # the uvicorn server, once `serve` runs
+        self.cpu = ThreadPoolExecutor(1, thread_name_prefix="dllm-cpu")   # tokenising, JSON
+        self.metrics = Metrics(in_flight=lambda: self.in_flight,
+                               queued=lambda: len(getattr(worker.engine, "waiting", ())))
+
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the CPU thread (one at a time: tokenizers are not re-entrant)."""
+        return await asyncio.get_running_loop().run_in_executor(self.cpu, fn, *args)
 
     def stop(self) -> None:
         """Shut down as a signal would (tests, embedding applications)."""
@@ -93,8 +125,12 @@ def create_app(state: ServerState) -> Any:
     """The FastAPI application (the worker starts and stops with the app's lifespan)."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
+
+    from dllm_decode.serve import schema
+    from dllm_decode.serve.guard import PARSED_BODY, Guard
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -106,6 +142,17 @@ def create_app(state: ServerState) -> Any:
 
     app = FastAPI(title="dllm-decode", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
+    app.add_middleware(Guard, limits=state.limits, offload=state.offload, metrics=state.metrics)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(title="dllm-decode", version=_version(), routes=app.routes,
+                                   description="OpenAI-compatible completions for diffusion LMs.")
+            document.setdefault("components", {}).setdefault("schemas", {}).update(schema.components())
+            app.openapi_schema = document
+        return copy.deepcopy(app.openapi_schema)
+
+    app.openapi = openapi                     # type: ignore[method-assign]
 
     def error(err: APIError) -> JSONResponse:
         return JSONResponse(err.body(), status_code=err.status)
@@ -115,7 +162,14 @@ def create_app(state: ServerState) -> Any:
         return error(err)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Any, err: HTTPException) -> JSONResponse:
+    async def http_error(http: Any, err: HTTPException) -> JSONResponse:
+        if err.status_code == 405:
+            allowed = (err.headers or {}).get("Allow", "")
+            return error(APIError(405, f"{http.method} is not allowed on {http.url.path}"
+                                       + (f"; use {allowed}" if allowed else ""), code="method_not_allowed"))
+        if err.status_code == 404:
+            return error(APIError(404, f"no route {http.url.path}; routes: /v1/completions, "
+                                       f"/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json"))
         return error(APIError(err.status_code, str(err.detail)))
 
     @app.exception_handler(RequestValidationError)
@@ -129,21 +183,29 @@ def create_app(state: ServerState) -> Any:
         log.exception("unhandled error")
         return error(APIError(500, f"internal error: {type(err).__name__}"))
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
+    errors = {status: {"model": schema.ErrorResponse} for status in (400, 404, 405, 408, 413, 429, 503)}
+
+    @app.get("/health", response_model=None)
+    async def health() -> Any:
         ok = state.worker.alive and not state.draining
         body = {"status": "ok" if ok else ("draining" if state.draining else "failed"),
                 "model": state.settings.model_id, "in_flight": state.in_flight,
                 "served": state.served, "uptime_seconds": round(time.time() - state.started, 3)}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    @app.get("/metrics", response_model=None)
+    async def metrics() -> Any:
+        return PlainTextResponse(state.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", response_model=None)
+    async def models() -> Any:
         return {"object": "list", "data": [{"id": state.settings.model_id, "object": "model",
                                             "created": int(state.started), "owned_by": "dllm-decode"}]}
 
     async def handle(kind: str, http: HTTPRequest) -> Any:
-        job = parse_job(kind, await _json(http), state.settings, state.tokenizer)
+        parsed = http.scope.get("state", {}).get(PARSED_BODY, _UNSET)      # parsed by the guard
+        body = parsed if parsed is not _UNSET else await state.offload(_parse, await http.body())
+        job = await state.offload(parse_job, kind, body, state.settings, state.tokenizer)
         _admit(state, job)
         updates = _submit(state, job)
         if job.stream:
@@ -157,19 +219,31 @@ def create_app(state: ServerState) -> Any:
             raise _failure(output, reason, state)
         return JSONResponse(reply(job, state.settings.model_id, output, text, reason))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=None, openapi_extra=schema.request_body(schema.CompletionRequest),
+              responses={200: {"model": schema.CompletionResponse}, **errors})
     async def completions(http: HTTPRequest) -> Any:
         return await handle("completion", http)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=None,
+              openapi_extra=schema.request_body(schema.ChatCompletionRequest),
+              responses={200: {"model": schema.ChatCompletionResponse}, **errors})
     async def chat_completions(http: HTTPRequest) -> Any:
         return await handle("chat", http)
 
     return app
 
 
-async def _json(http: Any) -> Any:
-    raw = await http.body()
+_UNSET = object()
+
+
+def _version() -> str:
+    from dllm_decode import __version__
+
+    return __version__
+
+
+def _parse(raw: bytes) -> Any:
+    """A request body as JSON (on the CPU thread)."""
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -186,8 +260,12 @@ def _admit(state: ServerState, job: Job) -> None:
         raise APIError(429, f"the server is full ({state.in_flight} requests in flight); retry later",
                        code="queue_full")
     try:
-        state.worker.engine.check(_request(job))
-    except ValueError as err:
+        engine = state.worker.engine
+        mask = getattr(engine.model, "mask_token_id", None)
+        if isinstance(mask, int) and mask in job.prompt:
+            raise ValueError(f"the prompt holds the [MASK] id {mask}; prompts must be clean text")
+        engine.check(_request(job))
+    except (ValueError, TypeError) as err:
         message = str(err)
         if "context" in message:
             raise APIError(400, message, param="prompt", code="context_length_exceeded") from None
@@ -260,7 +338,8 @@ async def _events(state: ServerState, job: Job, updates: _Updates,
             if stops.hit:
                 updates.cancel()
                 output = update.output or Output(stops.text, (), len(job.prompt), 0, 0.0, 0.0, "stop")
-                yield text, replace(output, text=stops.text, tokens=tuple(updates.tokens)), "stop"
+                kept = await state.offload(answer_tokens, state.tokenizer, stops.text, tuple(updates.tokens))
+                yield text, replace(output, text=stops.text, tokens=kept), "stop"
                 return
             if update.output is None:
                 if text:
@@ -278,6 +357,8 @@ async def _collect(state: ServerState, job: Job, updates: _Updates, http: Any) -
         parts.append(text)
         if output is not None:
             state.served += 1
+            if reason not in ("error", "cancelled"):
+                _count(state, output)
             final = "".join(parts)
             return (output.text if output.text is not None and not job.stops else final), output, reason
     raise APIError(499, "the client disconnected")
@@ -310,6 +391,7 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
             if job.include_usage:
                 yield _event(chunk(job, model, output=output))
             state.served += 1
+            _count(state, output)
         yield "data: [DONE]\n\n"
     except APIError as err:
         yield _event(err.body())
@@ -317,6 +399,26 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
     finally:
         updates.cancel()
         state.in_flight -= 1
+
+
+def _count(state: ServerState, output: Output) -> None:
+    state.metrics.count_decode(output.prompt_tokens, len(output.tokens), output.nfe,
+                               output.seconds + output.queued)
+
+
+def answer_tokens(tokenizer: Any, text: str, tokens: tuple[int, ...]) -> tuple[int, ...]:
+    """The shortest prefix of `tokens` whose text covers `text` (an answer cut at a stop string
+    counts only the tokens it returns); all of them without a tokenizer."""
+    if tokenizer is None or not tokens:
+        return tokens
+    low, high = 0, len(tokens)
+    while low < high:                       # the text grows with the prefix: binary search
+        middle = (low + high) // 2
+        if len(tokenizer.decode(list(tokens[:middle]), skip_special_tokens=True)) >= len(text):
+            high = middle
+        else:
+            low = middle + 1
+    return tokens[:low]
 
 
 def _event(body: dict[str, Any]) -> str:
@@ -350,11 +452,20 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, sock: A
 
     config = uvicorn.Config(create_app(state), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=state.limits.shutdown_timeout + 5,
-                            access_log=log_level == "debug")
+                            access_log=False, log_config=_log_config(log_level))
     server = _Server(config)
     state.server = server
     server.run(sockets=[sock] if sock is not None else None)
 
+
+
+def _log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging setup plus this package's loggers (the access line per request at INFO)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["dllm_decode"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return config
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible request and response bodies (spec serving.md §2), with no web framework.
+"""The OpenAI-compatible request and response bodies (no web framework; shapes and types are
+checked with the pydantic models of `schema`).
 
 A request body becomes a `Job` (prompt tokens, the decode record, limits, stream flags) or an
 `APIError` whose `body()` is OpenAI's error JSON. dLLM knobs travel in one namespaced object,
@@ -6,11 +7,16 @@ A request body becomes a `Job` (prompt tokens, the decode record, limits, stream
 the server's default record; `temperature` and `seed` are the OpenAI fields. Unknown keys and
 OpenAI features this server does not implement (n > 1, logprobs, penalties, ...) are refused
 with a 400 naming the parameter, never ignored.
+
+What a request may contain is data, never a place: per-request component options choose among
+registered names and typed values, never files (`dllm_decode.serve.options`). JSON nesting is
+bounded (`MAX_DEPTH`). Prompt text gets the package's one prompt check
+(`dllm_decode.prompts`): no lone surrogates, no special tokens written out; words the tokenizer
+does not know become a `warning` in the reply.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import uuid
@@ -22,8 +28,9 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
 from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
-from dllm_decode.prompts import chat_prompt
+from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
+from dllm_decode.serve.options import OptionError, check_options
 
 DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos")
 """Keys of the `dllm` extension object."""
@@ -46,12 +53,18 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
 """OpenAI parameters accepted only at their neutral value (the check says which values pass)."""
 
 MAX_STOPS = 4
+MAX_STOP_CHARS = 256
+"""The longest stop string (the stream holds back text that may begin one, per update)."""
+MAX_DEPTH = 16
+"""The deepest JSON nesting a request may have (objects and lists; an OpenAI chat body needs 5,
+a wrapped scheduler one more per wrapper); deeper is a 400."""
 
 
 class APIError(Exception):
     """An error reply: HTTP status and OpenAI's `{"error": {message, type, param, code}}`."""
 
-    TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
+    TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+             408: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
              429: "rate_limit_error", 500: "server_error", 503: "service_unavailable", 504: "timeout_error"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
@@ -105,6 +118,8 @@ class Job:
         stream, include_usage: SSE streaming, and a usage chunk at its end.
         stops: stop strings (the answer ends before the first one).
         id, created: the response's id and creation time (int seconds).
+        warning: a one-line note for the reply (words of the prompt the tokenizer does not
+            know), or None.
     """
 
     kind: str
@@ -116,6 +131,7 @@ class Job:
     stops: tuple[str, ...]
     id: str
     created: int
+    warning: str | None = None
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -127,6 +143,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     """
     if not isinstance(body, Mapping):
         raise APIError(400, "the request body must be a JSON object")
+    check_depth(body)
     unknown = sorted(set(body) - KEYS[kind])
     if unknown:
         raise APIError(400, f"unrecognized request argument(s) {unknown}; dLLM options go in the "
@@ -134,42 +151,128 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     for name, neutral in UNSUPPORTED.items():
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
+    check_shape(kind, body)
     model = body.get("model")
     if model is not None and model != settings.model_id:
         raise APIError(404, f"the model {model!r} does not exist; this server serves "
                             f"{settings.model_id!r}", param="model", code="model_not_found")
-    text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body)
-    prompt = _encode(text_or_ids, tokenizer)
+    text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens)
-    stream = _flag(body, "stream")
+    prompt = _encode(text_or_ids, tokenizer)
+    stream = bool(body.get("stream"))
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}):
-        raise APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
     if options is not None and not stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
-    include_usage = _flag(options or {}, "include_usage")
+    include_usage = bool((options or {}).get("include_usage"))
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    user_text = _user_text(body, kind)
+    warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
-               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()))
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning)
 
 
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise APIError(400, f"{name} must be true or false, got {value!r}", param=name)
-    return value
+def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON nested deeper than `limit` (iteratively: no recursion to exhaust).
+
+    Raises:
+        APIError: 400 naming the limit.
+    """
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (Mapping, list)):
+                if depth + 1 > limit:
+                    raise APIError(400, f"the request body is nested deeper than {limit} levels")
+                stack.append((child, depth + 1))
 
 
-def _prompt(body: Mapping[str, Any]) -> str | list[int]:
+UNION_MESSAGES = {
+    "prompt": "prompt must be a non-empty string or a list of token ids",
+    "stop": f"stop must be a non-empty string or a list of up to {MAX_STOPS}",
+    "messages[].content": "messages[].content must be text (a string or text parts)",
+    "dllm.scheduler": "dllm.scheduler must be a registered name or an object with `name`",
+    "dllm.cache": "dllm.cache must be a registered name or an object with `name`",
+    "dllm.filters[]": "dllm.filters[] must be a registered name or an object with `name`",
+}
+"""Messages for fields that accept several shapes (the first shape's error alone would mislead)."""
+EXPECTED = {"bool_type": "true or false", "int_type": "an integer", "float_type": "a number",
+            "string_type": "a string", "list_type": "a list", "dict_type": "an object",
+            "model_type": "an object", "model_attributes_type": "an object"}
+
+
+def check_shape(kind: str, body: Mapping[str, Any]) -> None:
+    """The body's shape and types, checked with the pydantic request model in strict mode
+    (`schema`); the first error becomes one line naming the parameter.
+
+    Raises:
+        APIError: 400.
+    """
+    from pydantic import ValidationError
+
+    from dllm_decode.serve import schema
+
+    model = schema.ChatCompletionRequest if kind == "chat" else schema.CompletionRequest
+    try:
+        model.model_validate(body)
+    except ValidationError as err:
+        raise _shape_error(err.errors()[0]) from None
+
+
+def _shape_error(error: Mapping[str, Any]) -> APIError:
+    """A pydantic error -> the server's 400, worded as the rest of its messages."""
+    parts, through_union = [], False
+    for part in error.get("loc", ()):
+        if isinstance(part, int):
+            parts.append(f"[{part}]")
+        elif "[" in part or part in ("str", "int", "float", "bool", "TextPart") or part[:1].isupper():
+            through_union = True                    # a shape tag of a field with several shapes
+            break
+        else:
+            parts.append(("." if parts else "") + part)
+    param = "".join(parts) or None
+    kind, value, context = error.get("type"), error.get("input"), error.get("ctx") or {}
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    if kind == "extra_forbidden" and param and param.startswith("dllm."):
+        return APIError(400, f"unknown dllm option(s) [{param[5:]!r}]; valid: {list(DLLM_KEYS)}", param=param)
+    if kind == "extra_forbidden" and param and param.startswith("stream_options"):
+        return APIError(400, "stream_options must be an object with `include_usage`", param="stream_options")
+    if through_union:
+        general = re.sub(r"\[\d+\]", "[]", param or "")
+        message = UNION_MESSAGES.get(general, f"{general} has the wrong shape").replace(general, param or "", 1)
+        return APIError(400, f"{message}, got {shown}", param=param)
+    if kind == "missing":
+        return APIError(400, f"{param} is required", param=param)
+    if kind == "literal_error":
+        return APIError(400, f"{param} must be one of {context.get('expected')}, got {shown}", param=param)
+    if kind == "greater_than_equal":
+        return APIError(400, f"{param} must be an integer >= {context.get('ge')}, got {shown}", param=param)
+    if kind == "too_short":
+        return APIError(400, f"{param} must be a non-empty list", param=param)
+    if kind in EXPECTED:
+        return APIError(400, f"{param} must be {EXPECTED[kind]}, got {shown}", param=param)
+    return APIError(400, f"{param}: {error.get('msg', 'invalid value')}", param=param)
+
+
+def _user_text(body: Mapping[str, Any], kind: str) -> str:
+    """The text the user wrote (the prompt, or the messages' contents), for the unknown-word note."""
+    if kind == "completion":
+        prompt = body.get("prompt")
+        prompt = prompt[0] if isinstance(prompt, list) and len(prompt) == 1 else prompt
+        return prompt if isinstance(prompt, str) else ""
+    return " ".join(_content(m.get("content"), i) for i, m in enumerate(body.get("messages") or []))
+
+
+def _prompt(body: Mapping[str, Any], tokenizer: Any = None) -> str | list[int]:
     """`prompt`: a string, a token-id list, or a one-element list of either."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
+        _check_text(prompt, tokenizer, "prompt")
         return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
@@ -182,19 +285,17 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
 def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> str:
     """The messages as one prompt: the tokenizer's chat template, or the lone user message's
     text when there is no template (or it is turned off)."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError(400, "messages must be a non-empty list", param="messages")
     plain = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") not in ("system", "user", "assistant",
-                                                                            "developer"):
-            raise APIError(400, f"messages[{i}] must be an object with a role of system, developer, "
-                                f"user or assistant", param=f"messages[{i}]")
-        plain.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    for i, message in enumerate(body["messages"]):            # shapes checked by `check_shape`
+        content = _content(message.get("content"), i)
+        _check_text(content, tokenizer, f"messages[{i}].content")
+        plain.append({"role": message["role"], "content": content})
     has_template = settings.chat_template and getattr(tokenizer, "chat_template", None)
     if len(plain) == 1 and plain[0]["role"] == "user":
-        return chat_prompt(tokenizer, plain[0]["content"], settings.chat_template)
+        try:
+            return chat_prompt(tokenizer, plain[0]["content"], settings.chat_template)
+        except ValueError as err:
+            raise APIError(400, first_line(err), param="messages[0].content") from None
     if not has_template:
         raise APIError(400, "this model has no chat template: send a single user message",
                        param="messages")
@@ -211,6 +312,13 @@ def _content(content: Any, i: int) -> str:
                    param=f"messages[{i}].content")
 
 
+def _check_text(text: str, tokenizer: Any, param: str) -> None:
+    try:
+        check_text(text, tokenizer, param)
+    except (ValueError, TypeError) as err:
+        raise APIError(400, first_line(err), param=param) from None
+
+
 def _encode(prompt: str | list[int], tokenizer: Any) -> tuple[int, ...]:
     if isinstance(prompt, str):
         if tokenizer is None:
@@ -220,9 +328,11 @@ def _encode(prompt: str | list[int], tokenizer: Any) -> tuple[int, ...]:
         ids = prompt
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
-    if min(ids) < 0:
-        raise APIError(400, f"token ids must be >= 0, got {min(ids)}", param="prompt")
-    return tuple(ids)
+    mask = getattr(tokenizer, "mask_token_id", None)
+    try:
+        return check_token_ids(ids, mask_id=mask if isinstance(mask, int) else None, where="prompt")
+    except (ValueError, TypeError) as err:
+        raise APIError(400, first_line(err), param="prompt") from None
 
 
 def _max_tokens(body: Mapping[str, Any], kind: str) -> int | None:
@@ -230,10 +340,7 @@ def _max_tokens(body: Mapping[str, Any], kind: str) -> int | None:
     given = [(n, body[n]) for n in names if body.get(n) is not None]
     if not given:
         return None
-    name, value = given[-1]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise APIError(400, f"{name} must be an integer >= 1, got {value!r}", param=name)
-    return value
+    return given[-1][1]                                       # an int >= 1 (`check_shape`)
 
 
 def _stops(stop: Any) -> tuple[str, ...]:
@@ -243,6 +350,8 @@ def _stops(stop: Any) -> tuple[str, ...]:
     if (not isinstance(stops, list) or len(stops) > MAX_STOPS
             or not all(isinstance(s, str) and s for s in stops)):
         raise APIError(400, f"stop must be a non-empty string or a list of up to {MAX_STOPS}", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(400, f"a stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
     return tuple(stops)
 
 
@@ -253,15 +362,17 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     cut at `max_tokens`), else the server's. A `scheduler` / `cache` given as a name or with a
     `name` replaces the default; an object without `name` changes fields of the default one.
     """
-    dllm = body.get("dllm")
-    dllm = {} if dllm is None else dllm
-    if not isinstance(dllm, Mapping):
-        raise APIError(400, "dllm must be an object", param="dllm")
-    unknown = sorted(set(dllm) - set(DLLM_KEYS))
-    if unknown:
-        raise APIError(400, f"unknown dllm option(s) {unknown}; valid: {list(DLLM_KEYS)}",
-                       param=f"dllm.{unknown[0]}")
+    dllm = body.get("dllm") or {}                             # an object of DLLM_KEYS (`check_shape`)
     data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
+    started = [settings.config.scheduler, settings.config.cache, *settings.config.filters]
+    try:
+        check_options(settings.scheduler_kinds, dllm.get("scheduler"), started, "dllm.scheduler")
+        check_options(("cache",), dllm.get("cache"), started, "dllm.cache")
+        if isinstance(dllm.get("filters"), list):
+            for i, spec in enumerate(dllm["filters"]):
+                check_options(("filter",), spec, started, f"dllm.filters[{i}]")
+    except OptionError as err:
+        raise APIError(400, str(err), param=err.param) from None
     try:
         data["scheduler"] = _part(settings.scheduler_kinds, settings.config.scheduler, dllm.get("scheduler"))
         data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
@@ -269,26 +380,28 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
         part = "scheduler" if "scheduler" in str(err) else "cache"
         raise APIError(400, first_line(err), param=f"dllm.{part}") from None
     for name in ("filters", "block_length", "stop_at_eos"):
-        if name in dllm:
+        if dllm.get(name) is not None:                 # null: the server's default, as in OpenAI
             data[name] = dllm[name]
     for name in ("temperature", "seed"):
         if body.get(name) is not None:
             data[name] = body[name]
-    if "gen_length" in dllm:
+    if dllm.get("gen_length") is not None:
         data["gen_length"] = dllm["gen_length"]
     elif max_tokens is not None:
         block = data["block_length"]
-        data["gen_length"] = math.ceil(max_tokens / block) * block if type(block) is int and block > 0 \
-            else max_tokens
+        data["gen_length"] = -(-max_tokens // block) * block if type(block) is int and block > 0 \
+            else max_tokens                            # integer ceil: exact for any size
     try:
         config = settings.prepare(DecodeConfig.from_dict(data))
+    except RecursionError:
+        raise APIError(400, "the dllm object is nested too deeply", param="dllm") from None
     except (ValueError, TypeError) as err:
         sent = {*dllm, *(n for n in ("temperature", "seed") if body.get(n) is not None)}
         raise APIError(400, first_line(err), param=_param_of(first_line(err), sent)) from None
     if config.gen_length > settings.max_tokens:
         raise APIError(400, f"the canvas of {config.gen_length} tokens exceeds this server's limit "
                             f"of {settings.max_tokens} (max_tokens / dllm.gen_length)",
-                       param="max_tokens" if "gen_length" not in dllm else "dllm.gen_length")
+                       param="max_tokens" if dllm.get("gen_length") is None else "dllm.gen_length")
     return config
 
 
@@ -354,7 +467,8 @@ class StopText:
 # -- response bodies --------------------------------------------------------------------------
 
 def usage(output: Output) -> dict[str, int]:
-    """Token counts: the prompt, and the answer without the canvas's end-of-text padding."""
+    """Token counts: the prompt, and the answer without the canvas's end-of-text padding (cut
+    at a stop string, the tokens of the returned text only)."""
     return {"prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.tokens),
             "total_tokens": output.prompt_tokens + len(output.tokens)}
 
@@ -372,9 +486,12 @@ def reply(job: Job, model_id: str, output: Output, text: str, finish_reason: str
                   "logprobs": None, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
+    body = {"id": job.id, "object": "chat.completion" if job.kind == "chat" else "text_completion",
             "created": job.created, "model": model_id, "choices": [choice], "usage": usage(output),
             "dllm": extension(job, output)}
+    if job.warning:
+        body["warning"] = job.warning
+    return body
 
 
 def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str | None = None,
@@ -398,4 +515,6 @@ def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str |
     body["choices"] = [choice]
     if job.include_usage:
         body["usage"] = None
+    if job.warning and finish_reason is not None:
+        body["warning"] = job.warning
     return body

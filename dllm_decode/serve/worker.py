@@ -131,3 +131,35 @@ class EngineWorker:
 
 def _failed(request: Request, message: str) -> Update:
     return Update(request.id, output=Output(None, (), len(request.prompt), 0, 0.0, 0.0, "error", message))
+
+
+def startup_check(engine: Engine, config: Any, steps: int = 2) -> str | None:
+    """Admit one tiny request with the server's default record and run its first `steps` engine
+    steps before the server starts: a model/policy combination that cannot run (e.g. a scheduler
+    that needs block bounds the model does not allow) fails here, once, instead of failing every
+    request. Returns the error's message, or None when it runs. Leaves the engine empty.
+    """
+    model = engine.model
+    vocab = int(getattr(model, "vocab_size", 2) or 2)
+    special = {getattr(model, "mask_token_id", None), *getattr(model, "eos_token_ids", ())}
+    token = next((i for i in range(vocab) if i not in special), 0)
+    request = Request(id="startup-check", prompt=(token,), config=config, max_tokens=1)
+    quiet = logging.getLogger(type(engine).__module__)      # the failure is reported once, here
+    was, quiet.disabled = quiet.disabled, True
+    try:
+        engine.check(request)
+        engine.add(request)
+        for _ in range(steps):
+            for update in engine.step():
+                if update.output is not None and update.output.finish_reason == "error":
+                    return update.output.error or "the decode failed"
+            if not engine.has_work:
+                return None
+        engine.cancel(request.id)
+        while engine.has_work:
+            engine.step()
+    except (ValueError, TypeError, RuntimeError) as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    finally:
+        quiet.disabled = was
+    return None

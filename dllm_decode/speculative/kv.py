@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.devices import device_of
 from dllm_decode.speculative.tree import tree_attention
 from dllm_decode.speculative.verify import leading_run
 
@@ -52,7 +53,7 @@ def new_kv(model: Any) -> KV:
 
         config = getattr(model, "config", None)
         cache = DynamicCache(config=config) if config is not None else DynamicCache()
-    return KV(cache=cache, ids=torch.zeros(0, dtype=torch.long, device=_device_of(model)))
+    return KV(cache=cache, ids=torch.zeros(0, dtype=torch.long, device=device_of(model)))
 
 
 def rollback(kv: KV, length: int) -> KV:
@@ -187,11 +188,3 @@ def _model_mask(model: Any, mask: Tensor) -> Tensor:
     raise ValueError(f"token-tree verification needs SDPA or eager attention (a custom mask); "
                      f"this model uses {implementation!r}")
 
-
-def _device_of(model: Any) -> torch.device:
-    if isinstance(getattr(model, "device", None), torch.device):
-        return model.device
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")

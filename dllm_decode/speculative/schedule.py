@@ -57,8 +57,7 @@ from dllm_decode.interfaces import Scheduler, StepInput
 from dllm_decode.speculative.draft_lengths import DRAFT_LENGTHS, DraftLengthScheduler
 from dllm_decode.speculative.drafters.base import Draft
 from dllm_decode.speculative.verify import leading_run
-
-_STEP_FIELDS = {f.name for f in dataclasses.fields(StepInput)}
+from dllm_decode.step import step_input
 
 
 def draft_length_rule(spec: Any) -> Scheduler:
@@ -100,18 +99,12 @@ def draft_step_input(draft: Draft, vocab_size: int, generator: torch.Generator |
                      eos_ids: tuple[int, ...] = ()) -> StepInput:
     """The k drafted positions as one denoising step over a fully masked block [0, k)."""
     k = len(draft)
-    device = draft.tokens.device
     probs = draft.view if draft.view is not None else torch.nn.functional.one_hot(
         draft.tokens, vocab_size).float()
     probs = probs.unsqueeze(0).float()
-    every = torch.ones(1, k, dtype=torch.bool, device=device)
     confidence = draft.confidence.float().cummin(0).values.unsqueeze(0)
-    span = torch.tensor([[0, k]], device=device)
-    extra = {"eos_ids": tuple(eos_ids)} if "eos_ids" in _STEP_FIELDS else {}
-    return StepInput(step=0, num_steps=k, offset=0, block=span, gen_span=span, is_masked=every,
-                     eligible=every, candidates=draft.tokens.unsqueeze(0), confidence=confidence,
-                     probs=probs, logits=probs.clamp_min(1e-30).log(), live=every.any(-1),
-                     generator=generator, **extra)
+    return step_input(probs=probs, candidates=draft.tokens.unsqueeze(0), confidence=confidence,
+                      num_steps=k, generator=generator, eos_ids=tuple(eos_ids))
 
 
 def draft_length(scheduler: Scheduler, draft: Draft, state: Any, vocab_size: int,

@@ -2,7 +2,7 @@
 forward and verifies them all in the next (batched) forward.
 
 FreeDave (Wu & Zhang, arXiv 2510.00294), the chain check that SSD (arXiv 2510.04147) and Spiffy
-(arXiv 2509.18085) also perform (spec speculative-2.md §3.1, §3.6): from the logits of the
+(arXiv 2509.18085) also perform (a draft is accepted only when the model's own next step from the previous draft equals it): from the logits of the
 current state x, apply the deterministic unmasking rule j times to *stale* logits to get nested
 drafts d_1 ⊂ d_2 ⊂ ... ⊂ d_K (d_1 is the true next state: its logits are fresh); one batched
 forward on all drafts gives each draft's fresh logits and so its true successor t_j; accept the
@@ -12,9 +12,9 @@ under the same rule (one token per step with `low_confidence`), with at most as 
 The forwards are K rows wide: fewer forwards buy wall-clock only where a batched forward costs
 less than K single ones.
 
-Built on the model's public forward (`DiffusionLM`) and the `Scheduler`/`Decision` contracts; it
-reproduces the step view `dllm_decode.sampler.Decoding` builds (no cache, temperature 0, no
-filters), which the tests check against `generate` token for token.
+Built on the model's public forward (`DiffusionLM`) and the step maths of `dllm_decode.step` (the
+view every scheduler sees in `generate`: no cache, temperature 0, no filters), which the tests
+check against `generate` token for token.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.interfaces import DiffusionLM, NoCache, Scheduler, StepInput
-from dllm_decode.ops import masked_scores
+from dllm_decode.devices import device_of
+from dllm_decode.interfaces import DiffusionLM, NoCache, Scheduler
 from dllm_decode.prompts import encode_prompts, left_pad
+from dllm_decode.step import propose, resolve, step_input, write
 
 RANDOM_RULES = ("random",)
 """Registered unmasking rules that draw random numbers (their drafts cannot be replayed)."""
@@ -116,7 +117,7 @@ def self_speculative_generate(model: DiffusionLM, prompt: str | Sequence[int], c
     if limit is not None and len(ids) + config.gen_length > limit:
         raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({config.gen_length}) exceeds "
                          f"the model's context of {limit} tokens")
-    device = _device_of(model)
+    device = device_of(model)
     eos = tuple(model.eos_token_ids)
     x, _ = left_pad([ids], config.gen_length, model.mask_token_id, eos[0], device)
     width = x.shape[1]
@@ -196,7 +197,7 @@ class _Rule:
                branch: int, stop_at_eos: bool) -> tuple[list[Tensor], list[tuple[int, Tensor]], bool]:
         """Nested drafts from the logits of `x` (fresh for the first step, stale after) and
         leaves: `(j, canvas)`, the rule's next choices besides draft j (drafted from draft j - 1
-        with draft j's commits excluded; SSD's tree of drafts, spec §3.2, cut to one level).
+        with draft j's commits excluded; SSD's tree of drafts, cut to one level).
 
         Returns:
             The spine (draft j = j + 1 steps after x), the leaves, and whether the last draft
@@ -228,33 +229,17 @@ class _Rule:
         """The canvas after one step at block step `step` of `block`, from the (1, W, V) logits of
         the block's columns; `exclude` (1, W) makes columns ineligible (None if none is left)."""
         start, end = block
-        device = x.device
         window = x[:, start:end]
-        is_masked = window == self.mask_id
-        eligible = is_masked if exclude is None else is_masked & ~exclude
-        if exclude is not None and not bool(eligible.any()):
+        eligible = window == self.mask_id
+        if exclude is not None and not bool((eligible & ~exclude).any()):
             return None
-        logits = logits.float().index_fill(-1, torch.tensor([self.mask_id], device=device),
-                                           torch.finfo(torch.float32).min)
-        probs = logits.softmax(-1)
-        candidates = logits.argmax(-1)
-        confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
-        inp = StepInput(step=step, num_steps=end - start, offset=start,
-                        block=torch.tensor([[start, end]], device=device),
-                        gen_span=self.gen_span.to(device), is_masked=is_masked, eligible=eligible,
-                        candidates=candidates, confidence=masked_scores(confidence, eligible),
-                        probs=probs, logits=logits, live=eligible.any(-1), generator=None,
-                        eos_ids=self.eos, mask_id=self.mask_id)
+        logits, probs, candidates = propose(logits, self.mask_id)
+        inp = step_input(logits=logits, probs=probs, candidates=candidates, current=window,
+                         block=torch.tensor([[start, end]], device=x.device), offset=start,
+                         gen_span=self.gen_span.to(x.device), exclude=exclude, step=step,
+                         eos_ids=self.eos, mask_id=self.mask_id)
         decision, _ = self.scheduler.select(inp, None)
-        commit, tokens = decision.resolve(inp)
         out = x.clone()
-        out[:, start:end] = torch.where(commit, tokens, window)
+        out[:, start:end] = write(window, resolve(inp, decision), self.mask_id)
         return out
-
-
-def _device_of(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device(getattr(model, "device", "cpu"))
 

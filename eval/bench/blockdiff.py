@@ -115,7 +115,7 @@ def load_models(o: BlockDiffOptions) -> Models:
     """
     from dllm_decode.models import ModelLoadError, load_model
     from dllm_decode.speculative import with_runtime
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     bd = load_model(o.bd)
     if getattr(bd, "block_size", None) is None:

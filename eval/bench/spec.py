@@ -223,7 +223,7 @@ def section_ar(subject: Subject, samples: Sequence[Sample], o: SuiteOptions) -> 
     runs in transformers; the draft in the compact runtime (the CLI's default for drafts)."""
     from dllm_decode.models import ModelLoadError
     from dllm_decode.speculative import HeuristicScheduler, ModelDrafter, with_runtime
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     try:
         target, draft = load_causal_lm("ar_target"), load_causal_lm("ar_draft")
@@ -241,7 +241,7 @@ def section_ar(subject: Subject, samples: Sequence[Sample], o: SuiteOptions) -> 
 def embedded_suite(o: SpecOptions, log: Callable[[str], None]) -> dict[str, Any] | None:
     """The embedded AR pair, once per target runtime; None when the pair is not installed."""
     from dllm_decode.models import ModelLoadError
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     try:
         loaded, draft_hf = load_causal_lm(o.target), load_causal_lm(o.draft)
@@ -324,7 +324,7 @@ def smollm2_suite(o: SpecOptions, log: Callable[[str], None]) -> dict[str, Any] 
     from dllm_decode.prompts import chat_prompt
     from dllm_decode.schedulers import LowConfidenceScheduler
     from dllm_decode.speculative import HeuristicScheduler, LookupDrafter, layerskip_drafter
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     try:
         model = load_causal_lm("smollm2")

@@ -44,7 +44,7 @@ from dllm_decode.sampler import generate
 from dllm_decode.schedulers import LowConfidenceScheduler, ThresholdScheduler
 from dllm_decode.speculative import (BildScheduler, HeuristicScheduler, LookupDrafter, ModelDrafter,
                                      SpecResult, StagedDrafter, TreeShape, with_runtime)
-from dllm_decode.speculative.models import load_causal_lm
+from dllm_decode.models.causal import load_causal_lm
 from dllm_decode.speculative.selfspec import self_speculative_generate
 from dllm_decode.eval.bench.spec import SpecCombo, measure, summarize
 from dllm_decode.eval.bench.timing import check_counts, interleave, speedup

@@ -85,8 +85,10 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
 
 
 def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = ()) -> Path:
+    from dllm_decode.outputs import atomic_write
+
     path = Path(out_dir) / "report.md"
-    path.write_text(render(summary, plots))
+    atomic_write(path, render(summary, plots), "report")
     return path
 
 
@@ -113,6 +115,8 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, the
     summary["plots"] = [p.name for p in paths]
     if plots and not available():
         summary["notice"] = PLOTS_SKIPPED
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    from dllm_decode.outputs import atomic_write
+
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", "summary")
     write_report(summary, out, paths)
     return summary

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -79,7 +78,7 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         return ideal_decoder(**ideal_options(dict(spec.options))), load_tokenizer()
     if spec.kind == "ar":
         from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
-        from dllm_decode.speculative.models import load_causal_lm
+        from dllm_decode.models.causal import load_causal_lm
 
         target = load_causal_lm(spec.name, device=device, trust_remote_code=trust_remote_code)
         drafter, _ = make_drafter(spec.draft or "none", DraftContext(target, device))
@@ -280,25 +279,11 @@ def exclusive(out: Path, rank: int) -> Iterator[None]:
     Raises:
         ValueError: another process holds the lock (the message names its pid).
     """
-    import fcntl
+    from dllm_decode.outputs import output_lock
 
-    path = out / f".lock.rank{rank}"
-    handle = path.open("a+")
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise ValueError(f"another evaluation (pid {holder}) is writing to {out}; wait for it "
-                             f"to finish or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+    with output_lock(out, "output folder", lock=out / f".lock.rank{rank}", holder="evaluation",
+                     hint="wait for it to finish or choose another --out"):
         yield
-    finally:
-        handle.close()
 
 
 def _key(batch: Batch, index: int) -> str:

@@ -1,6 +1,5 @@
 """The ideal model's exact accuracy and speed under a scheduler, by enumerating its denoising chain
-with the scheduler's own rule (ParallelBench, Kang et al., 2025, arXiv 2510.04767, §4.2; spec
-`parallelbench.md` §2.2).
+with the scheduler's own rule (ParallelBench, Kang et al., 2025, arXiv 2510.04767, §4.2).
 
 Shuffle and Replace Random on a canvas of exactly the n answer positions (one block). At every
 step all masked positions have the same marginal under the ideal model (`ideal.py`), so the
@@ -43,8 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dllm_decode.interfaces import Scheduler, StepInput
+from dllm_decode.interfaces import Scheduler
 from dllm_decode.registry import name_of
+from dllm_decode.step import step_input
 
 EXACT_RULES = frozenset({"low_confidence", "random", "margin", "entropy", "threshold", "factor", "eb"})
 """Registered schedulers whose step depends only on the step's per-position scores and counts."""
@@ -98,15 +98,9 @@ def commits(scheduler: Scheduler, probs: torch.Tensor, candidates: torch.Tensor,
     positions is masked and eligible, with per-position marginals `probs` (B, m, V) and drawn
     `candidates` (B, m), under the loop's rules (`Decision.resolve`: at least one per row).
     `confidence` overrides the candidates' probabilities (the knife-edge check)."""
-    batch, m, vocab = probs.shape
-    every = torch.ones(batch, m, dtype=torch.bool)
-    span = torch.tensor([[0, m]]).expand(batch, 2)
-    if confidence is None:
-        confidence = probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1)
-    inp = StepInput(step=step, num_steps=num_steps, offset=0, block=span, gen_span=span,
-                    is_masked=every, eligible=every, candidates=candidates, confidence=confidence,
-                    probs=probs, logits=probs.clamp_min(1e-30).log(), live=every.any(-1),
-                    generator=torch.Generator().manual_seed(0), mask_id=vocab)
+    batch, _, vocab = probs.shape
+    inp = step_input(probs=probs, candidates=candidates, confidence=confidence, step=step,
+                     num_steps=num_steps, generator=torch.Generator().manual_seed(0), mask_id=vocab)
     decision, _ = scheduler.select(inp, scheduler.init_state(batch, torch.device("cpu")))
     return decision.resolve(inp)[0]
 

@@ -6,6 +6,7 @@ import torch
 
 from dllm_decode.interfaces import StepInput
 from dllm_decode.filters.mlp import ConfidenceMLP
+from dllm_decode.step import step_input
 
 ACCEPT_ABOVE = 0.75
 """`step_mlp` accepts (at threshold 0.96) exactly the slots whose confidence exceeds this."""
@@ -34,15 +35,11 @@ def make_input(confidence: list[list[float]], candidates: list[list[int]], block
     cand = torch.tensor(candidates)
     block_t = torch.tensor(block)
     batch, width = conf.shape
-    columns = torch.arange(offset, offset + width)
     is_masked = torch.isfinite(conf)
-    eligible = is_masked & (columns >= block_t[:, :1]) & (columns < block_t[:, 1:])
     p = torch.where(is_masked, conf, torch.tensor(0.5))
     probs = ((1 - p) / (VOCAB - 1)).unsqueeze(-1).repeat(1, 1, VOCAB)
     probs.scatter_(-1, cand.unsqueeze(-1), p.unsqueeze(-1))
     end = gen_end if gen_end is not None else offset + width
-    return StepInput(step=0, num_steps=int((block_t[:, 1] - block_t[:, 0]).max()), offset=offset,
-                     block=block_t, gen_span=torch.tensor([[0, end]] * batch), is_masked=is_masked,
-                     eligible=eligible, candidates=cand,
-                     confidence=torch.where(eligible, conf, -torch.inf), probs=probs,
-                     logits=probs.log(), live=eligible.any(-1), eos_ids=(EOS,))
+    return step_input(logits=probs.log(), probs=probs, candidates=cand, confidence=conf,
+                      is_masked=is_masked, block=block_t, gen_span=torch.tensor([[0, end]] * batch),
+                      offset=offset, eos_ids=(EOS,))

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from dllm_decode.interfaces import StepInput
 from dllm_decode.ops import masked_scores
+from dllm_decode import step as steps
 
 
 def step_input(logits: Tensor | None = None, *, probs: Tensor | None = None, masked: Tensor | None = None,
@@ -20,22 +21,10 @@ def step_input(logits: Tensor | None = None, *, probs: Tensor | None = None, mas
     Give `logits` (probabilities are their softmax) or `probs` (logits are their log). Defaults:
     every column masked, the block and the generation region are the whole window.
     """
-    if logits is None:
-        logits = probs.clamp_min(1e-30).log()
-    logits = logits.float()
-    probs = logits.softmax(-1) if probs is None else probs.float()
-    batch, width, _ = logits.shape
-    masked = torch.ones(batch, width, dtype=torch.bool) if masked is None else masked
-    block_t = torch.tensor(block if block is not None else [(offset, offset + width)] * batch)
-    span_t = torch.tensor(gen_span if gen_span is not None else [(offset, offset + width)] * batch)
-    cols = torch.arange(offset, offset + width)
-    eligible = masked & (cols >= block_t[:, :1]) & (cols < block_t[:, 1:])
-    candidates = probs.argmax(-1)
-    confidence = masked_scores(probs.gather(-1, candidates.unsqueeze(-1)).squeeze(-1), eligible)
-    return StepInput(step=step, num_steps=num_steps or int((block_t[:, 1] - block_t[:, 0]).max()),
-                     offset=offset, block=block_t, gen_span=span_t, is_masked=masked,
-                     eligible=eligible, candidates=candidates, confidence=confidence, probs=probs,
-                     logits=logits, live=eligible.any(-1), generator=generator)
+    block_t = torch.tensor(block) if block is not None else None
+    span_t = torch.tensor(gen_span) if gen_span is not None else None
+    return steps.step_input(logits=logits, probs=probs, is_masked=masked, block=block_t, gen_span=span_t,
+                      offset=offset, step=step, num_steps=num_steps, generator=generator)
 
 
 def with_confidence(confidence: list[list[float]] | Tensor, **kw) -> StepInput:
@@ -55,7 +44,7 @@ def rows(inp: StepInput, index: list[int]) -> StepInput:
         value = getattr(inp, f.name)
         is_batched = isinstance(value, Tensor) and value.dim() and value.shape[0] == inp.live.shape[0]
         out[f.name] = value[take] if is_batched else value
-    return StepInput(**out)
+    return dataclasses.replace(inp, **out)
 
 
 def clone(inp: StepInput) -> StepInput:

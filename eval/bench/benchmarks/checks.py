@@ -36,8 +36,8 @@ def causal_named(text: str | None, flag: str, default: str | None = None) -> Non
         return
     from pathlib import Path
 
-    from dllm_decode.speculative.gguf import WHEEL_MODELS
-    from dllm_decode.speculative.models import resolve_causal_dir
+    from dllm_decode.models.gguf import WHEEL_MODELS
+    from dllm_decode.models.causal import resolve_causal_dir
 
     with blame(flag):
         if text in WHEEL_MODELS:

@@ -261,7 +261,7 @@ def test_ar_section_with_tiny_causal_models(monkeypatch):
     forward per token; the speedup is the ratio of the two medians."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import dllm_decode.speculative.models as causal
+    import dllm_decode.models.causal as causal
     from dllm_decode.eval.bench.benchmarks import BENCHMARKS
     from dllm_decode.eval.bench.sections import SuiteOptions
     from dllm_decode.eval.bench.spec import section_ar
