@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ class DecodeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.filters, (str, bytes)) or not isinstance(self.filters, Sequence):
+            raise TypeError(f"filters must be a list of Filter instances, got {type(self.filters).__name__}")
         if not isinstance(self.filters, tuple):
             object.__setattr__(self, "filters", tuple(self.filters))
         for name, value, kind in (("scheduler", self.scheduler, Scheduler), ("cache", self.cache, Cache),

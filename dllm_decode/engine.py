@@ -96,6 +96,8 @@ class Engine:
         Raises:
             ValueError: an id already in flight, or what `check` raises.
         """
+        if not isinstance(request, Request):
+            raise TypeError(f"Engine.add takes a Request, got {type(request).__name__}")
         if request.id in self.lives:
             raise ValueError(f"request id {request.id!r} is already in flight")
         self.check(request)

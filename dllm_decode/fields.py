@@ -68,6 +68,9 @@ def _kinds(cls: type) -> dict[str, tuple[str, type, bool]]:
 _ACCEPTED = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "text"}
 
 
+INT64_LIMIT = 2 ** 63
+
+
 def _wrong_type(kind: type, value: Any) -> bool:
     if kind is bool:
         return not isinstance(value, bool)
@@ -104,6 +107,10 @@ def check_types(obj: Any, only: tuple[str, ...] | None = None) -> None:
                                     f"got {type(item).__name__} {item!r} in {value!r}")
         elif _wrong_type(kind, value):
             raise TypeError(f"{_label(obj, name)} must be {accepted}, got {type(value).__name__} {value!r}")
+        for item in (value if shape == "tuple" else (value,)):
+            # Counts reach torch as int64: a larger one would overflow deep inside a step.
+            if kind is int and item is not None and not -INT64_LIMIT < item < INT64_LIMIT:
+                raise ValueError(f"{_label(obj, name)} must lie within +-(2**63 - 1), got {item}")
 
 
 def check_finite(obj: Any, infinite_ok: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:

@@ -10,6 +10,7 @@ admission, streaming and finishing; a backend only decodes and says what became 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,6 +46,9 @@ class Request:
             raise ValueError(f"a request id must be a non-empty string, got {self.id!r}")
         if isinstance(self.prompt, (str, bytes)):
             raise TypeError(f"request {self.id!r}: the prompt must be token ids (integers), got text")
+        if not isinstance(self.prompt, Sequence):
+            raise TypeError(f"request {self.id!r}: the prompt must be a list of token ids (integers), "
+                            f"got {type(self.prompt).__name__}")
         try:                             # the one token-id check `generate` and `Decoding` use
             (prompt,) = encode_prompts([list(self.prompt)], None)
         except (TypeError, ValueError) as err:

@@ -70,6 +70,10 @@ def test_every_component_field_refuses_the_wrong_type(cls, field, kind):
     if kind is float and field not in getattr(cls, "infinite_ok", ()):
         with pytest.raises(ValueError, match=field):
             cls(**{field: math.inf})
+    if kind is int:                       # counts reach torch as int64: refused before they overflow
+        for huge in (2 ** 63, -(2 ** 63) - 1):
+            with pytest.raises(ValueError, match=field):
+                cls(**{field: huge})
 
 
 def test_documented_infinity_stays_valid():
@@ -367,3 +371,19 @@ def test_deeply_nested_json_lines_are_one_line_errors(tmp_path):
 def test_ideal_model_noise_must_be_finite():
     usage_error(invoke(["--model", "ideal:noise=nan", "--gen-length", "8", "--block-length", "8",
                         "--prompt", "copy : mia"]), "noise")
+
+
+
+def test_records_refuse_a_non_sequence_in_one_line():
+    """A bare int where a list belongs names the field, never Python's 'not iterable'."""
+    from dllm_decode.engine import Engine, Request
+    from dllm_decode.schedulers import ThresholdScheduler
+    from dllm_decode.testing import tiny_llada
+
+    config = DecodeConfig(scheduler=ThresholdScheduler(), gen_length=4, block_length=4)
+    with pytest.raises(TypeError, match="prompt must be a list of token ids"):
+        Request("r", 5, config)
+    with pytest.raises(TypeError, match="filters must be a list"):
+        DecodeConfig(scheduler=ThresholdScheduler(), filters=5)
+    with pytest.raises(TypeError, match="Engine.add takes a Request"):
+        Engine(tiny_llada()).add(5)
