@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.models.layers import KVCache
 
@@ -52,7 +53,7 @@ class BlockCache(Cache):
         if not getattr(model, "block_size", None) or not getattr(model, "supports_kv", False):
             name = getattr(model, "name_or_path", None) or type(model).__name__
             raise ValueError(f"cache BlockCache needs a block-causal model with a KV cache "
-                             f"(block_size), and {name} is not one; accepted caches: none, prefix, dual")
+                             f"(block_size), and {name} is not one{accepted_hint(model)}")
         return None
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.models.layers import KVCache
 
@@ -52,7 +53,7 @@ class BlockKVCache(Cache):
         if not getattr(model, "supports_kv", False):
             name = getattr(model, "name_or_path", None) or type(model).__name__
             raise ValueError(f"cache {type(self).__name__} needs a model with a KV cache, and "
-                             f"{name} has none (supports_kv is False); accepted cache: 'none'")
+                             f"{name} has none (supports_kv is False){accepted_hint(model)}")
         return KVCache()
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
+from dllm_decode.compat import accepted_hint
 from dllm_decode.models.layers import BlockStackLM, apply_rope, default_positions, rope_tables
 
 
@@ -27,11 +28,11 @@ def check_model(model, cache_name: str) -> None:
     name = getattr(model, "name_or_path", None) or type(model).__name__
     if not getattr(model, "supports_kv", False):
         raise ValueError(f"cache {cache_name} needs a model with a KV cache, and {name} has none "
-                         f"(supports_kv is False); accepted cache: 'none'")
+                         f"(supports_kv is False){accepted_hint(model)}")
     if (not isinstance(model, BlockStackLM) or getattr(model, "token_shift", 0)
             or getattr(model, "block_size", None)):
         raise ValueError(f"cache {cache_name} runs the layers itself and supports the LLaDA layout "
-                         f"(bidirectional, unshifted); {name} is not one; accepted caches: none, prefix, dual")
+                         f"(bidirectional, unshifted); {name} is not one{accepted_hint(model)}")
 
 
 @dataclass

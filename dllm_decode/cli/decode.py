@@ -10,14 +10,17 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
+from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
+                                     trust_option)
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
 DEFAULT_BLOCK = 32
+FALLBACK_GEN_LENGTH = 128
+"""The canvas when neither `--gen-length` nor the model (`generation_config.json`) names one."""
 
-MODEL_HELP = ("A checkpoint directory, an HF repo id in the local cache, a shipped name "
-              "(`embedded`), `ideal[:noise=X]` or `tiny`.")
+MODEL_HELP = ("A checkpoint directory, an HF repo id ORG/NAME (from the local cache, else downloaded; "
+              "HF_HUB_OFFLINE=1: cache only), a shipped name (`embedded`), `ideal[:noise=X]` or `tiny`.")
 
 
 def _apply(command: Callable[..., Any], options: list[Any]) -> Callable[..., Any]:
@@ -30,20 +33,26 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
     """The model and decode-record options (`dllm-decode` and `dllm-decode serve` share them)."""
     return _apply(command, [
         click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True, help=model_help),
-        click.option("--scheduler", default=DEFAULT_SCHEDULER, show_default=True,
-                     help="Unmasking policy (`dllm-decode list` shows every one with its fields); "
-                          "NAME[:KEY=VALUE,...] sets fields inline."),
+        click.option("--scheduler", default=DEFAULT_SCHEDULER, show_default=True, cls=RegistryHelp,
+                     help=lambda: f"Unmasking policy: {registry_names('scheduler')} (`dllm-decode "
+                                  f"list` shows each one's fields); NAME[:KEY=VALUE,...] sets fields "
+                                  f"inline."),
         click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
                      callback=key_values,
                      help="Set a scheduler field (dotted for a wrapper's base: base.kappa=0.8); repeatable."),
-        click.option("--cache", "cache_name", default="none", show_default=True,
-                     help="How logits are obtained: none, prefix, dual, d2, elastic, suffix; NAME[:KEY=VALUE,...] "
-                          "sets fields inline (`dllm-decode list`)."),
+        click.option("--cache", "cache_name", default="none", show_default=True, cls=RegistryHelp,
+                     help=lambda: f"How logits are obtained: {registry_names('cache')} (which fit a "
+                                  f"model: docs' compatibility matrix); NAME[:KEY=VALUE,...] sets "
+                                  f"fields inline (`dllm-decode list`)."),
         click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE",
                      callback=key_values, help="Set a cache field (refresh policy); repeatable."),
         click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]",
-                     help="Add a filter (learned, eotp); repeatable, applied in order."),
-        click.option("--gen-length", type=int, default=128, show_default=True),
+                     cls=RegistryHelp,
+                     help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order."),
+        click.option("--gen-length", type=int, default=None,
+                     help=f"Canvas length [the model's own: max_new_tokens in its "
+                          f"generation_config.json (32 for the embedded models); else "
+                          f"{FALLBACK_GEN_LENGTH}]."),
         click.option("--block-length", type=int, default=None,
                      help="Semi-AR block [32; a block-diffusion model's own block size]."),
         click.option("--temperature", type=float, default=0.0, show_default=True),
@@ -79,20 +88,33 @@ def decode_record(*, scheduler: str, scheduler_opts: dict[str, str], cache_name:
                   cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
                   block_length: int | None, temperature: float, seed: int) -> Any:
     """The `DecodeConfig` the record options describe (bad parts are usage errors). An unset
-    block length is 32 (or the whole canvas when shorter) until `for_model` sees the model."""
+    block length is 32 (or the whole canvas when shorter), an unset gen length 128, until
+    `for_model` sees the model."""
     from dllm_decode.cli.options import decode_config
 
+    gen_length = FALLBACK_GEN_LENGTH if gen_length is None else gen_length
     return decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
                          cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
                          block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
                          temperature=temperature, seed=seed)
 
 
-def for_model(config: Any, model: Any, block_given: bool = True) -> Any:
-    """The record fitted to the loaded model: a block-diffusion model's own block when the user
-    gave none, and AdaBlock's delimiters (tokenizer ids) filled from its tokenizer."""
-    from dllm_decode.cli.options import usage_errors
+def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool | None = None) -> Any:
+    """The record fitted to the loaded model: the model's natural generation length when the
+    user gave none (`gen_given`; None: read from the running command's `--gen-length`), a
+    block-diffusion model's own block when the user gave none, and AdaBlock's delimiters
+    (tokenizer ids) filled from its tokenizer."""
+    from dllm_decode.cli.options import natural_gen_length, usage_errors
     from dllm_decode.schedulers import with_delimiters
+
+    if gen_given is None:
+        context = click.get_current_context(silent=True)
+        gen_given = context is None or context.params.get("gen_length", 0) is not None
+    natural = None if gen_given else natural_gen_length(model)
+    if natural is not None and natural != config.gen_length:
+        block = config.block_length if block_given else min(DEFAULT_BLOCK, natural)
+        with usage_errors("--gen-length"):
+            config = dataclasses.replace(config, gen_length=natural, block_length=block)
 
     if not block_given and getattr(model, "block_size", None):
         with usage_errors("--block-length"):

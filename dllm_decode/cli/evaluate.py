@@ -8,10 +8,19 @@ import sys
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
-from dllm_decode.cli.options import DTYPES, key_values, runtime_option, trust_option
+from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
+                                     trust_option)
 
-EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embedded`, `ideal[:noise=X]`, "
+EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
+
+
+def command_line() -> str:
+    """This command as the user would type it again: `dllm-decode` and the arguments given, not
+    the absolute path of the venv's executable (`sys.argv[0]`) or of `__main__.py`."""
+    import shlex
+
+    return shlex.join(["dllm-decode", *sys.argv[1:]])
 
 
 @click.command("eval")
@@ -21,15 +30,20 @@ EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embed
                    "released:DIR[#task+task] (ParallelBench's released output/test directory); "
                    "repeatable, the selections add up.")
 @click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
-              metavar="NAME[:KEY=VALUE,...]", help="Repeatable; each one is a curve (or a point).")
+              metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
+              help=lambda: f"One of {registry_names('scheduler')}; repeatable, each one is a curve "
+                           f"(or a point).")
 @click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
               callback=key_values, help="Set a field on every scheduler that has it; repeatable.")
 @click.option("--sweep", "sweep_specs", multiple=True, metavar="KEY=V1,V2,...",
               help="Sweep a scheduler field, tokens_per_step, block_length, gen_length, temperature "
                    "or cache.FIELD; repeatable (product).")
-@click.option("--cache", "cache_name", default="none", show_default=True)
-@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=key_values)
-@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]")
+@click.option("--cache", "cache_name", default="none", show_default=True, cls=RegistryHelp,
+              help=lambda: f"One of {registry_names('cache')}; NAME[:KEY=VALUE,...] sets fields inline.")
+@click.option("-c", "--cache-opt", "cache_opts", multiple=True, metavar="KEY=VALUE", callback=key_values,
+              help="Set a cache field; repeatable.")
+@click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
+              help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
 @click.option("--gen-length", default="32", show_default=True,
               help="Canvas length, or `answer` for each example's reference length (infilling).")
@@ -50,7 +64,8 @@ EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF cache id, `embed
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Results directory; re-running the same command resumes there.")
 @click.option("--chat-template/--no-chat-template", default=True, show_default=True)
-@click.option("--progress/--no-progress", default=None, help="Progress bar on stderr [when a terminal].")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Progress on stderr: a bar on a terminal, otherwise a log line every 30 s.")
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
@@ -66,7 +81,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
                  data_seed: int, sort_by: str, released_scoring: str, batch_size: int, out_dir: str,
                  chat_template: bool,
-                 progress: bool | None, plots: bool, device: str | None, dtype: str | None,
+                 progress: bool, plots: bool, device: str | None, dtype: str | None,
                  trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0)."""
@@ -118,7 +133,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
     with usage_errors():
         records = evaluate(decoder, str(spec), settings, runs, out_dir, tokenizer=tokenizer,
                            batch_size=batch_size,
-                           progress=sys.stderr.isatty() if progress is None else progress)
+                           progress=progress)
     if records is None:                                  # ranks > 0: rank 0 reports
         return
     if combine:
@@ -126,7 +141,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
     models = sorted({r["model"] for r in records})
     summary = write_outputs(records, out_dir, theory=spec.kind == "ideal", skipped=skipped,
                             meta={"model": ", ".join(models) or str(spec),
-                                  "command": " ".join(sys.argv)}, plots=plots)
+                                  "command": command_line()}, plots=plots)
+    if summary.get("notice"):
+        click.echo(summary["notice"], err=True)
     if as_json:
         click.echo(json.dumps(summary, default=str))
         return

@@ -19,6 +19,55 @@ TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTo
               "directories you trust.")
 
 
+class RegistryHelp(click.Option):
+    """A click option whose help is computed when it is shown (`help` is a callable), so lists
+    of accepted names come from the registries, and `--help` of commands without such an option
+    imports no registry (nor torch)."""
+
+    def __init__(self, *args: Any, help: Any = None, **kwargs: Any) -> None:  # noqa: A002
+        self._help_source = help
+        super().__init__(*args, **kwargs)
+
+    @property
+    def help(self) -> str | None:  # type: ignore[override]
+        source = self._help_source
+        return source() if callable(source) else source
+
+    @help.setter
+    def help(self, value: Any) -> None:
+        if value is not None:
+            self._help_source = value
+
+
+def registry_names(kind: str) -> str:
+    """`a, b, c`: the registered names of one kind of component, in registry order."""
+    from dllm_decode.registry import registry
+
+    return ", ".join(registry(kind))
+
+
+def natural_gen_length(model: Any) -> int | None:
+    """The generation length a model declares as its own: a `gen_length` attribute, or
+    `max_new_tokens` in its checkpoint's `generation_config.json` (the file transformers reads
+    for `generate`'s defaults). None when it declares none."""
+    import json
+
+    declared = getattr(model, "gen_length", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        return declared
+    name = getattr(model, "name_or_path", None)
+    if not name:
+        return None
+    from dllm_decode.models.checkpoint import resolve_model_dir
+
+    try:
+        path = resolve_model_dir(name) / "generation_config.json"
+        value = json.loads(path.read_text(encoding="utf-8")).get("max_new_tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 class FloatRange(click.FloatRange):
     """click's `FloatRange`, refusing NaN (it compares False with every bound, so click's own
     range check lets it through). Every float option of the CLI uses this one."""

@@ -55,13 +55,12 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
         raise ModelLoadError(f"{text!r} is a shipped causal (AR) model, not a diffusion LM; use it "
                              f"as `ar:{text}` (eval) or with `dllm-decode spec --target/--draft`")
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        try:
-            from huggingface_hub import snapshot_download
+        from dllm_decode.models.hub import snapshot    # the cache, else the Hub (HF_HUB_OFFLINE: cache)
 
-            return Path(snapshot_download(text, local_files_only=True))
-        except Exception:  # noqa: BLE001 - any miss in the offline cache is the same user error
-            raise ModelLoadError(f"model {text!r} is neither a local directory nor in the local "
-                                 f"HF cache (nothing is downloaded)") from None
+        try:
+            return snapshot(text)
+        except ValueError as err:
+            raise ModelLoadError(str(err)) from None
     raise ModelLoadError(f"model directory {text!r} does not exist")
 
 

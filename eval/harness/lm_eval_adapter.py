@@ -2,13 +2,13 @@
 
 lm-eval finds models only through its registry, so run it through this module, which registers
 the model and then hands over to lm-eval's own command line (tested with lm_eval 0.4.13). The
-local tasks `dllm_copy` and `dllm_sort` (`eval/harness/lm_eval_tasks/`, documents drawn from
-`dllm_decode.eval.tasks`, no download) run offline from the repository root:
+local tasks `dllm_copy` and `dllm_sort` (`TASKS_DIR`, installed with the package, documents
+drawn from `dllm_decode.eval.tasks`, no download) run offline from any directory (the command
+adds `--include_path TASKS_DIR` itself when it is not given):
 
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 python -m dllm_decode.eval.harness.lm_eval_adapter --model dllm_decode \
         --model_args model=embedded,scheduler=threshold,scheduler.threshold=0.9,cache=prefix \
-        --tasks dllm_copy,dllm_sort --include_path eval/harness/lm_eval_tasks --limit 10 \
-        --device cpu --batch_size 4
+        --tasks dllm_copy,dllm_sort --limit 10 --device cpu --batch_size 4
 
 `--batch_size` and `--device` are lm-eval's own flags (it always passes them, so they cannot go
 in `--model_args`); `--model_args` splits on `,`, so a filter takes at most one option there.
@@ -23,8 +23,7 @@ tasks `dllm_sort_mc` and `dllm_copy_mc` (the answer among three other orders of 
 25%) run the same way:
 
     HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 dllm-lm-eval --model dllm_decode \
-        --model_args model=embedded,mc_num=32,mc_batch=32 --tasks dllm_sort_mc \
-        --include_path eval/harness/lm_eval_tasks --device cpu
+        --model_args model=embedded,mc_num=32,mc_batch=32 --tasks dllm_sort_mc --device cpu
 
 `dllm-lm-eval` is lm-eval's own command line with this model registered (the same as
 `python -m dllm_decode.eval.harness.lm_eval_adapter`). lm-eval 0.4.13 (the newest release) finds
@@ -64,8 +63,9 @@ else:
     import lm_eval.models  # noqa: F401
 
 TASKS_DIR = Path(__file__).with_name("lm_eval_tasks")
-"""Local tasks (pass as `--include_path`): generation `dllm_copy`, `dllm_sort`; multiple choice
-`dllm_copy_mc`, `dllm_sort_mc`."""
+"""Local tasks: generation `dllm_copy`, `dllm_sort`; multiple choice `dllm_copy_mc`,
+`dllm_sort_mc`. `dllm-lm-eval` includes this folder itself (installed with the package) unless
+the command gives its own `--include_path`."""
 
 
 def _device(device: str | None) -> str | None:
@@ -234,12 +234,23 @@ def _cut(text: str, until: Any) -> str:
     return text[:cut]
 
 
+def with_task_folder(argv: list[str]) -> list[str]:
+    """`argv` with `--include_path TASKS_DIR` added when it names no include path, so the local
+    tasks resolve from any directory, a wheel install included."""
+    if any(a == "--include_path" or a.startswith("--include_path=") for a in argv[1:]):
+        return argv
+    return [argv[0], "--include_path", str(TASKS_DIR), *argv[1:]]
+
+
 def main() -> None:
-    """Register `dllm_decode`, then run lm-eval's command line."""
+    """Register `dllm_decode`, then run lm-eval's command line (with the local task folder)."""
+    import sys
+
     try:
         from lm_eval.__main__ import cli_evaluate
     except ImportError:
         raise SystemExit("lm-evaluation-harness is not installed: pip install lm_eval") from None
+    sys.argv = with_task_folder(sys.argv)
     cli_evaluate()
 
 

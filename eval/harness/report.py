@@ -29,8 +29,10 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     lines = [f"# Evaluation: {summary.get('model', 'model')}", ""]
     if summary.get("command"):
         lines += ["```", summary["command"], "```", ""]
+    lengths = "/".join(str(g) for g in summary.get("gen_lengths", []))
     lines += [f"{summary['num_samples']} samples, {len(summary['configurations'])} "
-              f"configuration(s), {len(summary['tasks'])} task(s). Accuracy in %. Speed: answer "
+              f"configuration(s), {len(summary['tasks'])} task(s)"
+              + (f", generation length {lengths}" if lengths else "") + f". Accuracy in %. Speed: answer "
               f"tokens (up to the first end-of-text) per forward pass, the primary axis (an AR "
               f"run's tokens per target forward are the same unit); beside it ParallelBench's "
               f"canvas tokens per step (canvas length / NFE, end-of-text padding included).", ""]
@@ -38,6 +40,8 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
         lines.append(f"* {message}")
     if summary.get("skipped"):
         lines.append("")
+    if summary.get("notice"):
+        lines += [f"*{summary['notice']}*", ""]
     for path in plots:
         lines += [f"![{path.stem}]({path.name})", ""]
     levels = list(summary["leaderboard"][0]["pb"]) if summary["leaderboard"] else []
@@ -88,19 +92,29 @@ def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[P
     return path
 
 
+PLOTS_SKIPPED = ("plots skipped: matplotlib is not installed (pip install \"dllm-decode[plot]\", "
+                 "or -e \".[plot]\" in a checkout)")
+
+
 def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, theory: bool = False,
                   skipped: Sequence[str] = (), meta: dict[str, Any] | None = None,
                   plots: bool = True) -> dict[str, Any]:
-    """`summary.json`, the plots and `report.md` for a grid's records; returns the summary."""
+    """`summary.json`, the plots and `report.md` for a grid's records; returns the summary.
+
+    Without matplotlib no plot is drawn and the summary's `notice` says so (the CLI prints it)."""
     import json
 
-    from dllm_decode.eval.harness.plots import plot_summary
+    from dllm_decode.eval.harness.plots import available, plot_summary
     from dllm_decode.eval.harness.summary import summarize
 
     out = Path(out_dir)
     summary = summarize(records, theory=theory, skipped=skipped, meta=meta)
+    summary["gen_lengths"] = sorted({int(r["gen_length"]) for r in records
+                                     if isinstance(r.get("gen_length"), int)})
     paths = plot_summary(summary, out) if plots else []
     summary["plots"] = [p.name for p in paths]
+    if plots and not available():
+        summary["notice"] = PLOTS_SKIPPED
     from dllm_decode.outputs import atomic_write
 
     atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", "summary")

@@ -1,0 +1,163 @@
+"""What a new user meets in the first hour: the model's own canvas, accepted values read from
+the registries and the model, progress off a terminal, the plot notice, a report that records
+the command as typed, the lm-eval task folder, a clean wheel build."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+from dllm_decode.registry import registry
+
+PROMPT = "sort : mia ella hank"
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_the_embedded_model_decodes_on_its_own_canvas():
+    result = _invoke("--json", "--prompt", PROMPT)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["text"] == "ella hank mia"
+    assert len(out["tokens"]) == 32 and out["config"]["gen_length"] == 32   # not 128
+    assert out["tokens_per_step"] == 32.0
+
+
+def test_gen_length_overrides_the_models_canvas():
+    out = json.loads(_invoke("--json", "--gen-length", "64", "--prompt", PROMPT).output)
+    assert len(out["tokens"]) == 64 and out["config"]["block_length"] == 32
+
+
+def test_a_model_without_a_declared_length_keeps_the_fallback():
+    from dllm_decode.cli.decode import FALLBACK_GEN_LENGTH
+    from dllm_decode.cli.options import natural_gen_length
+    from dllm_decode.models import load_model
+    from dllm_decode.testing import tiny_llada_with_tokenizer
+
+    assert natural_gen_length(tiny_llada_with_tokenizer()) is None
+    assert natural_gen_length(load_model("embedded")) == 32
+    assert natural_gen_length(load_model("embedded-bd")) == 32
+    out = json.loads(_invoke("--model", "tiny", "--json", "--prompt", "w1 w2").output)
+    assert len(out["tokens"]) == FALLBACK_GEN_LENGTH
+
+
+def _help_text() -> str:
+    return " ".join(_invoke("--help").output.split())
+
+
+@pytest.mark.parametrize("kind", ["scheduler", "cache", "filter"])
+def test_help_lists_every_registered_name(kind):
+    text = _help_text()
+    names = ", ".join(registry(kind))
+    assert names in text, f"{kind}: {names!r} not in --help"
+
+
+def test_eval_help_lists_them_too():
+    text = " ".join(_invoke("eval", "--help").output.split())
+    for kind in ("scheduler", "cache", "filter"):
+        assert ", ".join(registry(kind)) in text, kind
+
+
+def test_help_follows_the_registry(monkeypatch):
+    from dllm_decode.caches import CACHES, PrefixCache
+
+    monkeypatch.setitem(CACHES, "my_cache", PrefixCache)
+    assert "block, d2, elastic, suffix, my_cache" in _help_text()
+
+
+def test_a_cache_the_model_refuses_names_the_ones_it_accepts():
+    from dllm_decode.compat import accepted_caches
+    from dllm_decode.models import load_model
+
+    result = _invoke("--cache", "block", "--prompt", PROMPT)
+    assert result.exit_code == 2
+    accepted = accepted_caches(load_model("embedded"))
+    assert len(accepted) == 6 and "block" not in accepted
+    assert f"accepted caches for this model: {', '.join(accepted)}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_progress_off_a_terminal_is_periodic_log_lines():
+    from dllm_decode.eval.harness.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(4, label="eval x", stream=stream, log_every=0.0)
+    assert progress.bar is None                       # not a terminal: no redrawn bar
+    progress.update([1.0, 0.0])
+    progress.update([1.0, 1.0])
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in stream.getvalue()
+    assert lines[0].startswith("eval x:") and "2/4" in lines[0] and "acc 50.0%" in lines[0]
+    assert "4/4" in lines[1] and "acc 75.0%" in lines[1]
+
+
+def test_progress_stays_quiet_for_a_short_run_and_uses_tqdm_on_a_terminal():
+    from dllm_decode.eval.harness.progress import Progress
+
+    quiet = io.StringIO()
+    progress = Progress(2, stream=quiet, log_every=60.0)
+    progress.update([1.0, 1.0])
+    assert quiet.getvalue() == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    shown = Terminal()
+    bar = Progress(2, stream=shown)
+    bar.update([1.0])
+    bar.update([0.0])
+    bar.close()
+    assert bar.bar is not None and "2/2" in shown.getvalue() and "acc 50.0%" in shown.getvalue()
+
+
+def test_eval_says_when_plots_are_skipped(tmp_path, monkeypatch):
+    from dllm_decode.eval.harness import plots
+    from dllm_decode.eval.harness.report import PLOTS_SKIPPED
+
+    monkeypatch.setattr(plots, "available", lambda: False)
+    result = _invoke("eval", "--model", "embedded", "--tasks", "copy", "--limit", "2",
+                     "--out", str(tmp_path), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert PLOTS_SKIPPED in result.output
+    assert PLOTS_SKIPPED in (tmp_path / "report.md").read_text()
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_the_report_records_the_command_as_typed(monkeypatch):
+    from dllm_decode.cli.evaluate import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/home/u/project/.venv/bin/dllm-decode", "eval", "--out", "runs/a b"])
+    assert command_line() == "dllm-decode eval --out 'runs/a b'"
+
+
+def test_the_lm_eval_adapter_includes_its_own_task_folder():
+    from dllm_decode.eval.harness.lm_eval_adapter import TASKS_DIR, with_task_folder
+
+    assert (TASKS_DIR / "dllm_sort.yaml").is_file()
+    argv = with_task_folder(["dllm-lm-eval", "--tasks", "dllm_sort"])
+    assert argv[1:3] == ["--include_path", str(TASKS_DIR)] and argv[3:] == ["--tasks", "dllm_sort"]
+    mine = ["dllm-lm-eval", "--include_path", "/my/tasks", "--tasks", "x"]
+    assert with_task_folder(mine) == mine
+    assert with_task_folder(["dllm-lm-eval", "--include_path=/t"]) == ["dllm-lm-eval", "--include_path=/t"]
+
+
+@pytest.mark.slow
+def test_the_wheel_builds_without_warnings(tmp_path):
+    from tests.doc_examples import ROOT
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    output = built.stdout + built.stderr
+    assert not re.search(r"would be ignored|is absent from the `packages`", output), output[-3000:]
