@@ -4,7 +4,7 @@ glibc serves allocations above its mmap threshold (128 KiB to 32 MiB, adapting) 
 `mmap` pages and unmaps them on free, and trims the heap top above its trim threshold. A
 diffusion forward allocates the same large activation buffers every step, so each step
 page-faults them back in: on a small model at a large batch those faults can take most of the
-kernel time (`tests/test_allocator.py` checks the thresholds take effect). Raising both
+kernel time (the slow test in `tests/test_allocator.py` counts them). Raising both
 thresholds makes the allocator reuse those blocks.
 
 Safe for a decoding process: its resident memory stays at its peak instead of shrinking between

@@ -45,7 +45,7 @@ def test_applied_once_and_the_opt_out_is_honoured():
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_kept_memory_removes_the_page_faults_of_a_batch_16_forward():
-    """Issue 22: the embedded model at batch 16, gen 256 page-faulted its activations back in
+    """The embedded model at batch 16, gen 256 page-faulted its activations back in
     every forward (26,500 minor faults); with freed memory kept, a few hundred."""
     _, kept = probe(None)
     _, churn = probe("0")
