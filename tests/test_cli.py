@@ -171,3 +171,37 @@ def test_draft_spellings_cover_every_drafter_and_tree_drafters_are_declared():
     assert set(tree_drafters()) == {"lookup", "layerskip", "model", "staged"}
     result = run("spec", "--draft", "none", "--tree-branch", "2", "--prompt", "x")
     assert result.exit_code == 2 and "drafts that can: lookup, layerskip, model, staged" in result.output
+
+
+def test_bench_json_reports_are_written_atomically(tmp_path, monkeypatch):
+    """A benchmark's `--json` file is whole or untouched: a failed write (a full disk) keeps the
+    previous report, is one line and exit 1, and leaves no temporary file."""
+    import errno
+    from pathlib import Path
+
+    from dllm_decode.cli.bench import command
+    from dllm_decode.eval.bench.protocol import Benchmark
+
+    bench = Benchmark("fake", "A stand-in.", "", (), lambda settings, say: {"rows": [1, 2]},
+                      lambda report: "done")
+    target = tmp_path / "report.json"
+    result = CliRunner().invoke(command(bench), ["--json", str(target)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(target.read_text()) == {"rows": [1, 2]}
+    original = Path.write_bytes
+
+    def full(self, data):
+        original(self, data[:3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    from dllm_decode.cli import main as group
+
+    group.add_command(command(bench))
+    try:
+        result = CliRunner().invoke(group, ["fake", "--json", str(target)])
+    finally:
+        group.commands.pop("fake")
+    assert result.exit_code == 1 and "no space left on device" in result.output, result.output
+    assert json.loads(target.read_text()) == {"rows": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]

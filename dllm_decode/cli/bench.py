@@ -82,9 +82,10 @@ def command(bench: Benchmark) -> click.Command:
         except NonFiniteLogits as err:                    # a model problem: exit 1, one line
             raise click.ClickException(str(err)) from None
         click.echo(bench.format(report))
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump(report, f, indent=1, default=str)
+        if json_path:                                     # whole or not at all (outputs.py)
+            from dllm_decode.outputs import atomic_write
+
+            atomic_write(json_path, json.dumps(report, indent=1, default=str), "benchmark report")
 
     return click.Command(bench.name, callback=run, help=bench.help, epilog=bench.defaults,
                          params=[*map(click_option, bench.options), *common()],
