@@ -205,3 +205,27 @@ def test_bench_json_reports_are_written_atomically(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "no space left on device" in result.output, result.output
     assert json.loads(target.read_text()) == {"rows": [1, 2]}
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_click_choices_equal_the_library_constants_they_mirror():
+    """A `click.Choice` must stay torch-free, so it cannot import the constant it lists from a
+    module that imports torch; each such copy is checked against its source here."""
+    from dllm_decode.eval.tasks.released import SCORING
+    from dllm_decode.eval.training.filter import TRAJECTORIES
+    from dllm_decode.models.compact import DLLM_RUNTIMES
+    from dllm_decode.modelspec import RUNTIMES as SPEC_RUNTIMES
+    from dllm_decode.speculative.compact import RUNTIMES
+
+    def choices(path, flag):
+        command = main
+        for name in path:
+            command = command.commands[name]
+        (param,) = [p for p in command.params if flag in p.opts]
+        return tuple(param.type.choices)
+
+    assert choices((), "--runtime") == DLLM_RUNTIMES
+    assert choices(("serve",), "--runtime") == DLLM_RUNTIMES
+    assert choices(("spec",), "--runtime") == RUNTIMES == SPEC_RUNTIMES
+    assert choices(("spec",), "--draft-runtime") == (*RUNTIMES, "auto")
+    assert choices(("train-filter",), "--trajectory") == TRAJECTORIES
+    assert choices(("eval",), "--released-scoring") == SCORING

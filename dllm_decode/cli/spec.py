@@ -7,8 +7,7 @@ import json
 import click
 
 from dllm_decode.cli.options import FloatRange, RegistryHelp, key_values, registry_names
-
-RUNTIME_CHOICES = ("hf", "compact")
+from dllm_decode.modelspec import RUNTIMES as RUNTIME_CHOICES   # torch-free; = speculative.compact.RUNTIMES
 
 
 @click.command("spec")
