@@ -50,6 +50,7 @@ def names(kind: str) -> tuple[str, ...]:
     a registry that is not one dict literal)."""
     import ast
     import sys
+    from pathlib import Path
 
     if kind not in HOMES:
         raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
@@ -57,7 +58,7 @@ def names(kind: str) -> tuple[str, ...]:
     if module not in sys.modules:
         try:
             origin = _source_file(module)
-            tree = ast.parse(open(origin, encoding="utf-8").read()) if origin else None
+            tree = ast.parse(Path(origin).read_text(encoding="utf-8")) if origin else None
         except (ImportError, OSError, SyntaxError, ValueError):
             tree = None
         for node in ast.walk(tree) if tree is not None else ():
