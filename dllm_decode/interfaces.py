@@ -81,6 +81,9 @@ class StepInput:
         eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
             instead of hard-coding them).
         mask_id: the model's [MASK] id (never written).
+        excluded: (B, W) bool columns this step may not commit at all, not even by an all-in
+            `finish` (a token-shifted block model's block start is committed alone in its
+            block's first step), or None.
     """
 
     step: int
@@ -100,6 +103,7 @@ class StepInput:
     generator: torch.Generator | None = None
     eos_ids: tuple[int, ...] = ()
     mask_id: int = -1
+    excluded: Tensor | None = None
 
     @property
     def columns(self) -> Tensor:
@@ -138,13 +142,14 @@ class Decision:
     def resolve(self, inp: StepInput) -> tuple[Tensor, Tensor]:
         """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
         written down; EoTP reads its final commits from here too): only eligible columns (an
-        all-in `finish` adds every masked column in view), never [MASK], and a row that has
+        all-in `finish` adds every masked column in view not `excluded`), never [MASK], and a row that has
         eligible columns but commits none of them commits its most confident one (forced
         progress)."""
         tokens = inp.candidates if self.tokens is None else self.tokens
         commit = self.commit & inp.eligible
         if self.finish is not None:
-            commit = commit | (self.finish.unsqueeze(-1) & inp.is_masked)
+            fill = inp.is_masked if inp.excluded is None else inp.is_masked & ~inp.excluded
+            commit = commit | (self.finish.unsqueeze(-1) & fill)
         commit = commit & (tokens != inp.mask_id)
         stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1)
         forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)
