@@ -142,9 +142,9 @@ class Decision:
     def resolve(self, inp: StepInput) -> tuple[Tensor, Tensor]:
         """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
         written down; EoTP reads its final commits from here too): only eligible columns (an
-        all-in `finish` adds every masked column in view not `excluded`), never [MASK], and a row that has
-        eligible columns but commits none of them commits its most confident one (forced
-        progress)."""
+        all-in `finish` adds every masked column in view that is not `excluded`), never [MASK],
+        and a row that has eligible columns but commits none of them commits its most confident
+        one (forced progress)."""
         tokens = inp.candidates if self.tokens is None else self.tokens
         commit = self.commit & inp.eligible
         if self.finish is not None:
