@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
+from dllm_decode.consult import Consultant
 from dllm_decode.devices import device_of
 from dllm_decode.interfaces import DiffusionLM, NoCache
 from dllm_decode.prompts import encode_prompts
@@ -65,8 +66,11 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
                 if ends is not None:
                     end = max(start + 1, min(int(ends[0]), length))
                     inp = view(inp.logits, inp.probs, inp.candidates, end, end - start)
+            if scheduler.lookahead_candidates or scheduler.guide:   # the rule's extra forwards
+                inp, state = Consultant(model, x.clone(), None)(scheduler, inp, state)
             decision, state = scheduler.select(inp, state)
-            x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision), mask)
+            budgeted = scheduler.step_budget(inp.num_steps) is not None
+            x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision, budgeted=budgeted), mask)
             step += 1
         if config.stop_at_eos and bool(torch.isin(x[:, start:end], torch.tensor(eos, device=device)).any()):
             x[:, end:] = eos[0]                 # an answer that ended: the rest is end-of-text

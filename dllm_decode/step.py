@@ -148,9 +148,14 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
 
 def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,
            span: int, generator: torch.Generator | None, eos_ids: tuple[int, ...], mask_id: int,
-           rebound: Callable[[Tensor], tuple[Tensor, int]]) -> tuple[StepInput, Decision, Tensor, Any]:
+           rebound: Callable[[Tensor], tuple[Tensor, int]],
+           consult: Callable[[Any, StepInput, Any], tuple[StepInput, Any]] | None = None,
+           ) -> tuple[StepInput, Decision, Tensor, Any]:
     """One request's step on its rows of the window: its view, then its scheduler's hooks in
     order (`process_logits`; `block_end` at block step 0; `select`) and its filters.
+    `consult(scheduler, inp, state)` (the loop's `dllm_decode.consult.Consultant`) runs the
+    extra forwards a rule asks for (look-ahead, guide) just before `select` and adds their
+    results to its view; None runs none.
 
     Sampling noise is drawn for each row's own region (`span` columns from its region start),
     never for the batch's window, so it does not depend on the batch. `rebound(ends)` applies
@@ -182,6 +187,8 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
         if ends is not None:
             block, num_steps = rebound(ends)
             inp = view(inp.logits, inp.probs, inp.candidates)
+    if consult is not None:
+        inp, state = consult(scheduler, inp, state)
     decision, state = scheduler.select(inp, state)
     for f in config.filters:
         decision = f(inp, decision)
@@ -198,12 +205,15 @@ class Resolved(NamedTuple):
     edit: Tensor
 
 
-def resolve(inp: StepInput, decision: Decision, revises: str = "none") -> Resolved:
+def resolve(inp: StepInput, decision: Decision, revises: str = "none",
+            budgeted: bool = False) -> Resolved:
     """The decision under the loop's rules: commits and tokens by `Decision.resolve`; under a
     revising rule (`revises` != "none") its re-masks and edits kept to `revisable` columns, an
     edit only where it changes the token (never to [MASK]), and at most (commits - 1) re-masks
-    per row, the least supported token first, so every step still leaves one mask fewer."""
-    commit, tokens = decision.resolve(inp)
+    per row, the least supported token first, so every step still leaves one mask fewer.
+    `budgeted` (a rule with a `step_budget`): no forced progress and no re-mask clamp; the
+    budget bounds the block instead."""
+    commit, tokens = decision.resolve(inp, force=not budgeted)
     none = torch.zeros_like(commit)
     if revises == "none":
         return Resolved(commit, tokens, none, none)
@@ -211,7 +221,8 @@ def resolve(inp: StepInput, decision: Decision, revises: str = "none") -> Resolv
     edit = none if decision.edit is None else (
         decision.edit & inp.revisable & ~remask & (tokens != inp.current) & (tokens != inp.mask_id))
     support = inp.probs.gather(-1, inp.current.unsqueeze(-1)).squeeze(-1)
-    allowed = (commit.sum(-1) - 1).clamp_min(0)
+    allowed = torch.full_like(commit[:, 0], commit.shape[1], dtype=torch.long) if budgeted else \
+        (commit.sum(-1) - 1).clamp_min(0)
     return Resolved(commit, tokens, topk_mask(masked_scores(-support, remask), allowed), edit)
 
 

@@ -23,6 +23,7 @@ from dllm_decode.schedulers.local_leap import LocalLeapScheduler
 from dllm_decode.schedulers.multi_block import MultiBlockScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
 from dllm_decode.schedulers.pc_sampler import PCSamplerScheduler
+from dllm_decode.schedulers.remdm import ReMDMScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
 from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
@@ -54,12 +55,13 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "multi_block": MultiBlockScheduler,        # d3LLM/D2F: pipelined sub-blocks, entropy gate
     "frechet": FrechetScheduler,               # Fast-dLLM++: Frechet-profile certificate on the sorted prefix
     "less": LESSScheduler,                     # LESS: confident, persistent and JS-stable positions (provisional)
+    "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
 }
 
 __all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "FrechetScheduler", "HierarchyScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
-           "PCSamplerScheduler", "SlowFastScheduler",
+           "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

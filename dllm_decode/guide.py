@@ -1,0 +1,113 @@
+"""A causal guide model beside the dLLM: its next-token log-probabilities over a step's window.
+
+A rule that names a `guide` (APD: a small autoregressive verifier) reads, for every window
+column j, the guide's `log p_AR(. | canvas_<j)`, where the canvas has each masked window column
+replaced by its candidate (the draft) and the prompt's left padding and positions are the
+dLLM's (`cumsum(mask) - 1`). The guide must share the dLLM's tokenizer: ids the two do not share
+(past the smaller vocabulary) and the dLLM's [MASK] get -inf.
+
+The guide model is loaded once per (name, device, dtype) and is not scheduler state. `auto`
+names the dLLM's own same-tokenizer partner: `ar_target` for the embedded dLLM, or what the
+model declares in an `ar_partner` attribute (a name, a causal model, or a function building one).
+
+Not done: an AR KV cache of the committed prefix. Each step feeds the guide the whole canvas up
+to the window's end (exact, and cheap for the small guides APD pairs with a dLLM); reusing the
+prefix's keys and values needs a check that the prefix is unchanged that does not sync with the
+host, which the loop does not give a rule yet.
+
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.devices import device_of
+
+_GUIDES: dict[tuple[Any, ...], ARGuide] = {}
+_LOCK = threading.Lock()
+AUTO = "auto"
+
+
+def partner_of(model: Any) -> Any:
+    """The dLLM's own same-tokenizer causal partner (name, model or builder), or None."""
+    declared = getattr(model, "ar_partner", None)
+    if declared is not None:
+        return declared
+    if str(getattr(model, "name_or_path", "")) == "embedded":
+        return "ar_target"
+    return None
+
+
+def load_guide(name: str, dllm: Any) -> ARGuide:
+    """The guide `name` (or `auto`) for `dllm`, on its device and dtype, loaded once.
+
+    Raises:
+        ValueError: no partner is known for `auto`, the guide cannot be loaded, or its
+            vocabulary disagrees with the dLLM's (one line naming both).
+    """
+    source = partner_of(dllm) if name == AUTO else name
+    if source is None:
+        raise ValueError(f"no same-tokenizer causal guide is known for model "
+                         f"{getattr(dllm, 'name_or_path', type(dllm).__name__)!r}; name one "
+                         f"(-o verifier=NAME: ar_target, ar_draft, a directory)")
+    device = device_of(dllm)
+    dtype = next((p.dtype for p in dllm.parameters()), torch.float32) if hasattr(dllm, "parameters") \
+        else torch.float32
+    key = (source if isinstance(source, str) else id(source), str(device), dtype, id(dllm))
+    with _LOCK:
+        guide = _GUIDES.get(key)
+        if guide is None:
+            guide = _GUIDES[key] = ARGuide(_build(source, device, dtype), dllm)
+    return guide
+
+
+def _build(source: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    if isinstance(source, str):
+        from dllm_decode.models.causal import load_causal_lm
+        from dllm_decode.models.checkpoint import ModelLoadError
+
+        try:
+            return load_causal_lm(source, dtype=dtype, device=device)
+        except ModelLoadError as err:
+            raise ValueError(f"cannot load the guide {source!r}: {err}") from None
+    model = source() if callable(source) and not isinstance(source, torch.nn.Module) else source
+    return model.to(device=device, dtype=dtype).eval()
+
+
+class ARGuide:
+    """One causal model serving as a guide for one dLLM (vocabularies checked once)."""
+
+    def __init__(self, model: Any, dllm: Any):
+        self.model = model
+        self.vocab = int(getattr(model.config, "vocab_size", 0) or model.get_output_embeddings().weight.shape[0])
+        self.shared = min(self.vocab, int(dllm.vocab_size))
+        self.mask_id = int(dllm.mask_token_id)
+        name = getattr(model, "name_or_path", type(model).__name__)
+        ours, theirs = getattr(dllm, "tokenizer", None), getattr(model, "tokenizer", None)
+        if ours is not None and theirs is not None:
+            a = {i: t for t, i in ours.get_vocab().items() if i < self.shared}
+            b = {i: t for t, i in theirs.get_vocab().items() if i < self.shared}
+            if a != b:
+                raise ValueError(f"the guide {name!r} does not share the tokenizer of "
+                                 f"{getattr(dllm, 'name_or_path', type(dllm).__name__)!r} (ids "
+                                 f"0..{self.shared - 1} differ); a guide needs the same vocabulary")
+        self.dllm_vocab = int(dllm.vocab_size)
+
+    def logits(self, canvas: Tensor, attention_mask: Tensor | None, offset: int, draft: Tensor) -> Tensor:
+        """(b, W, V_D) log-probabilities for window columns `[offset, offset + W)` (offset >= 1:
+        a prompt is never empty), given the rows' (b, L) canvases and attention mask (or None)
+        and the (b, W) draft: the window's tokens with each masked column replaced by its
+        candidate. One forward of the guide over columns `[0, offset + W)`."""
+        width = draft.shape[1]
+        ids = torch.cat([canvas[:, :offset], draft], 1).clamp_max(self.vocab - 1)
+        mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, :offset + width]
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        rows = out.logits[:, offset - 1:offset + width - 1].float().log_softmax(-1)[..., :self.shared]
+        pad = torch.full((*draft.shape, max(0, self.dllm_vocab - self.shared)), float("-inf"),
+                         device=rows.device)
+        return torch.cat([rows, pad], -1).index_fill(
+            -1, torch.tensor([self.mask_id], device=rows.device), float("-inf"))
