@@ -17,6 +17,7 @@ from dllm_decode.schedulers.frechet import FrechetScheduler
 from dllm_decode.schedulers.hierarchy import HierarchyScheduler
 from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
                                     RandomScheduler)
+from dllm_decode.schedulers.info_gain import InfoGainScheduler
 from dllm_decode.schedulers.klass import KLASSScheduler
 from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
@@ -55,12 +56,13 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "multi_block": MultiBlockScheduler,        # d3LLM/D2F: pipelined sub-blocks, entropy gate
     "frechet": FrechetScheduler,               # Fast-dLLM++: Frechet-profile certificate on the sorted prefix
     "less": LESSScheduler,                     # LESS: confident, persistent and JS-stable positions (provisional)
+    "info_gain": InfoGainScheduler,            # Info-Gain: one-step look-ahead over candidate actions (no cache)
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
 }
 
 __all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
-           "FrechetScheduler", "HierarchyScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
+           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",

@@ -138,7 +138,8 @@ def test_generate_terminates_batched_equals_one_by_one_and_state_never_leaks(nam
     batched = run(PROMPTS)
     assert not (batched.tokens == model.mask_token_id).any()
     post = config.scheduler.post_steps + 1 if config.scheduler.revises != "none" else 0
-    assert (batched.nfe >= 1).all() and (batched.nfe <= 8 + 2 * post).all()   # + post-fill passes per block
+    ahead = 8 if config.scheduler.lookahead_candidates else 0   # a look-ahead call per step at most
+    assert (batched.nfe >= 1).all() and (batched.nfe <= 8 + 2 * post + ahead).all()   # + post-fill passes per block
     again = run(PROMPTS)                                     # same instance, a new request
     assert torch.equal(batched.tokens, again.tokens) and torch.equal(batched.nfe, again.nfe)
     if name in DRAWS_RANDOM_SCORES:
