@@ -14,11 +14,12 @@ Not done: an AR KV cache of the committed prefix. Each step feeds the guide the 
 to the window's end (exact, and cheap for the small guides APD pairs with a dLLM); reusing the
 prefix's keys and values needs a check that the prefix is unchanged that does not sync with the
 host, which the loop does not give a rule yet.
-
+"""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -26,7 +27,8 @@ from torch import Tensor
 
 from dllm_decode.devices import device_of
 
-_GUIDES: dict[tuple[Any, ...], ARGuide] = {}
+_MODELS: dict[tuple[str, str, torch.dtype], Any] = {}     # named causal models, loaded once
+_GUIDES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # dLLM -> {name: ARGuide}
 _LOCK = threading.Lock()
 AUTO = "auto"
 
@@ -56,12 +58,17 @@ def load_guide(name: str, dllm: Any) -> ARGuide:
     device = device_of(dllm)
     dtype = next((p.dtype for p in dllm.parameters()), torch.float32) if hasattr(dllm, "parameters") \
         else torch.float32
-    key = (source if isinstance(source, str) else id(source), str(device), dtype, id(dllm))
     with _LOCK:
-        guide = _GUIDES.get(key)
-        if guide is None:
-            guide = _GUIDES[key] = ARGuide(_build(source, device, dtype), dllm)
-    return guide
+        mine = _GUIDES.setdefault(dllm, {})
+        if name not in mine:
+            if isinstance(source, str):
+                key = (source, str(device), dtype)
+                if key not in _MODELS:
+                    _MODELS[key] = _build(source, device, dtype)
+                mine[name] = ARGuide(_MODELS[key], dllm)
+            else:
+                mine[name] = ARGuide(_build(source, device, dtype), dllm)
+        return mine[name]
 
 
 def _build(source: Any, device: torch.device, dtype: torch.dtype) -> Any:
@@ -105,7 +112,13 @@ class ARGuide:
         ids = torch.cat([canvas[:, :offset], draft], 1).clamp_max(self.vocab - 1)
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, :offset + width]
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        # causal and padding mask built here as a 4-D boolean mask, which transformers uses as it
+        # is (its 2-D mask path reads the mask on the host; this one does not sync)
+        length = ids.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
+        full = causal & mask.bool()[:, None, None, :]
+        full = full | torch.eye(length, dtype=torch.bool, device=ids.device)   # padding sees itself
+        out = self.model(input_ids=ids, attention_mask=full, position_ids=positions, use_cache=False)
         rows = out.logits[:, offset - 1:offset + width - 1].float().log_softmax(-1)[..., :self.shared]
         pad = torch.full((*draft.shape, max(0, self.dllm_vocab - self.shared)), float("-inf"),
                          device=rows.device)

@@ -149,6 +149,10 @@ def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, ge
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     ids = encode_prompts(prompts, tokenizer, model.vocab_size, model.mask_token_id)
     config.scheduler.check_fits(int(model.vocab_size), config.gen_length)
+    if config.scheduler.guide is not None:          # a guide that cannot serve this model: now
+        from dllm_decode.guide import load_guide
+
+        load_guide(config.scheduler.guide, model)
     limit = getattr(model, "max_length", None)
     longest = max(len(row) for row in ids)
     if limit is not None and longest + config.gen_length > limit:

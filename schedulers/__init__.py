@@ -6,6 +6,7 @@ require_namespaced(__name__)
 
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
+from dllm_decode.schedulers.apd import APDScheduler
 from dllm_decode.schedulers.credit import CreditScheduler
 from dllm_decode.schedulers.dus import DUSScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
@@ -57,10 +58,11 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "frechet": FrechetScheduler,               # Fast-dLLM++: Frechet-profile certificate on the sorted prefix
     "less": LESSScheduler,                     # LESS: confident, persistent and JS-stable positions (provisional)
     "info_gain": InfoGainScheduler,            # Info-Gain: one-step look-ahead over candidate actions (no cache)
+    "apd": APDScheduler,                       # APD: longest draft prefix the dLLM x small-AR product accepts
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
 }
 
-__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
+__all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",

@@ -67,6 +67,7 @@ class SyncCounter:
                 self.mask_token_id, self.eos_token_ids = inner.mask_token_id, inner.eos_token_ids
                 self.vocab_size, self.max_length = inner.vocab_size, inner.max_length
                 self.supports_kv = inner.supports_kv
+                self.ar_partner = getattr(inner, "ar_partner", None)
 
             def forward(self, *args, **kwargs):
                 counter.forwards += 1
