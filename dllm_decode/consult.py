@@ -9,7 +9,10 @@ causal guide's log-probabilities over its window (`StepInput.guide_logits`, `dll
 Accounting: a look-ahead is a separate forward call, so it adds one to the NFE of every row that
 proposed a candidate, and the number of candidate canvases to its forward rows; a guide forward
 adds one to the guide NFE of every row with work. `Consultant` keeps these per-row counts for
-the caller to add to its counters. No host sync.
+the caller to add to its counters. One host read per look-ahead step (the most candidates any row
+proposed): the call runs that many canvases per row, and none when no row proposed. A row with
+fewer candidates than the busiest one is padded with its empty ones, which are not counted as
+its forward rows. The read is within the loop's budget of one sync per forward.
 """
 
 from __future__ import annotations
@@ -63,9 +66,17 @@ class Consultant:
     def __call__(self, scheduler: Any, inp: StepInput, state: Any) -> tuple[StepInput, Any]:
         if scheduler.lookahead_candidates > 0:
             actions, tokens, state = scheduler.lookahead(inp, state)
-            entropy = lookahead_entropy(self.model, self.canvas, self.attention_mask, inp.offset,
-                                        actions, tokens, inp.mask_id)
-            proposed = actions.any(-1)
+            proposed = actions.any(-1)                                          # (b, N)
+            most = int(proposed.sum(-1).max())      # the one host read: candidates to run
+            if most == 0:                           # no row proposed: no call
+                return inp, state
+            # each row's proposed candidates first; run only as many as the busiest row has
+            order = proposed.int().argsort(dim=-1, descending=True, stable=True)[:, :most]
+            pick = order.unsqueeze(-1).expand(-1, -1, actions.shape[-1])
+            ran = lookahead_entropy(self.model, self.canvas, self.attention_mask, inp.offset,
+                                    actions.gather(1, pick), tokens.gather(1, pick), inp.mask_id)
+            entropy = torch.full((*actions.shape[:2], ran.shape[-1]), float("inf"), device=ran.device)
+            entropy = entropy.scatter(1, order.unsqueeze(-1).expand(-1, -1, ran.shape[-1]), ran)
             self.nfe = self.nfe + proposed.any(-1).long()
             self.forward_rows = self.forward_rows + proposed.sum(-1)
             inp = dataclasses.replace(inp, lookahead_entropy=entropy)
