@@ -90,6 +90,9 @@ class StepInput:
             guide's log-probabilities for each window column given every column before it, with
             each masked window column replaced by its candidate (the draft); -inf on ids the
             guide does not share and on [MASK]. None when no guide ran.
+        noise: (B, W, V) float64, for a rule with `needs_noise`: the noise `T * Gumbel` the
+            candidates were drawn with (`candidates = argmax(logits + noise)`), so the rule can
+            sample another distribution with the same draw. None at temperature 0.
     """
 
     step: int
@@ -111,6 +114,7 @@ class StepInput:
     mask_id: int = -1
     lookahead_entropy: Tensor | None = None
     guide_logits: Tensor | None = None
+    noise: Tensor | None = None
 
     @property
     def columns(self) -> Tensor:
@@ -193,6 +197,8 @@ class Scheduler(Checked, abc.ABC):
         guide: the causal model (a name `load_causal_lm` resolves, or "auto": the dLLM's own
             same-tokenizer partner) whose logits the rule reads (`StepInput.guide_logits`);
             each step's guide forward is counted in `guide_nfe`. None: no guide.
+        needs_noise: the rule reads the candidates' sampling noise (`StepInput.noise`; it is
+            materialised, W x V per row, only for rules that ask).
     """
 
     view: ClassVar[str] = "block"
@@ -202,6 +208,7 @@ class Scheduler(Checked, abc.ABC):
     caches: ClassVar[tuple[str, ...] | None] = None
     lookahead_candidates: ClassVar[int] = 0
     guide: ClassVar[str | None] = None
+    needs_noise: ClassVar[bool] = False
 
     def step_budget(self, block_length: int) -> int | None:
         """Steps the rule runs per block of `block_length` when it runs a fixed number that may

@@ -46,26 +46,28 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
             logits = model(x, None, rows=(start, length))[:, :None if wide else end - start]
             current = x[:, start:start + logits.shape[1]].clone()
 
-            def view(logits: Tensor, probs: Tensor, candidates: Tensor, end: int, budget: int):
+            def view(proposal: tuple, end: int, budget: int):
+                logits, probs, candidates, *noise = proposal
                 return step_input(logits=logits, probs=probs, candidates=candidates,
                                   current=current, block=torch.tensor([[start, end]], device=device),
                                   gen_span=torch.tensor([[gen_start, length]], device=device),
                                   offset=start, step=step, num_steps=budget, generator=generator,
-                                  eos_ids=eos, mask_id=mask)
+                                  eos_ids=eos, mask_id=mask, noise=noise[0] if noise else None)
 
             def proposed(logits: Tensor):         # noise drawn for the columns start..length
                 region = (torch.tensor([start], device=device), length - start, start)
-                return propose(logits, mask, config.temperature, generator, region)
+                return propose(logits, mask, config.temperature, generator, region,
+                               noise=scheduler.needs_noise)
 
-            inp = view(*proposed(logits), end, end - start)
+            inp = view(proposed(logits), end, end - start)
             processed, state = scheduler.process_logits(inp, state)
             if processed is not None:
-                inp = view(*proposed(processed), end, inp.num_steps)
+                inp = view(proposed(processed), end, inp.num_steps)
             if step == 0:
                 ends, state = scheduler.block_end(inp, state)
                 if ends is not None:
                     end = max(start + 1, min(int(ends[0]), length))
-                    inp = view(inp.logits, inp.probs, inp.candidates, end, end - start)
+                    inp = view((inp.logits, inp.probs, inp.candidates, inp.noise), end, end - start)
             if scheduler.lookahead_candidates or scheduler.guide:   # the rule's extra forwards
                 inp, state = Consultant(model, x.clone(), None)(scheduler, inp, state)
             decision, state = scheduler.select(inp, state)

@@ -5,7 +5,7 @@ and Grover, NeurIPS 2025, arXiv 2506.00413; reference `danielmisrael/apd`,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,10 +37,14 @@ class APDScheduler(Scheduler):
     understates the work). Set `block_length = gen_length` for the reference's single block;
     with smaller blocks the frontier lives in the active block (a generalisation).
 
-    Deviations: at temperature T > 0 the target is the mixture's argmax, the reference code's
-    rule (its `sample_with_gumbel` runs at T = 0), not Algorithm 1's target sampled with the
-    draft's own Gumbel noise: the loop does not hand a rule the candidates' noise. At T = 0,
-    the documented setting, the two are the same. The draft's temperature is the loop's T (the
+    At temperature T > 0 the draft is the loop's sample `x = argmax(l_D + T * G)` and the target
+    (Algorithm 1, `published_target = True`) is sampled with the SAME Gumbel draw G:
+    `y = argmax(mix + T * G)`, so R = 1 accepts every draft token. `published_target = False` is
+    the reference code's target, the mixture's argmax (its `sample_with_gumbel` runs at its
+    default T = 0, a bug: a sampled draft is compared with a greedy target). At T = 0 the two
+    are the same.
+
+    Deviations: the draft's temperature is the loop's T (the
     reference's `exp(l/T) / (-ln u)^T` samples at T squared). The guide recomputes the whole
     prefix each step (no AR KV cache of the committed prefix). The reference's W (`kv_window`,
     an approximate dLLM cache behind the frontier) maps to this toolkit's caches, all of which
@@ -49,9 +53,12 @@ class APDScheduler(Scheduler):
     without guide logits (a tool that runs no guide) accepts the frontier column only.
     """
 
+    needs_noise: ClassVar[bool] = True
+
     mixture: float = 0.7
     lookahead: int = 0
     verifier: str = "auto"
+    published_target: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.mixture <= 1.0:
@@ -80,6 +87,8 @@ class APDScheduler(Scheduler):
                 mixed = inp.guide_logits
             else:
                 mixed = self.mixture * own + (1 - self.mixture) * inp.guide_logits
+            if self.published_target and inp.noise is not None:   # the draft's own Gumbel draw
+                mixed = mixed.double() + inp.noise
             agree = inp.candidates == mixed.argmax(-1)
         stop = (draft & ~(agree | frontier)) | (eligible & ~draft)
         commit = draft & (stop.long().cumsum(-1) == 0)

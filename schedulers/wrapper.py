@@ -22,7 +22,7 @@ class Wrapper(Scheduler):
     """Delegates every hook to `base`; the state is a dict whose "base" entry is the base's state.
 
     `view`, `chooses_block_bounds`, `revises`, `post_steps`, `caches`, `lookahead_candidates`,
-    `guide` and `step_budget` follow the base unless a subclass fixes them, so a wrapper around AdaBlock still gets the wide view and uneven blocks it needs,
+    `guide`, `needs_noise` and `step_budget` follow the base unless a subclass fixes them, so a wrapper around AdaBlock still gets the wide view and uneven blocks it needs,
     and one around a revising rule keeps its scope.
     """
 
@@ -59,6 +59,10 @@ class Wrapper(Scheduler):
     @property
     def guide(self) -> str | None:                           # type: ignore[override]
         return self.base.guide
+
+    @property
+    def needs_noise(self) -> bool:                           # type: ignore[override]
+        return self.base.needs_noise
 
     def step_budget(self, block_length: int) -> int | None:
         return self.base.step_budget(block_length)

@@ -84,6 +84,24 @@ def test_mixture_zero_commits_what_the_guide_would_say_given_the_draft_before_it
             assert int(inp.candidates[row, j]) == int(guide_choice[row, j])
 
 
+def test_published_target_at_t_gt_0_shares_the_draft_noise(model):
+    """At T > 0 with R = 1 the published target is the draft's own sample (every token
+    accepted: one step per block); the code's greedy target is not."""
+    published = run(model, APDScheduler(mixture=1.0), temperature=1.0)
+    assert published.nfe.tolist() == [2, 2, 2]
+    code = run(model, APDScheduler(mixture=1.0, published_target=False), temperature=1.0)
+    assert (code.nfe > 2).any()
+    for settings in (dict(mixture=0.5), dict(mixture=0.5, published_target=False)):
+        a, b = (run(model, APDScheduler(**settings), temperature=1.0) for _ in range(2))
+        assert torch.equal(a.tokens, b.tokens) and not (a.tokens == model.mask_token_id).any()
+
+
+def test_published_and_code_targets_agree_at_t0(model):
+    a = run(model, APDScheduler(mixture=0.4))
+    b = run(model, APDScheduler(mixture=0.4, published_target=False))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
+
+
 def test_without_guide_logits_only_the_frontier_commits():
     inp = dataclasses.replace(random_view(7), guide_logits=None)
     commit = APDScheduler().select(inp, None)[0].commit
@@ -148,3 +166,27 @@ def test_the_embedded_pair_decodes_and_counts(tmp_path):
 def test_bad_settings_are_refused_in_one_line(field, value):
     with pytest.raises(ValueError, match=field):
         APDScheduler(**{field: value})
+
+
+def test_the_noise_handed_over_is_the_noise_the_candidates_were_drawn_with(model):
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from dllm_decode.schedulers import LowConfidenceScheduler
+
+    seen = []
+
+    @dataclass(frozen=True)
+    class Spy(LowConfidenceScheduler):
+        needs_noise: ClassVar[bool] = True
+
+        def select(self, inp, state):
+            seen.append(inp)
+            return super().select(inp, state)
+
+    run(model, Spy(), temperature=1.0)
+    assert seen and all(torch.equal(inp.candidates, (inp.logits.double() + inp.noise).argmax(-1))
+                        for inp in seen)
+    seen.clear()
+    run(model, Spy())
+    assert seen and all(inp.noise is None for inp in seen)
