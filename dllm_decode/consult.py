@@ -52,14 +52,19 @@ def lookahead_entropy(model: Any, canvas: Tensor, attention_mask: Tensor | None,
 class Consultant:
     """`decide`'s `consult` hook for one request's rows in one step.
 
+    `memory` is a dict the caller keeps for the request across its steps (the guide's cache of
+    the committed prefix lives there; `dllm_decode.guide`).
+
     Attributes (per row, (b,) long, what this step's extra forwards cost):
         nfe: look-ahead forward calls.
         forward_rows: candidate canvases run.
         guide_nfe: guide forwards.
     """
 
-    def __init__(self, model: Any, canvas: Tensor, attention_mask: Tensor | None):
+    def __init__(self, model: Any, canvas: Tensor, attention_mask: Tensor | None,
+                 memory: dict[str, Any] | None = None):
         self.model, self.canvas, self.attention_mask = model, canvas, attention_mask
+        self.memory = memory                    # the request's, kept across steps (guide cache)
         zeros = torch.zeros(canvas.shape[0], dtype=torch.long, device=canvas.device)
         self.nfe, self.forward_rows, self.guide_nfe = zeros, zeros.clone(), zeros.clone()
 
@@ -86,6 +91,6 @@ class Consultant:
             guide = load_guide(scheduler.guide, self.model)
             draft = torch.where(inp.is_masked, inp.candidates, inp.current)
             inp = dataclasses.replace(inp, guide_logits=guide.logits(
-                self.canvas, self.attention_mask, inp.offset, draft))
+                self.canvas, self.attention_mask, inp.offset, draft, self.memory))
             self.guide_nfe = self.guide_nfe + inp.live.long()
         return inp, state

@@ -10,10 +10,14 @@ The guide model is loaded once per (name, device, dtype) and is not scheduler st
 names the dLLM's own same-tokenizer partner: `ar_target` for the embedded dLLM, or what the
 model declares in an `ar_partner` attribute (a name, a causal model, or a function building one).
 
-Not done: an AR KV cache of the committed prefix. Each step feeds the guide the whole canvas up
-to the window's end (exact, and cheap for the small guides APD pairs with a dLLM); reusing the
-prefix's keys and values needs a check that the prefix is unchanged that does not sync with the
-host, which the loop does not give a rule yet.
+The AR KV cache of the committed prefix: the caller may hand `logits` a per-request `memory`
+dict kept across steps. Columns before the step's window are committed and never change while
+the request's rows and canvas width stay the same (rows leave, a newcomer's admission shifts the
+canvas, a trim cuts it: each changes one of the two), so their keys and values are kept there
+and only the columns from the cached length on are fed. The cache holds at most the columns
+before `offset - 1` (the window's first prediction is read from column `offset - 1`), is
+extended when the window moves on, and dropped when the rows or the width change or the window
+moves back.
 """
 
 from __future__ import annotations
@@ -103,24 +107,48 @@ class ARGuide:
                                  f"0..{self.shared - 1} differ); a guide needs the same vocabulary")
         self.dllm_vocab = int(dllm.vocab_size)
 
-    def logits(self, canvas: Tensor, attention_mask: Tensor | None, offset: int, draft: Tensor) -> Tensor:
+    def logits(self, canvas: Tensor, attention_mask: Tensor | None, offset: int, draft: Tensor,
+               memory: dict[str, Any] | None = None) -> Tensor:
         """(b, W, V_D) log-probabilities for window columns `[offset, offset + W)` (offset >= 1:
         a prompt is never empty), given the rows' (b, L) canvases and attention mask (or None)
         and the (b, W) draft: the window's tokens with each masked column replaced by its
-        candidate. One forward of the guide over columns `[0, offset + W)`."""
+        candidate. One forward of the guide over columns `[0, offset + W)`, less the prefix
+        cached in `memory` (a dict the caller keeps per request across steps; None: no cache)."""
+        from dllm_decode.speculative.kv import KV, cache_argument, new_kv, rollback
+
         width = draft.shape[1]
         ids = torch.cat([canvas[:, :offset], draft], 1).clamp_max(self.vocab - 1)
         mask = torch.ones_like(ids) if attention_mask is None else attention_mask[:, :offset + width]
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        # causal and padding mask built here as a 4-D boolean mask, which transformers uses as it
-        # is (its 2-D mask path reads the mask on the host; this one does not sync)
+        kv, start, key = None, 0, (tuple(canvas.shape), str(canvas.device))
+        if memory is not None:
+            held = memory.get("guide")
+            if held is not None and held[0] == key and held[1] <= offset - 1:
+                start, kv = held[1], held[2]
+            else:
+                kv = new_kv(self.model)
+        # causal and padding mask built here as a 4-D mask, which transformers uses as it is (its
+        # 2-D mask path reads the mask on the host; this one does not sync)
         length = ids.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         full = causal & mask.bool()[:, None, None, :]
-        full = full | torch.eye(length, dtype=torch.bool, device=ids.device)   # padding sees itself
-        out = self.model(input_ids=ids, attention_mask=full, position_ids=positions, use_cache=False)
-        rows = out.logits[:, offset - 1:offset + width - 1].float().log_softmax(-1)[..., :self.shared]
+        full = (full | torch.eye(length, dtype=torch.bool, device=ids.device))[:, :, start:]  # padding sees itself
+        extra = {} if kv is None else {cache_argument(type(self.model)): kv.cache}
+        out = self.model(input_ids=ids[:, start:], attention_mask=self._mask(full),
+                         position_ids=positions[:, start:], use_cache=kv is not None, **extra)
+        if memory is not None:                    # keep the committed prefix, drop the rest
+            memory["guide"] = (key, offset - 1, rollback(KV(kv.cache, ids[0]), offset - 1))
+        rows = out.logits[:, offset - 1 - start:offset + width - 1 - start].float()
+        rows = rows.log_softmax(-1)[..., :self.shared]
         pad = torch.full((*draft.shape, max(0, self.dllm_vocab - self.shared)), float("-inf"),
                          device=rows.device)
         return torch.cat([rows, pad], -1).index_fill(
             -1, torch.tensor([self.mask_id], device=rows.device), float("-inf"))
+
+    def _mask(self, mask: Tensor) -> Tensor:
+        """A (b, 1, q, k) bool mask as the guide's attention takes it: bool for SDPA, additive
+        float for eager attention."""
+        if getattr(getattr(self.model, "config", None), "_attn_implementation", "sdpa") != "eager":
+            return mask
+        dtype = next(self.model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)

@@ -33,6 +33,7 @@ class Member:
             included).
         forward_rows: (n,) canvas rows those forwards processed for each row.
         guide_nfe: (n,) forwards of the rule's causal guide for each row.
+        memory: what the loop's extra forwards keep for it across steps (the guide's cache).
         trace: per step, its rows' commits (when requested).
         state: its scheduler's state for its rows still decoding, in batch order.
         live: its rows still decoding.
@@ -53,6 +54,7 @@ class Member:
     seconds: float = 0.0
     forward_rows: Tensor | None = None
     guide_nfe: Tensor | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.forward_rows is None:

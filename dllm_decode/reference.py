@@ -39,6 +39,7 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
     gen_start, length = len(prompt), x.shape[1]
     wide = scheduler.view == "rest"            # the rule looks past its block: logits to the end
     state = scheduler.init_state(1, device)
+    memory: dict = {}                          # the extra forwards' per-request memory
     start = gen_start
     while start < length:
         end, step = min(start + config.block_length, length), 0
@@ -69,7 +70,7 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
                     end = max(start + 1, min(int(ends[0]), length))
                     inp = view((inp.logits, inp.probs, inp.candidates, inp.noise), end, end - start)
             if scheduler.lookahead_candidates or scheduler.guide:   # the rule's extra forwards
-                inp, state = Consultant(model, x.clone(), None)(scheduler, inp, state)
+                inp, state = Consultant(model, x.clone(), None, memory)(scheduler, inp, state)
             decision, state = scheduler.select(inp, state)
             budgeted = scheduler.step_budget(inp.num_steps) is not None
             x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision, budgeted=budgeted), mask)

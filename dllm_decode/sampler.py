@@ -229,7 +229,7 @@ class Decoding:
             return (block.clone() if index is None else block.index_select(0, index)), self.budgets[g]
 
         scheduler = member.config.scheduler
-        consult = self._consultant(index) if scheduler.lookahead_candidates or scheduler.guide else None
+        consult = self._consultant(index, member) if scheduler.lookahead_candidates or scheduler.guide else None
         inp, decision, nonfinite, member.state = decide(
             member.config, member.state, window.rows(index), step=self.block_step,
             num_steps=self.budgets[g], span=max(batch.bounds.gen_end[r] - starts[r] for r in batch.groups[g]),
@@ -250,12 +250,13 @@ class Decoding:
             torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
         return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite, decision.truncate_at is not None)
 
-    def _consultant(self, index: Tensor | None) -> Consultant:
-        """The extra-forward runner (look-ahead, guide) over the canvases of batch rows `index`."""
+    def _consultant(self, index: Tensor | None, member: Member) -> Consultant:
+        """The extra-forward runner (look-ahead, guide) over the canvases of batch rows `index`
+        (the request's memory, the guide's prefix cache, kept on its member)."""
         rows = self.batch.rows
         pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
         return Consultant(self.model, pick(rows.x), None if rows.attention_mask is None
-                          else pick(rows.attention_mask))
+                          else pick(rows.attention_mask), member.memory)
 
     # -- host bookkeeping ----------------------------------------------------------------------
 

@@ -190,3 +190,30 @@ def test_the_noise_handed_over_is_the_noise_the_candidates_were_drawn_with(model
     seen.clear()
     run(model, Spy())
     assert seen and all(inp.noise is None for inp in seen)
+
+
+def test_the_guide_cache_of_the_committed_prefix_is_exact_and_feeds_only_the_rest(model):
+    guide = load_guide("auto", model)
+    fed = []
+    hook = guide.model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        canvas = torch.tensor([[35, 1, 2, 3, 4, 5, 6, 7, 8, 36], [1, 2, 3, 9, 9, 5, 4, 7, 8, 36]])
+        mask = torch.tensor([[0] + [1] * 9, [1] * 10])
+        memory: dict = {}
+        with torch.no_grad():
+            for offset in (4, 4, 6, 8):                      # the window moves on, never back
+                draft = canvas[:, offset:offset + 2]
+                cached = guide.logits(canvas, mask, offset, draft, memory)
+                fresh = guide.logits(canvas, mask, offset, draft)
+                finite = torch.isfinite(fresh)
+                assert torch.equal(finite, torch.isfinite(cached))
+                torch.testing.assert_close(cached[finite], fresh[finite], rtol=1e-5, atol=1e-5)
+            # a changed canvas width drops the cache: everything is fed again
+            wider = torch.cat([torch.full((2, 1), 35), canvas], 1)
+            guide.logits(wider, torch.cat([torch.zeros(2, 1, dtype=torch.long), mask], 1), 9,
+                         wider[:, 9:11], memory)
+    finally:
+        hook.remove()
+    # cached calls fed 6, then 3 (offset unchanged: columns 3.. again), 5, 5; fresh calls the whole
+    assert fed[:-1:2] == [6, 3, 5, 5] and fed[1::2] == [6, 6, 8, 10] and fed[-1] == 11
