@@ -93,7 +93,8 @@ class ARGuide:
 
     def __init__(self, model: Any, dllm: Any):
         self.model = model
-        self.vocab = int(getattr(model.config, "vocab_size", 0) or model.get_output_embeddings().weight.shape[0])
+        self.vocab = int(getattr(model.config, "vocab_size", 0)
+                         or model.get_output_embeddings().weight.shape[0])
         self.shared = min(self.vocab, int(dllm.vocab_size))
         self.mask_id = int(dllm.mask_token_id)
         name = getattr(model, "name_or_path", type(model).__name__)
@@ -132,7 +133,8 @@ class ARGuide:
         length = ids.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
         full = causal & mask.bool()[:, None, None, :]
-        full = (full | torch.eye(length, dtype=torch.bool, device=ids.device))[:, :, start:]  # padding sees itself
+        full = full | torch.eye(length, dtype=torch.bool, device=ids.device)   # padding sees itself
+        full = full[:, :, start:]                                              # the rows fed
         extra = {} if kv is None else {cache_argument(type(self.model)): kv.cache}
         out = self.model(input_ids=ids[:, start:], attention_mask=self._mask(full),
                          position_ids=positions[:, start:], use_cache=kv is not None, **extra)
@@ -151,4 +153,5 @@ class ARGuide:
         if getattr(getattr(self.model, "config", None), "_attn_implementation", "sdpa") != "eager":
             return mask
         dtype = next(self.model.parameters()).dtype
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(dtype).min)

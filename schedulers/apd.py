@@ -44,12 +44,12 @@ class APDScheduler(Scheduler):
     default T = 0, a bug: a sampled draft is compared with a greedy target). At T = 0 the two
     are the same.
 
-    Deviations: the draft's temperature is the loop's T (the
-    reference's `exp(l/T) / (-ln u)^T` samples at T squared). The guide keeps an AR KV cache of the committed
-    prefix (the columns before the step's window) and feeds the rest each step. The reference's W (`kv_window`,
-    an approximate dLLM cache behind the frontier) maps to this toolkit's caches, all of which
-    run. A stop on any end-of-text token in the canvas (the reference checks the prompt too) is
-    the loop's `stop_at_eos` on finished blocks. Batch > 1 (the reference is batch 1). A view
+    Deviations: the draft's temperature is the loop's T (the reference's `exp(l/T) / (-ln u)^T`
+    samples at T squared). The guide keeps an AR KV cache of the committed prefix (the columns
+    before the step's window) and feeds the rest each step. The reference's W (`kv_window`, an
+    approximate dLLM cache behind the frontier) maps to this toolkit's caches, all of which run.
+    A stop on any end-of-text token in the canvas (the reference checks the prompt too) is the
+    loop's `stop_at_eos` on finished blocks. Batch > 1 (the reference is batch 1). A view
     without guide logits (a tool that runs no guide) accepts the frontier column only.
     """
 

@@ -50,9 +50,10 @@ class InfoGainScheduler(Scheduler):
     two are identical); the look-ahead is one batched call for every row (the port loops over
     rows); positions' Gumbel noise is a hash of one draw of the request's generator per step,
     the candidate, the column's place in the generation and the row's block tokens, so a batch
-    decodes exactly as its rows alone (a draw per row would depend on the batch). The reference's chosen look-ahead is not reused as the next
-    step's forward (neither does the port). A view without look-ahead entropies (a tool that
-    runs no extra forwards) gets candidate 0, the confidence rule.
+    decodes exactly as its rows alone (a draw per row would depend on the batch). The
+    reference's chosen look-ahead is not reused as the next step's forward (neither does the
+    port). A view without look-ahead entropies (a tool that runs no extra forwards) gets
+    candidate 0, the confidence rule.
     """
 
     caches: ClassVar[tuple[str, ...] | None] = ("none",)
@@ -72,7 +73,8 @@ class InfoGainScheduler(Scheduler):
         if self.position_temperature < 0:
             raise ValueError(f"position_temperature must be >= 0, got {self.position_temperature}")
         if not 0.0 <= self.bypass_threshold <= 1.0:
-            raise ValueError(f"bypass_threshold must be in [0, 1] (0: no bypass), got {self.bypass_threshold}")
+            raise ValueError(f"bypass_threshold must be in [0, 1] (0: no bypass), "
+                             f"got {self.bypass_threshold}")
         for name, value, accepted in (("variant", self.variant, VARIANTS), ("cost", self.cost, COSTS),
                                       ("future_scope", self.future_scope, SCOPES)):
             if value not in accepted:

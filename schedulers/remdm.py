@@ -59,7 +59,8 @@ class ReMDMScheduler(Scheduler):
 
     def __post_init__(self) -> None:
         if self.steps_per_block < 0:
-            raise ValueError(f"steps_per_block must be >= 0 (0: one token per step), got {self.steps_per_block}")
+            raise ValueError(f"steps_per_block must be >= 0 (0: one token per step), "
+                             f"got {self.steps_per_block}")
         if self.loop_steps < 0:
             raise ValueError(f"loop_steps must be >= 0, got {self.loop_steps}")
         if self.loop_number < 1:
