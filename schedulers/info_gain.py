@@ -12,6 +12,7 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, neg_entropy
+from dllm_decode.schedulers.draws import row_uniform
 
 VARIANTS = ("info_gain", "lookum")
 COSTS = ("sum", "mean")
@@ -48,9 +49,8 @@ class InfoGainScheduler(Scheduler):
     Deviations: every candidate writes the loop's candidate tokens (the reference draws each
     candidate's tokens with its own Gumbel noise at T > 0; at T = 0, the documented setting, the
     two are identical); the look-ahead is one batched call for every row (the port loops over
-    rows); positions' Gumbel noise is a hash of one draw of the request's generator per step,
-    the candidate, the column's place in the generation and the row's block tokens, so a batch
-    decodes exactly as its rows alone (a draw per row would depend on the batch). The
+    rows); positions' Gumbel noise comes from `draws.row_uniform`, so a batch decodes exactly
+    as its rows alone (a draw per row would depend on the batch). The
     reference's chosen look-ahead is not reused as the next step's forward (neither does the
     port). A view without look-ahead entropies (a tool that runs no extra forwards) gets
     candidate 0, the confidence rule.
@@ -100,7 +100,7 @@ class InfoGainScheduler(Scheduler):
         _, look = self._paths(inp)
         n, width = self.candidates, inp.eligible.shape[1]
         greedy = argmax_mask(inp.confidence)
-        gumbel = -torch.log(-torch.log(_row_uniform(inp, n - 1)))
+        gumbel = -torch.log(-torch.log(row_uniform(inp, n - 1)))
         scores = inp.confidence.unsqueeze(1) / self.position_temperature + gumbel     # -inf stays
         sampled = scores.argmax(-1)                                                  # (B, N-1)
         positions = torch.cat([greedy.int().argmax(-1, keepdim=True), sampled], 1)   # (B, N)
@@ -135,24 +135,3 @@ class InfoGainScheduler(Scheduler):
         commit = torch.where(bypass.unsqueeze(-1), inp.eligible, commit)
         return Decision(commit=commit), None
 
-
-def _mix(x: Tensor) -> Tensor:
-    """A 32-bit integer hash (two rounds of xor-shift-multiply), elementwise on int64."""
-    for _ in range(2):
-        x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
-def _row_uniform(inp: StepInput, n: int) -> Tensor:
-    """(B, n, W) U(0, 1) draws that depend on one draw of the request's generator, the candidate,
-    each column's place in its row's generation and the row's block tokens: the same for a row
-    whether it decodes alone or in a batch. No host sync."""
-    key = torch.randint(0, 2 ** 31 - 1, (1,), generator=inp.generator, device=inp.live.device)
-    relative = inp.columns.unsqueeze(0) - inp.gen_span[:, :1]                          # (B, W)
-    inside = (inp.columns >= inp.block[:, :1]) & (inp.columns < inp.block[:, 1:])
-    current = inp.current if inp.current is not None else inp.candidates
-    content = _mix(torch.where(inside, (current + 1) * (relative + 7), 0).sum(-1) & 0x7FFFFFFF)
-    seed = _mix(key + content.unsqueeze(-1) * 31 + relative.clamp_min(0) * 1_000_003)  # (B, W)
-    c = torch.arange(1, n + 1, device=seed.device).view(1, n, 1)
-    bits = _mix(seed.unsqueeze(1) ^ (c * 0x27D4EB2D))
-    return (bits.double() + 0.5) / 2.0 ** 32

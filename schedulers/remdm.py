@@ -1,12 +1,13 @@
 """ReMDM: remasking discrete diffusion as inference-time scaling (Wang et al., NeurIPS 2025,
-arXiv 2503.00307), in the count form of its LLaDA port (`guanghanwang/ReMDM-LLaDA`, as carried
-by ParallelBench's `remasking/llada/remdm.py`)."""
+arXiv 2503.00307; `kuleshov-group/remdm`): the count form of its LLaDA port
+(`guanghanwang/ReMDM-LLaDA`, as carried by ParallelBench's `remasking/llada/remdm.py`), and its
+own MDLM sampler over the whole generation."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -14,6 +15,10 @@ from torch import Tensor
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import masked_scores, tokens_per_step, topk_mask
 from dllm_decode.schedulers.columns import carry
+from dllm_decode.schedulers.draws import row_uniform
+
+MODES = ("llada", "mdlm")
+SCHEDULES = ("loop", "cap", "rescale", "conf")
 
 
 @dataclass(frozen=True)
@@ -45,17 +50,40 @@ class ReMDMScheduler(Scheduler):
     re-masked (the port's `topk` over a cache with fewer finite entries than `loop_number` picks
     masked or prompt columns and writes [MASK] over them); batch > 1; greedy or the loop's
     Gumbel sampling (the port samples from softmax(l / T)). A column may be re-masked at most
-    `MAX_REVISIONS` times (loop_steps <= 4 never reaches it). Not implemented: ReMDM's MDLM
-    form (the stochastic sigma schedules cap / rescale / conf / loop over a whole-canvas block),
-    which needs a per-step transition draw for every generated column.
+    `MAX_REVISIONS` times (loop_steps <= 4 never reaches it).
+
+    `mode = "mdlm"` is ReMDM's own sampler (the paper's `_ddpm_caching_update`, log-linear
+    schedule alpha_t = 1 - t, T = `steps` steps from t = 1 to 0, 0: the generation length, over
+    the whole generation as one block). At each step, for every generated column independently:
+    a committed token returns to [MASK] with probability sigma, a masked one is committed (the
+    loop's candidate: argmax, or its Gumbel sample at T > 0) with probability
+    (alpha_s - (1 - sigma) alpha_t) / (1 - alpha_t), so the unmasked fraction follows alpha_s for
+    every sigma. Schedules: `cap` sigma = min(eta, (1 - alpha_s) / alpha_t); `rescale` sigma =
+    eta min(1, (1 - alpha_s) / alpha_t); `conf` sigma_i = softmax_i(-confidence at commit) over
+    the committed columns times min(1, (1 - alpha_s) / alpha_t) (sigma 0 on masked columns, so
+    masks are committed at the MDLM rate and this one does not keep the marginal, as in the
+    reference); `loop` (the default): MDLM to alpha_on at t_on, then alpha held at alpha_on with
+    sigma = eta while t_off < t <= t_on, then MDLM to 1 (the reference's phases by t, its
+    rescaled alpha_s unclamped).
+    Defaults are the paper's scripts' (loop: eta 0.02, t_on 0.55, t_off 0.05, alpha_on 0.9).
+    The last step (alpha_s = 1, sigma = 0) commits every mask. It takes back tokens anywhere in
+    the generation, so it runs under cache `none` only. Deviations: the draws are uniform in
+    float64 from `draws.row_uniform` (a batch decodes as its rows alone), not the script's
+    nucleus sampling; a column is re-masked at most `MAX_REVISIONS` times; a generation with no
+    mask left before step T ends there.
     """
 
-    revises: ClassVar[str] = "block"
-
+    mode: str = "llada"
     steps_per_block: int = 0
     loop_steps: int = 1
     loop_number: int = 1
     insert_at: float = 0.875
+    schedule: str = "loop"
+    steps: int = 0
+    eta: float = 0.02
+    t_on: float = 0.55
+    t_off: float = 0.05
+    alpha_on: float = 0.9
 
     def __post_init__(self) -> None:
         if self.steps_per_block < 0:
@@ -67,9 +95,77 @@ class ReMDMScheduler(Scheduler):
             raise ValueError(f"loop_number must be >= 1, got {self.loop_number}")
         if not 0.0 <= self.insert_at <= 1.0:
             raise ValueError(f"insert_at must be in [0, 1], got {self.insert_at}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
+        if self.steps < 0:
+            raise ValueError(f"steps must be >= 0 (0: the generation length), got {self.steps}")
+        if not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"eta must be in [0, 1], got {self.eta}")
+        if not 0.0 <= self.t_off < self.t_on <= 1.0:
+            raise ValueError(f"t_off and t_on must satisfy 0 <= t_off < t_on <= 1, got "
+                             f"{self.t_off}, {self.t_on}")
+        if not 0.0 < self.alpha_on < 1.0:
+            raise ValueError(f"alpha_on must be in (0, 1), got {self.alpha_on}")
+
+    @property
+    def revises(self) -> str:                                # type: ignore[override]
+        return "generated" if self.mode == "mdlm" else "block"
+
+    @property
+    def chooses_block_bounds(self) -> bool:                  # type: ignore[override]
+        return self.mode == "mdlm"
 
     def step_budget(self, block_length: int) -> int | None:
+        if self.mode == "mdlm":
+            return self.steps or block_length
         return (self.steps_per_block or block_length) + self.loop_steps
+
+    def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
+        return (inp.gen_span[:, 1] if self.mode == "mdlm" else None), state
+
+    def alphas(self, k: int, steps: int) -> tuple[float, float, float | None]:
+        """(alpha_t, alpha_s, sigma) at step k of `steps` (t = 1 - k/T, s = t - 1/T); sigma None
+        means the schedule's own (cap, rescale, conf)."""
+        t, s = 1 - k / steps, 1 - (k + 1) / steps
+        if self.schedule != "loop":
+            return 1 - t, 1 - s, None
+        if t > self.t_on:                  # MDLM, rescaled to reach alpha_on at t_on
+            scale = self.alpha_on / (1 - self.t_on)
+            return (1 - t) * scale, (1 - s) * scale, 0.0
+        if t <= self.t_off:                # MDLM from alpha_on to 1
+            slope = (1 - self.alpha_on) / self.t_off
+            return 1 - t * slope, 1 - s * slope, 0.0
+        return self.alpha_on, self.alpha_on, self.eta      # the loop: alpha held, sigma = eta
+
+    def _mdlm(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        steps = self.steps or inp.num_steps
+        k = inp.step
+        alpha_t, alpha_s, sigma = self.alphas(k, steps)
+        bound = min(1.0, (1 - alpha_s) / alpha_t) if alpha_t > 0 else 1.0
+        committed = inp.revisable if inp.revisable is not None else torch.zeros_like(inp.eligible)
+        at_commit = self._at_commit(inp, state)
+        if sigma is not None:
+            sigmas = torch.full_like(inp.confidence, sigma, dtype=torch.float64)
+        elif self.schedule == "cap":
+            sigmas = torch.full_like(inp.confidence, min(self.eta, bound), dtype=torch.float64)
+        elif self.schedule == "rescale":
+            sigmas = torch.full_like(inp.confidence, self.eta * bound, dtype=torch.float64)
+        else:                                                          # conf
+            scores = torch.where(committed, -at_commit.double(), float("-inf"))
+            sigmas = torch.where(committed, scores.softmax(-1), 0.0).nan_to_num(0.0) * bound
+        last = k >= steps - 1 or alpha_s >= 1.0
+        draws = row_uniform(inp, 2)
+        if alpha_t >= 1.0:
+            p_commit = torch.ones_like(sigmas)
+        else:
+            p_commit = ((alpha_s - (1 - sigmas) * alpha_t) / (1 - alpha_t)).clamp(0.0, 1.0)
+        commit = inp.eligible & ((draws[:, 0] < p_commit) | last)
+        remask = committed & (draws[:, 1] < sigmas) & (not last)
+        at_commit = torch.where(commit, inp.confidence, at_commit)
+        at_commit = at_commit.masked_fill(remask | ~(commit | ~inp.is_masked), float("inf"))
+        return Decision(commit=commit, remask=remask), (at_commit, inp.columns.expand_as(at_commit)[:, 0])
 
     def plan(self, block_length: int) -> tuple[int, int]:
         """(S ordinary steps, k*: the ordinary step after which the loop steps come)."""
@@ -77,6 +173,8 @@ class ReMDMScheduler(Scheduler):
         return ordinary, min(max(math.floor(self.insert_at * ordinary), 1), ordinary - 1)
 
     def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
+        if self.mode == "mdlm":
+            return self._mdlm(inp, state)
         ordinary, insert = self.plan(inp.num_steps)
         k = inp.step
         in_loop = insert < k <= insert + self.loop_steps

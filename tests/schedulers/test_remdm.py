@@ -127,3 +127,85 @@ class _Stuck(Scheduler):
 def test_a_budgeted_rule_may_stall_but_not_past_its_budget(model):
     with pytest.raises(RuntimeError, match="still has masks"):
         generate(model, [[1, 2]], DecodeConfig(_Stuck(), gen_length=4, block_length=4))
+
+
+# -- the MDLM form -------------------------------------------------------------------------------
+
+SCHEDULE_SETTINGS = [dict(schedule="loop"), dict(schedule="cap", eta=0.1),
+                     dict(schedule="rescale", eta=0.2), dict(schedule="conf")]
+
+
+@pytest.mark.parametrize("settings", SCHEDULE_SETTINGS)
+def test_mdlm_mode_leaves_no_mask_within_its_budget(model, settings):
+    scheduler = ReMDMScheduler(mode="mdlm", **settings)
+    result = run(model, scheduler, gen=16, block=4)
+    assert not (result.tokens == model.mask_token_id).any()
+    assert (result.nfe <= 16).all()                      # T = the generation length, one block
+    again = run(model, scheduler, gen=16, block=4)
+    assert torch.equal(result.tokens, again.tokens)
+    for row, prompt in enumerate(PROMPTS):                # rows draw alike alone and batched
+        alone = run(model, scheduler, prompts=[prompt], gen=16, block=4)
+        assert torch.equal(result.tokens[row], alone.tokens[0])
+
+
+def _chain(scheduler: ReMDMScheduler, seed: int, width: int = 48) -> list[float]:
+    """The masked fraction after each of T = width steps, on a fixed random model, driven by
+    the rule's own decisions (commits unmask, re-masks mask)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, width, 6, generator=g)
+    masked = torch.ones(1, width, dtype=torch.bool)
+    current = torch.full((1, width), 5)
+    state, fractions = None, []
+    for k in range(width):
+        inp = step_input(logits, masked=masked, step=k, num_steps=width, generator=g)
+        inp = dataclasses.replace(inp, current=torch.where(masked, 5, current), revisable=~masked,
+                                  mask_id=5)
+        decision, state = scheduler.select(inp, state)
+        commit = decision.commit & inp.eligible
+        current = torch.where(commit, inp.candidates, current)
+        masked = (masked & ~commit) | (decision.remask & ~masked)
+        fractions.append(float(masked.float().mean()))
+    return fractions
+
+
+@pytest.mark.parametrize("settings", SCHEDULE_SETTINGS[:3] + [dict(schedule="cap", eta=0.0)])
+def test_mdlm_mode_keeps_the_masked_fraction_on_one_minus_alpha_s(settings):
+    """ReMDM's defining property: whatever sigma, the unmasked fraction follows alpha_s (mean
+    over 40 chains of 48 columns; 5 points of tolerance, a few standard errors). `conf` puts
+    sigma 0 on masked columns (as the reference does), so it is not held to it."""
+    scheduler = ReMDMScheduler(mode="mdlm", **settings)
+    runs = torch.tensor([_chain(scheduler, seed) for seed in range(40)])
+    want = torch.tensor([1 - scheduler.alphas(k, 48)[1] for k in range(48)])
+    assert (runs.mean(0) - want).abs().max() < 0.05
+    assert runs[:, -1].eq(0).all()                       # the last step commits every mask
+    if settings.get("eta") == 0.0:                        # sigma = 0: MDLM, nothing taken back
+        assert (runs[:, 1:] <= runs[:, :-1]).all()
+
+
+def test_mdlm_mode_runs_without_a_cache_only():
+    with pytest.raises(ValueError, match="use cache 'none'"):
+        DecodeConfig(ReMDMScheduler(mode="mdlm"), cache=CACHES["dual"]())
+
+
+@pytest.mark.parametrize("field, value", [("mode", "x"), ("schedule", "y"), ("eta", 2.0),
+                                          ("t_on", 0.01), ("alpha_on", 1.0), ("steps", -1)])
+def test_bad_mdlm_settings_are_refused_in_one_line(field, value):
+    with pytest.raises(ValueError, match=field):
+        ReMDMScheduler(**{field: value})
+
+
+def test_mdlm_conf_re_masks_more_than_mdlm_and_still_finishes():
+    """Negative control for the marginal test: `conf` takes tokens back without committing
+    masks faster, so its masked fraction runs above 1 - alpha_s; the last step still empties."""
+    scheduler = ReMDMScheduler(mode="mdlm", schedule="conf")
+    runs = torch.tensor([_chain(scheduler, seed) for seed in range(20)])
+    want = torch.tensor([1 - scheduler.alphas(k, 48)[1] for k in range(48)])
+    assert (runs.mean(0) - want).max() > 0.05 and runs[:, -1].eq(0).all()
+
+
+def test_mdlm_loop_holds_alpha_on_between_t_off_and_t_on():
+    scheduler = ReMDMScheduler(mode="mdlm")
+    phases = [scheduler.alphas(k, 100) for k in range(100)]
+    held = [p for k, p in enumerate(phases) if 0.05 < 1 - k / 100 <= 0.55]
+    assert held and all(p == (0.9, 0.9, 0.02) for p in held)
+    assert phases[-1][1] == pytest.approx(1.0) and phases[-1][2] == 0.0
