@@ -173,3 +173,24 @@ def test_bad_settings_are_refused_in_one_line(field, value):
 def test_block_scope_decodes(model):
     result = run(model, InfoGainScheduler(future_scope="block", cost="mean"))
     assert not (result.tokens == model.mask_token_id).any()
+
+
+def test_other_rules_count_one_row_per_forward_and_no_guide(model):
+    from dllm_decode.schedulers import ThresholdScheduler
+
+    result = run(model, ThresholdScheduler())
+    assert torch.equal(result.forward_rows, result.nfe) and not result.guide_nfe.any()
+
+
+def test_a_wrapper_passes_the_look_ahead_and_its_cache_refusal_through(model):
+    from dllm_decode.schedulers import EarlyCommitScheduler
+
+    wrapped = EarlyCommitScheduler(base=InfoGainScheduler())
+    assert wrapped.lookahead_candidates == 8 and wrapped.caches == ("none",)
+    with pytest.raises(ValueError, match="use cache 'none'"):
+        DecodeConfig(wrapped, cache=CACHES["prefix"]())
+    counting = Counting(model)
+    result = generate(counting, [[1, 2, 3]], DecodeConfig(wrapped, gen_length=16, block_length=8,
+                                                          stop_at_eos=False))
+    assert int(result.nfe[0]) == counting.calls and int(result.forward_rows[0]) == counting.rows
+    assert result.forward_rows[0] > result.nfe[0]
