@@ -139,6 +139,7 @@ def tiny_block_diffusion(family: str = "fast_dllm", seed: int = 0, block_size: i
         for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]:
             noise = torch.randn(p.shape, generator=generator)
             p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
+    model.ar_partner = functools.partial(tiny_llama, seed=seed, vocab_size=vocab_size)
     return model.eval()
 
 

@@ -43,8 +43,9 @@ class InfoGainScheduler(Scheduler):
     `bypass_threshold = 0.8`, sum cost, both weights 1); the port's config default for the
     bypass is None (0 here disables it). The look-ahead forward is counted: one more NFE for
     every row that proposed candidates, and one forward row per candidate (`forward_rows`). It
-    needs the whole canvas each step, so the rule runs under cache `none` only (the reference's
-    cached path runs Fast-dLLM instead of Info-Gain).
+    needs exact logits for the whole canvas each step, so the rule runs under cache `none` only,
+    or `block` on a block-diffusion model (exact there); the reference's cached path runs
+    Fast-dLLM instead of Info-Gain.
 
     Deviations: every candidate writes the loop's candidate tokens (the reference draws each
     candidate's tokens with its own Gumbel noise at T > 0; at T = 0, the documented setting, the
@@ -56,7 +57,7 @@ class InfoGainScheduler(Scheduler):
     candidate 0, the confidence rule.
     """
 
-    caches: ClassVar[tuple[str, ...] | None] = ("none",)
+    caches: ClassVar[tuple[str, ...] | None] = ("none", "block")
 
     candidates: int = 8
     position_temperature: float = 0.2

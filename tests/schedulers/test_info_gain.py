@@ -157,7 +157,7 @@ def test_lookahead_entropy_builds_each_candidate_canvas(model):
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_refused_under_block_caches_in_one_line(cache):
-    with pytest.raises(ValueError, match=r"only under the caches \['none'\].*use cache 'none'") as err:
+    with pytest.raises(ValueError, match=r"only under the caches \['none', 'block'\].*use cache 'none'") as err:
         DecodeConfig(InfoGainScheduler(), cache=CACHES[cache]())
     assert "\n" not in str(err.value)
 
@@ -186,7 +186,7 @@ def test_a_wrapper_passes_the_look_ahead_and_its_cache_refusal_through(model):
     from dllm_decode.schedulers import EarlyCommitScheduler
 
     wrapped = EarlyCommitScheduler(base=InfoGainScheduler())
-    assert wrapped.lookahead_candidates == 8 and wrapped.caches == ("none",)
+    assert wrapped.lookahead_candidates == 8 and wrapped.caches == ("none", "block")
     with pytest.raises(ValueError, match="use cache 'none'"):
         DecodeConfig(wrapped, cache=CACHES["prefix"]())
     counting = Counting(model)
