@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.capture import captured_cache
+from dllm_decode.capture import captured_cache, fused_decoder
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
@@ -68,6 +68,8 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    if (fused := fused_decoder(model, config, capture, trace)) is not None:   # the captured step
+        return fused(prompts, generator=generator, tokenizer=tokenizer)      # for the whole step
     decoding = Decoding(model, config.cache, trace=trace, capture=capture)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:

@@ -9,8 +9,10 @@ configuration falls back to the eager forward.
 from dllm_decode.capture.buckets import Buckets
 from dllm_decode.capture.buffers import StepBuffers
 from dllm_decode.capture.graphs import CAPTURE_MODES, GraphCache
-from dllm_decode.capture.runtime import CapturedCache, capture_problem, captured_cache
+from dllm_decode.capture.loop import fused_decoder, fused_generate, fused_problem
+from dllm_decode.capture.runtime import CapturedCache, capture_problem, captured_cache, graph_cache
 from dllm_decode.capture.step import Head, captured_forward
 
 __all__ = ["Buckets", "CAPTURE_MODES", "CapturedCache", "GraphCache", "Head", "StepBuffers",
-           "capture_problem", "captured_cache", "captured_forward"]
+           "capture_problem", "captured_cache", "captured_forward", "fused_decoder",
+           "fused_generate", "fused_problem", "graph_cache"]

@@ -77,21 +77,22 @@ class GraphCache:
     def __repr__(self) -> str:
         return f"GraphCache(mode={self.mode!r}, backend={self.backend!r}, buckets={len(self.entries)})"
 
-    def run(self, key: tuple, owner: tuple, args: tuple[Any, ...]) -> Tensor:
-        """The step's logits for bucket `key` on `args` (`captured_forward`'s arguments, its
+    def run(self, key: tuple, owner: tuple, args: tuple[Any, ...],
+            fn: Callable[..., Tensor] = captured_forward) -> Tensor:
+        """`fn(*args)` for bucket `key` (`fn`: `captured_forward`, or the fused step; its
         tensors the bucket's static buffers). `owner` identifies what a recorded graph baked in
         (the compact stack and rotary tables): a different owner records the bucket afresh."""
         entry = self.entries.get(key)
         if entry is None or entry[0] != owner:
-            entry = (owner, self._make(args))
+            entry = (owner, self._make(args, fn))
             self.entries[key] = entry
             self.captures += 1
         return entry[1](*args)
 
-    def _make(self, args: tuple[Any, ...]) -> Callable[..., Tensor]:
+    def _make(self, args: tuple[Any, ...], fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if self.mode == "static":
-            return captured_forward
-        fn = _own_copy(captured_forward)
+            return fn
+        fn = _own_copy(fn)
         if self.mode == "compile":
             return torch.compile(fn, fullgraph=True, dynamic=False, backend=self.backend)
         if self.backend is not None:

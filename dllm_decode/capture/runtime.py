@@ -187,14 +187,26 @@ def captured_cache(model: DiffusionLM, cache: Cache, capture: str | GraphCache) 
     Raises:
         ValueError: an unknown capture mode, or `cuda-graphs` without CUDA.
     """
-    if isinstance(capture, str) and capture not in CAPTURE_MODES:
-        raise ValueError(f"capture must be one of {list(CAPTURE_MODES)}, got {capture!r}")
-    if not isinstance(capture, (str, GraphCache)):
-        raise TypeError(f"capture must be one of {list(CAPTURE_MODES)} or a GraphCache, got "
-                        f"{type(capture).__name__}")
-    if capture == "off":
+    graphs = graph_cache(capture)
+    if graphs is None:
         return cache, None
     if (problem := capture_problem(cache, model)) is not None:
         return cache, problem
-    graphs = capture if isinstance(capture, GraphCache) else GraphCache(capture)
     return CapturedCache(cache, model, graphs), None
+
+
+def graph_cache(capture: Any) -> GraphCache | None:
+    """The `GraphCache` a `capture` argument names (None for "off").
+
+    Raises:
+        TypeError / ValueError: not one of `CAPTURE_MODES` nor a `GraphCache`; `cuda-graphs`
+            without CUDA.
+    """
+    if isinstance(capture, GraphCache):
+        return capture
+    if not isinstance(capture, str):
+        raise TypeError(f"capture must be one of {list(CAPTURE_MODES)} or a GraphCache, got "
+                        f"{type(capture).__name__}")
+    if capture not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {list(CAPTURE_MODES)}, got {capture!r}")
+    return None if capture == "off" else GraphCache(capture)
