@@ -17,7 +17,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from dllm_decode.caches import CACHES
-from dllm_decode.capture import CAPTURE_MODES, Buckets, GraphCache, capture_problem
+from dllm_decode.capture import CAPTURE_MODES, Buckets, GraphCache, capture_problem, fused_problem
+from dllm_decode.capture import loop as fused_loop
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import Decision
 from dllm_decode.sampler import Decoding, generate
@@ -52,9 +53,17 @@ CASES = [("llada", "none"), ("llada", "dual"), ("dream", "none"), ("dream", "dua
          ("sdar", "none"), ("sdar", "block"), ("fast_dllm", "block")]
 
 
-def config(cache: str, tau: float = 0.3, scheduler: Any = None) -> DecodeConfig:
-    return DecodeConfig(scheduler=scheduler or ThresholdScheduler(threshold=tau),
-                        cache=CACHES[cache](), gen_length=16, block_length=4, stop_at_eos=False)
+class PerStep(ThresholdScheduler):
+    """The threshold rule declared not capturable: the decode runs the per-step loop, only its
+    model forward through the captured step."""
+
+    capturable = False
+
+
+def config(cache: str, tau: float = 0.3, scheduler: Any = None, fused: bool = False) -> DecodeConfig:
+    rule = ThresholdScheduler(threshold=tau) if fused else PerStep(threshold=tau)
+    return DecodeConfig(scheduler=scheduler or rule, cache=CACHES[cache](), gen_length=16,
+                        block_length=4, stop_at_eos=False)
 
 
 @pytest.fixture
@@ -211,11 +220,66 @@ def test_buckets():
         Buckets(max_batch=0)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family,cache", [("llada", "none"), ("llada", "dual"), ("sdar", "block")])
-def test_inductor_step_equals_generate(strict_dynamo, family, cache):
+# -- the fused step: forward, decision, write and status in one graph ----------------------------
+
+FUSED = [("llada", "none"), ("llada", "dual"), ("dream", "none"), ("dream", "dual")]
+
+
+@pytest.mark.parametrize("family,cache", FUSED)
+def test_fused_step_compiles_whole_without_recompiles_and_equals_generate(strict_dynamo, family, cache):
     model = MODELS[family]()
-    cfg = config(cache)
+    cfg = config(cache, fused=True)
+    assert fused_problem(cfg, model) is None
+    graphs = GraphCache("compile", backend="eager")
+    captured = generate(model, PROMPTS, cfg, capture=graphs)
+    eager = generate(model, PROMPTS, cfg)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert graphs.captures == {"none": 1, "dual": 2}[cache]       # one graph per bucket, per decode
+    assert all(key[0] == "fused" for key in graphs.entries)
+    assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.nfe, eager.nfe)
+
+
+@pytest.mark.parametrize("stop_at_eos", [False, True])
+@pytest.mark.parametrize("cache", ["none", "dual", "prefix"])
+@pytest.mark.parametrize("name", ["threshold", "factor", "low_confidence"])
+def test_fused_decode_equals_generate(name, cache, stop_at_eos):
+    model = MODELS["llada"]()
+    cfg = dataclasses.replace(config(cache, scheduler=SCHEDULERS[name]()), stop_at_eos=stop_at_eos)
+    assert fused_problem(cfg, model) is None
+    captured, eager = generate(model, PROMPTS, cfg, capture="static"), generate(model, PROMPTS, cfg)
+    assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.nfe, eager.nfe)
+
+
+def test_fused_decode_reads_the_status_once_per_step(monkeypatch):
+    counter, marks = SyncCounter(monkeypatch), []
+    run = fused_loop._run
+
+    def counted(*args, **kwargs):
+        marks.append(counter.syncs)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(fused_loop, "_run", counted)
+    counter.active = True
+    result = generate(MODELS["llada"](), PROMPTS, config("dual", fused=True), capture="static")
+    counter.active = False
+    assert len(marks) >= int(result.nfe.max()) > 1
+    assert all(b - a <= 1 for a, b in zip(marks, marks[1:])), marks
+
+
+def test_fused_problem_names_what_stays_on_the_host():
+    model = MODELS["llada"]()
+    base = config("dual", fused=True)
+    assert "not capturable" in fused_problem(config("dual"), model)
+    assert "sampling" in fused_problem(dataclasses.replace(base, temperature=0.5), model)
+    assert "block-diffusion" in fused_problem(base, MODELS["sdar"]())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,cache,fused", [("llada", "none", True), ("llada", "dual", True),
+                                                ("sdar", "block", False)])
+def test_inductor_step_equals_generate(strict_dynamo, family, cache, fused):
+    model = MODELS[family]()
+    cfg = config(cache, fused=fused)
     graphs = GraphCache("compile")
     assert torch.equal(generate(model, PROMPTS, cfg, capture=graphs).tokens,
                        generate(model, PROMPTS, cfg).tokens)

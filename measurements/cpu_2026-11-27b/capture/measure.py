@@ -1,5 +1,8 @@
 """Compiled (inductor) captured step vs the eager loop, tokens/s on the CPU.
 
+The configuration (greedy threshold, cache none or dual) runs the fused step: forward, decision
+and write in one compiled graph per bucket, one status read per step.
+
 Run: OMP_NUM_THREADS=1 nice -n 10 python measurements/cpu_2026-11-27b/capture/measure.py
 Per (model, batch): one warm-up decode per variant (the compile is paid there, excluded), then
 RUNS interleaved repeats eager / compiled; tokens/s = generated tokens / wall seconds.
@@ -25,9 +28,13 @@ RUNS = 3
 torch.set_num_threads(1)
 models = {"embedded": load_diffusion(ModelSpec.parse("embedded")),
           "tiny_llada(layers=4, vocab 37)": tiny_llada(layers=4)}
-config = DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=32)
+from dllm_decode.caches import DualCache
+from dllm_decode.interfaces import NoCache
+configs = {"none": DecodeConfig(scheduler=ThresholdScheduler(0.9), gen_length=32, block_length=8),
+           "dual": DecodeConfig(scheduler=ThresholdScheduler(0.9), cache=DualCache(), gen_length=32,
+                                block_length=8)}
 rows = []
-for name, model in models.items():
+for (name, model), (cache, config) in [(m, c) for m in models.items() for c in configs.items()]:
     for batch in (1, 8):
         prompts = [[5 + i % 20, 6, 7, 8, 9, 10, 11, 12][: 4 + i % 4] for i in range(batch)]
         graphs = GraphCache("compile")
@@ -44,7 +51,7 @@ for name, model in models.items():
                 times[variant].append(time.perf_counter() - start)
         tokens = batch * config.gen_length
         ratios = [e / c for e, c in zip(times["eager"], times["compile"])]
-        row = {"model": name, "batch": batch, "identical_tokens_and_nfe": same,
+        row = {"model": name, "cache": cache, "batch": batch, "identical_tokens_and_nfe": same,
                "nfe_max": int(reference.nfe.max()), "graphs": graphs.captures,
                "warmup_seconds_incl_compile": round(warm, 1),
                "eager_tokens_per_s": [round(tokens / t, 1) for t in times["eager"]],
@@ -55,6 +62,6 @@ for name, model in models.items():
 out = {"command": "OMP_NUM_THREADS=1 nice -n 10 python measurements/cpu_2026-11-27b/capture/measure.py",
        "torch": torch.__version__, "python": sys.version.split()[0], "machine": platform.machine(),
        "threads": torch.get_num_threads(), "runs": RUNS,
-       "config": "threshold 0.9, cache none, gen 32, block 32", "rows": rows}
+       "config": "threshold 0.9, gen 32, block 8, prompts of 4-7 tokens", "rows": rows}
 from dllm_decode.outputs import atomic_write
 atomic_write("measurements/cpu_2026-11-27b/capture/results.json", json.dumps(out, indent=1) + "\n")
