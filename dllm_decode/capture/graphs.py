@@ -100,15 +100,20 @@ class GraphCache:
         return self._record(fn, args)
 
     def _record(self, fn: Callable[..., Tensor], args: tuple[Any, ...]) -> Callable[..., Tensor]:
-        """Record `fn(*args)` into a CUDA graph sharing this cache's pool; returns its replay.
-        The K/V writes of the warm-up runs are harmless: the step that follows writes every
-        column it reads before attending it, or is a refresh that writes them all."""
+        """Record `fn(*args)` into a CUDA graph sharing this cache's pool; returns its replay
+        (which the caller runs next: recording runs nothing). The warm-up runs write the canvas
+        (a fused step commits tokens) and the K/V store, so every tensor argument is restored
+        after them."""
+        saved = [(a, a.clone()) for a in args if isinstance(a, Tensor)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):                    # warm-up: kernels chosen, workspaces allocated
                 fn(*args)
         torch.cuda.current_stream().wait_stream(stream)
+        for tensor, copy in saved:
+            tensor.copy_(copy)
+        del saved
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         before = torch.cuda.memory_reserved()
