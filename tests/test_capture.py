@@ -284,3 +284,26 @@ def test_inductor_step_equals_generate(strict_dynamo, family, cache, fused):
     assert torch.equal(generate(model, PROMPTS, cfg, capture=graphs).tokens,
                        generate(model, PROMPTS, cfg).tokens)
     assert not counters["graph_break"]
+
+
+def test_warm_up_before_recording_leaves_the_buffers_as_they_were(monkeypatch):
+    """CUDA-graph recording warms up by running the step; a fused step commits tokens and writes
+    K/V, so the warm-up must put the canvas and K/V back (checked on the CPU)."""
+    from dllm_decode.capture import graphs as graphs_module
+
+    seen = []
+
+    def record_args(self, key, owner, args, fn=None):
+        before = [a.clone() for a in args if isinstance(a, torch.Tensor)]
+        graphs_module.warm_up(fn, args)
+        after = [a for a in args if isinstance(a, torch.Tensor)]
+        seen.append(all(torch.equal(x, y) for x, y in zip(before, after)))
+        return original(self, key, owner, args, fn)
+
+    original = GraphCache.run
+    monkeypatch.setattr(GraphCache, "run", record_args)
+    model = MODELS["llada"]()
+    cfg = config("dual", fused=True)
+    assert torch.equal(generate(model, PROMPTS, cfg, capture="static").tokens,
+                       generate(model, PROMPTS, cfg).tokens)
+    assert seen and all(seen)

@@ -104,16 +104,11 @@ class GraphCache:
         (which the caller runs next: recording runs nothing). The warm-up runs write the canvas
         (a fused step commits tokens) and the K/V store, so every tensor argument is restored
         after them."""
-        saved = [(a, a.clone()) for a in args if isinstance(a, Tensor)]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(2):                    # warm-up: kernels chosen, workspaces allocated
-                fn(*args)
+            warm_up(fn, args)                     # kernels chosen, workspaces allocated
         torch.cuda.current_stream().wait_stream(stream)
-        for tensor, copy in saved:
-            tensor.copy_(copy)
-        del saved
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         before = torch.cuda.memory_reserved()
@@ -127,3 +122,13 @@ class GraphCache:
             return output
 
         return replay
+
+
+def warm_up(fn: Callable[..., Tensor], args: tuple[Any, ...], runs: int = 2) -> None:
+    """Run `fn(*args)` `runs` times and put every tensor argument back as it was (the runs
+    write the canvas and the K/V store)."""
+    saved = [(a, a.clone()) for a in args if isinstance(a, Tensor)]
+    for _ in range(runs):
+        fn(*args)
+    for tensor, copy in saved:
+        tensor.copy_(copy)
