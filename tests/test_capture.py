@@ -307,3 +307,19 @@ def test_warm_up_before_recording_leaves_the_buffers_as_they_were(monkeypatch):
     assert torch.equal(generate(model, PROMPTS, cfg, capture="static").tokens,
                        generate(model, PROMPTS, cfg).tokens)
     assert seen and all(seen)
+
+
+def test_cli_flags_are_checked_in_one_line():
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+    from dllm_decode.cli.options import capture_mode
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["--prompt", "sort : mia ella", "--cuda-graphs"])
+    assert result.exit_code == 2 and "needs a CUDA device" in result.output
+    result = runner.invoke(main, ["--prompt", "sort : mia ella", "--cuda-graphs", "--compile"])
+    assert result.exit_code == 2 and "alternatives" in result.output
+    assert capture_mode(False, True, torch.device("cpu")) == "compile"
+    assert capture_mode(False, False, torch.device("cpu")) == "off"
+    assert "--cuda-graphs / --no-cuda-graphs" in runner.invoke(main, ["--help"]).output
