@@ -113,13 +113,14 @@ def test_static_step_with_sampling_repeats_the_eager_draws():
                        generate(model, PROMPTS, cfg).tokens)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("cache", ["none", "dual"])
-def test_bucket_invariance(cache):
+def test_bucket_invariance(cache, fused):
     """A request decoded alone (batch bucket 1) equals its row in a batch of 8 (bucket 8)."""
     model = MODELS["llada"]()
     prompts = [[5 + i, 6, 7 + i % 3, 8][: 2 + i % 3] for i in range(8)]
-    alone = generate(model, prompts[3:4], config(cache), capture="static")
-    together = generate(model, prompts, config(cache), capture="static")
+    alone = generate(model, prompts[3:4], config(cache, fused=fused), capture="static")
+    together = generate(model, prompts, config(cache, fused=fused), capture="static")
     assert torch.equal(together.tokens[3:4], alone.tokens)
 
 
