@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.capture.buckets import Buckets
 from dllm_decode.capture.step import captured_forward
 
 CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs")
@@ -54,21 +55,23 @@ class GraphCache:
         backend: torch.compile's backend for `compile` (and, if given, for the graph recorded
             under `cuda-graphs`: None records the eager step).
         max_batch: the largest batch bucket (`Buckets.max_batch`).
+        length_step: canvas widths are padded to a multiple of it (`Buckets.length_step`; a
+            smaller step wastes fewer columns on short canvases and makes more buckets).
     Raises:
         ValueError: an unknown mode, or `cuda-graphs` without CUDA.
     """
 
-    def __init__(self, mode: str = "compile", *, backend: str | None = None, max_batch: int = 64):
+    def __init__(self, mode: str = "compile", *, backend: str | None = None, max_batch: int = 64,
+                 length_step: int = 64):
         if mode not in CAPTURE_MODES[1:]:
             raise ValueError(f"capture mode must be one of {list(CAPTURE_MODES)}, got {mode!r}")
         if mode == "cuda-graphs" and not torch.cuda.is_available():
             raise ValueError("cuda-graphs needs a CUDA device, and this torch build or machine "
                              "has none; use capture 'compile' or 'off' on the CPU")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive integer, got {max_batch!r}")
+        Buckets(max_batch=max_batch, length_step=length_step)      # checks both
         self.mode = mode
         self.backend = backend if backend is not None or mode != "compile" else "inductor"
-        self.max_batch = max_batch
+        self.max_batch, self.length_step = max_batch, length_step
         self.entries: dict[tuple, Any] = {}
         self.pool: Any = None
         self.pool_bytes = 0            # device memory the recorded graphs' pool holds

@@ -82,7 +82,8 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
                     nfe=torch.zeros(len(ids), dtype=torch.long, device=device), trace=None)
     rows, length = canvas.shape
     gen_start, block_length = length - config.gen_length, config.block_length
-    runtime.buckets = Buckets(max_batch=graphs.max_batch, block_length=block_length,
+    runtime.buckets = Buckets(max_batch=graphs.max_batch, length_step=graphs.length_step,
+                              block_length=block_length,
                               widths=(block_length + runtime.head.shift + 1,))
     stack = compact_stack(model)
     buffers = runtime._buffers(rows, length, stack=stack)

@@ -117,7 +117,8 @@ class CapturedCache:
         lo, hi = block
         shift = self.head.shift
         if self.buckets is None:             # window widths from the first block
-            self.buckets = Buckets(max_batch=self.graphs.max_batch, block_length=hi - lo,
+            self.buckets = Buckets(max_batch=self.graphs.max_batch,
+                                   length_step=self.graphs.length_step, block_length=hi - lo,
                                    widths=(hi - lo + shift,))
         refresh = state is None
         if self.kind == "none":              # a full forward every step
@@ -145,7 +146,8 @@ class CapturedCache:
                  stack: Any = None) -> StepBuffers:
         """The buffers of the (batch, canvas) bucket holding `batch` rows of `length` columns
         (`like`'s canvas bucket and K/V layout when given, else `stack`'s)."""
-        buckets = self.buckets or Buckets(max_batch=self.graphs.max_batch)
+        buckets = self.buckets or Buckets(max_batch=self.graphs.max_batch,
+                                          length_step=self.graphs.length_step)
         key = (buckets.batch(batch), like.length if like is not None else buckets.length(length))
         if key not in self.buffers:
             if like is not None:
