@@ -20,7 +20,7 @@ from torch import Tensor
 from dllm_decode.capture.buckets import Buckets
 from dllm_decode.capture.fused import STATUS_ROWS, fused_step
 from dllm_decode.capture.graphs import GraphCache
-from dllm_decode.capture.runtime import CapturedCache, _cache_kind, capture_problem, graph_cache
+from dllm_decode.capture.runtime import CapturedCache, cache_kind, capture_problem, graph_cache
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.errors import NonFiniteLogits
 from dllm_decode.interfaces import Scheduler
@@ -50,7 +50,7 @@ def fused_problem(config: DecodeConfig, model: Any, trace: bool = False) -> str 
         return "a trace records every step on the host"
     if getattr(model, "block_size", None):
         return "block-diffusion models decode on their grid (per-row blocks)"
-    if _cache_kind(config.cache) == "block":
+    if cache_kind(config.cache) == "block":
         return "the block cache"
     return None
 

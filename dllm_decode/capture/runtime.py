@@ -37,7 +37,7 @@ class CapturedState:
     written_from: int = 0
 
 
-def _cache_kind(cache: Any) -> str | None:
+def cache_kind(cache: Any) -> str | None:
     """"none", "kv" (prefix / dual: a `BlockKVCache` with its own `logits`), "block", or None."""
     kind = type(cache)
     if kind is NoCache:
@@ -61,7 +61,7 @@ def capture_problem(config: Any, model: Any) -> str | None:
         Head.of(model)
     except TypeError as error:
         return str(error)
-    if _cache_kind(cache) is None:
+    if cache_kind(cache) is None:
         return (f"cache {type(cache).__name__} chooses its rows from the data (captured: none, "
                 f"prefix, dual, block)")
     return None
@@ -78,7 +78,7 @@ class CapturedCache:
 
     def __init__(self, cache: Cache, model: DiffusionLM, graphs: GraphCache):
         self.cache, self.graphs = cache, graphs
-        self.kind = _cache_kind(cache)
+        self.kind = cache_kind(cache)
         self.head = Head.of(model)
         if graphs.mode == "cuda-graphs" and self.head.weight.device.type != "cuda":
             raise ValueError(f"cuda-graphs needs the model on a CUDA device; it is on "
