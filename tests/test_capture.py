@@ -325,3 +325,35 @@ def test_cli_flags_are_checked_in_one_line():
     assert capture_mode(False, True, torch.device("cpu")) == "compile"
     assert capture_mode(False, False, torch.device("cpu")) == "off"
     assert "--cuda-graphs / --no-cuda-graphs" in runner.invoke(main, ["--help"]).output
+
+
+def test_a_graph_cache_reused_across_decodes_keeps_its_buffers(monkeypatch):
+    """A recorded graph reads fixed addresses: every call of a bucket, in this decode or the
+    next through the same GraphCache, passes tensors at the same addresses (and the second
+    decode gives the same tokens)."""
+    model = MODELS["llada"]()
+    graphs = GraphCache("static")
+    seen: dict = {}
+    original = GraphCache.run
+
+    def checked(self, key, owner, args, fn=None):
+        pointers = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
+        assert seen.setdefault(key, pointers) == pointers, f"bucket {key} moved a buffer"
+        return original(self, key, owner, args) if fn is None else original(self, key, owner, args, fn)
+
+    monkeypatch.setattr(GraphCache, "run", checked)
+    for cfg in (config("dual"), config("dual", fused=True)):
+        first = generate(model, PROMPTS, cfg, capture=graphs)
+        pointers = _addresses(graphs)
+        second = generate(model, PROMPTS, cfg, capture=graphs)
+        assert pointers == _addresses(graphs)
+        assert torch.equal(first.tokens, second.tokens)
+
+
+def _addresses(graphs: GraphCache) -> dict:
+    """The address of every static buffer a GraphCache holds (K/V, indices, step counters)."""
+    out = {}
+    for key, b in graphs.buffers.items():
+        out[key] = (b.canvas.data_ptr(), b.attention.data_ptr(), b.kv.keys.data_ptr(),
+                    b.kv.values.data_ptr(), {k: t.data_ptr() for k, t in b.windows.items()})
+    return out

@@ -22,7 +22,7 @@ class StepBuffers:
         kv: the static K/V store, (layers, B, Hkv, L + 1, D) keys and values.
         windows: per window width W, the (W,) long fed canvas columns, the (O,) long fed-row
             index of each returned logits row and of its predecessor (token-shifted models),
-            keyed ("fed", W) / ("out", O) / ("prev", O).
+            keyed ("fed", W) / ("out", O) / ("prev", O); and the named buffers of `static`.
     """
 
     canvas: Tensor
@@ -54,6 +54,14 @@ class StepBuffers:
         key = (kind, width)
         if key not in self.windows:
             self.windows[key] = torch.zeros(width, dtype=torch.long, device=self.canvas.device)
+        return self.windows[key]
+
+    def static(self, name: str, shape: tuple[int, ...]) -> Tensor:
+        """A named long buffer of `shape` kept with the bucket (a fused step's block bounds,
+        step counters and end-of-text ids): created once, then written with `copy_`/`fill_`."""
+        key = (name, *shape)
+        if key not in self.windows:
+            self.windows[key] = torch.zeros(shape, dtype=torch.long, device=self.canvas.device)
         return self.windows[key]
 
     def load(self, canvas: Tensor, attention: Tensor | None) -> None:

@@ -48,7 +48,9 @@ def _own_copy(fn: Callable) -> Callable:
 
 
 class GraphCache:
-    """Per-bucket callables of the captured step, made lazily, in one of `CAPTURE_MODES`.
+    """Per-bucket callables of the captured step, made lazily, in one of `CAPTURE_MODES`, and
+    the buckets' static buffers they read (shared by every decode that uses this cache, one at
+    a time: a recorded graph reads fixed addresses).
 
     Args:
         mode: "static", "compile" or "cuda-graphs".
@@ -73,6 +75,7 @@ class GraphCache:
         self.backend = backend if backend is not None or mode != "compile" else "inductor"
         self.max_batch, self.length_step = max_batch, length_step
         self.entries: dict[tuple, Any] = {}
+        self.buffers: dict[tuple, Any] = {}   # `StepBuffers` per bucket and K/V layout
         self.pool: Any = None
         self.pool_bytes = 0            # device memory the recorded graphs' pool holds
         self.captures = 0              # graphs compiled or recorded so far

@@ -89,10 +89,11 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
     buffers = runtime._buffers(rows, length, stack=stack)
     buffers.load(canvas, attention)
     bucket = buffers.batch
-    block = torch.zeros(bucket, 2, dtype=torch.long, device=device)
-    gen_span = torch.tensor([[gen_start, length]], device=device).expand(bucket, 2).clone()
-    step, num_steps = (torch.zeros((), dtype=torch.long, device=device) for _ in range(2))
-    eos = torch.tensor(eos_ids, device=device)
+    block, gen_span = buffers.static("block", (bucket, 2)), buffers.static("gen_span", (bucket, 2))
+    step, num_steps = buffers.static("step", ()), buffers.static("num_steps", ())
+    eos = buffers.static("eos", (len(eos_ids),))
+    gen_span.copy_(torch.tensor([[gen_start, length]], device=device).expand(bucket, 2))
+    eos.copy_(torch.tensor(eos_ids, device=device))
     nfe, done = [0] * rows, [False] * rows
     kind, cache = runtime.kind, config.cache
     for start in range(gen_start, length, block_length):

@@ -84,7 +84,6 @@ class CapturedCache:
             raise ValueError(f"cuda-graphs needs the model on a CUDA device; it is on "
                              f"{self.head.weight.device} (load it with device='cuda')")
         self.buckets: Buckets | None = None
-        self.buffers: dict[tuple[int, int], StepBuffers] = {}
         _, blocks = model.parts()
         self.layers = len(blocks)
         self.pad_id = model.eos_token_ids[0]
@@ -145,20 +144,23 @@ class CapturedCache:
     def _buffers(self, batch: int, length: int, like: StepBuffers | None = None,
                  stack: Any = None) -> StepBuffers:
         """The buffers of the (batch, canvas) bucket holding `batch` rows of `length` columns
-        (`like`'s canvas bucket and K/V layout when given, else `stack`'s)."""
+        (`like`'s canvas bucket and K/V layout when given, else `stack`'s). They belong to the
+        `GraphCache`, not to this decode: a graph recorded by one decode reads the same
+        addresses in the next."""
         buckets = self.buckets or Buckets(max_batch=self.graphs.max_batch,
                                           length_step=self.graphs.length_step)
-        key = (buckets.batch(batch), like.length if like is not None else buckets.length(length))
-        if key not in self.buffers:
-            if like is not None:
-                keys = like.kv.keys
-                layout = (keys.shape[2], keys.shape[4], keys.dtype, keys.device)
-            else:
-                first = stack.blocks[0]
-                layout = (first.kv_heads, first.head_dim, first.qkv.dtype, first.qkv.device)
-            self.buffers[key] = StepBuffers.allocate(key[0], key[1], self.layers, *layout,
-                                                     pad_id=self.pad_id)
-        return self.buffers[key]
+        if like is not None:
+            keys = like.kv.keys
+            layout = (keys.shape[2], keys.shape[4], keys.dtype, keys.device)
+        else:
+            first = stack.blocks[0]
+            layout = (first.kv_heads, first.head_dim, first.qkv.dtype, first.qkv.device)
+        size = (buckets.batch(batch), like.length if like is not None else buckets.length(length))
+        key = (*size, self.layers, *layout, self.pad_id)
+        if key not in self.graphs.buffers:
+            self.graphs.buffers[key] = StepBuffers.allocate(*size, self.layers, *layout,
+                                                            pad_id=self.pad_id)
+        return self.graphs.buffers[key]
 
     def _run(self, stack: Any, buffers: StepBuffers, canvas: Tensor, attention_mask: Tensor | None,
              fed: tuple[int, int], rows: tuple[int, int]) -> Tensor:
