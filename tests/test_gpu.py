@@ -62,7 +62,6 @@ def test_cuda_graph_replay_equals_eager_tokens(cache):
     """The captured step recorded per bucket and replayed decodes the eager tokens and NFE, and
     replays without a host sync (the loop's own one sync per step happens outside replay)."""
     from dllm_decode.capture import GraphCache
-    from dllm_decode.capture.graphs import GraphCache as Graphs
 
     _, model = models()
     config = DecodeConfig(scheduler=component("scheduler", "threshold"),
@@ -71,21 +70,21 @@ def test_cuda_graph_replay_equals_eager_tokens(cache):
     graphs = GraphCache("cuda-graphs")
     generate(model, PROMPTS, config, capture=graphs)          # records every bucket it needs
     replays = []
-    original = Graphs.run
+    original = GraphCache.run
 
-    def strict_run(self, key, owner, args):
+    def strict_run(self, key, owner, args, fn=None):
         torch.cuda.set_sync_debug_mode("error")
         try:
             replays.append(key)
-            return original(self, key, owner, args)
+            return original(self, key, owner, args) if fn is None else original(self, key, owner, args, fn)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
-    Graphs.run = strict_run
+    GraphCache.run = strict_run
     try:
         captured = generate(model, PROMPTS, config, capture=graphs)
     finally:
-        Graphs.run = original
+        GraphCache.run = original
     assert replays and graphs.pool_bytes >= 0
     assert torch.equal(captured.tokens.cpu(), eager.tokens.cpu())
     assert torch.equal(captured.nfe.cpu(), eager.nfe.cpu())
