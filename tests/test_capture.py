@@ -25,6 +25,7 @@ from dllm_decode.sampler import Decoding, generate
 from dllm_decode.schedulers import SCHEDULERS, ThresholdScheduler
 from dllm_decode.step import step_input
 from dllm_decode.testing import tiny_block_diffusion, tiny_llada
+from dllm_decode.filters import EoTPFilter
 from tests.test_host_syncs import SyncCounter
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
@@ -252,6 +253,18 @@ def test_fused_decode_equals_generate(name, cache, stop_at_eos):
     assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.nfe, eager.nfe)
 
 
+@pytest.mark.parametrize("cache", ["none", "dual"])
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_fused_sampled_decode_draws_what_eager_draws(family, cache):
+    """Noise drawn on the host with the request's generator for its live rows, read by the
+    graph from a static buffer: sampled tokens and NFE equal eager's, EOS stops included."""
+    model = MODELS[family]()
+    cfg = dataclasses.replace(config(cache, fused=True), temperature=0.9, seed=5, stop_at_eos=True)
+    assert fused_problem(cfg, model) is None
+    captured, eager = generate(model, PROMPTS, cfg, capture="static"), generate(model, PROMPTS, cfg)
+    assert torch.equal(captured.tokens, eager.tokens) and torch.equal(captured.nfe, eager.nfe)
+
+
 def test_fused_decode_reads_the_status_once_per_step(monkeypatch):
     counter, marks = SyncCounter(monkeypatch), []
     run = fused_loop._run
@@ -272,7 +285,8 @@ def test_fused_problem_names_what_stays_on_the_host():
     model = MODELS["llada"]()
     base = config("dual", fused=True)
     assert "not capturable" in fused_problem(config("dual"), model)
-    assert "sampling" in fused_problem(dataclasses.replace(base, temperature=0.5), model)
+    assert fused_problem(dataclasses.replace(base, temperature=0.5), model) is None
+    assert "filters" in fused_problem(dataclasses.replace(base, filters=(EoTPFilter(),)), model)
     assert "block-diffusion" in fused_problem(base, MODELS["sdar"]())
 
 

@@ -56,12 +56,12 @@ class StepBuffers:
             self.windows[key] = torch.zeros(width, dtype=torch.long, device=self.canvas.device)
         return self.windows[key]
 
-    def static(self, name: str, shape: tuple[int, ...]) -> Tensor:
-        """A named long buffer of `shape` kept with the bucket (a fused step's block bounds,
-        step counters and end-of-text ids): created once, then written with `copy_`/`fill_`."""
-        key = (name, *shape)
+    def static(self, name: str, shape: tuple[int, ...], dtype: torch.dtype = torch.long) -> Tensor:
+        """A named buffer of `shape` kept with the bucket (a fused step's block bounds, step
+        counters, end-of-text ids, sampling noise): created once, then written in place."""
+        key = (name, *shape, dtype)
         if key not in self.windows:
-            self.windows[key] = torch.zeros(shape, dtype=torch.long, device=self.canvas.device)
+            self.windows[key] = torch.zeros(shape, dtype=dtype, device=self.canvas.device)
         return self.windows[key]
 
     def load(self, canvas: Tensor, attention: Tensor | None) -> None:

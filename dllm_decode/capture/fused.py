@@ -25,8 +25,9 @@ STATUS_ROWS = ("block_left", "gen_left", "block_eos", "worked", "nonfinite")
 def fused_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
                canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
                out: Tensor, prev: Tensor, block: Tensor, gen_span: Tensor, step: Tensor,
-               num_steps: Tensor, eos: Tensor, scheduler: Any, mask_id: int) -> Tensor:
-    """One greedy denoising step of every row, in place on `canvas`; returns the (5, B) status.
+               num_steps: Tensor, eos: Tensor, scheduler: Any, mask_id: int,
+               noise: Tensor | None = None, temperature: float = 0.0) -> Tensor:
+    """One denoising step of every row, in place on `canvas`; returns the (5, B) status.
 
     Args (beyond `captured_forward`'s):
         out: (O,) fed rows of the window: the canvas columns `[block start, block start + O)`
@@ -34,6 +35,9 @@ def fused_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Te
         block, gen_span: (B, 2) each row's active block and generation region.
         step, num_steps: 0-d long, the step within the block and the block's budget.
         eos: (E,) end-of-text ids. scheduler: a rule with `capturable = True`.
+        noise, temperature: at temperature > 0, (B, O, V) float64 U(0, 1) draws made on the
+            host with each request's generator (`ops.aligned_uniform`, NaN: no noise); the
+            candidates are the Gumbel-max sample `ops.gumbel_argmax` takes from the same draws.
     """
     logits = captured_forward(stack, head, cos_table, sin_table, canvas, attention, keys,
                               values, fed, out, prev)
@@ -42,7 +46,12 @@ def fused_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Te
     vocab = torch.arange(logits.shape[-1], device=logits.device)
     logits = logits.masked_fill(vocab == mask_id, torch.finfo(torch.float32).min)
     probs = logits.softmax(-1)
-    inp = step_input(logits=logits, probs=probs, candidates=probs.argmax(-1), current=tokens,
+    if temperature > 0:
+        gumbel = (-torch.log(-torch.log(noise.clamp_min(1e-300)))).nan_to_num(0.0)
+        candidates = (logits.double() + temperature * gumbel).argmax(-1)
+    else:
+        candidates = probs.argmax(-1)
+    inp = step_input(logits=logits, probs=probs, candidates=candidates, current=tokens,
                      block=block, gen_span=gen_span,
                      offset=block[0, 0], step=step, num_steps=num_steps, mask_id=mask_id)
     nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)

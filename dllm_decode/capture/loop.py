@@ -3,7 +3,9 @@
 
 It serves the common case exactly as `sampler.generate` does (tokens, NFE, end-of-text stops,
 the step cap): one request, a bidirectional model (LLaDA, Dream), the `none`, `prefix` or `dual`
-cache, a scheduler with `capturable = True` and no other hooks, no filters, greedy, no trace.
+cache, a scheduler with `capturable = True` and no other hooks, no filters, no trace. Sampling
+noise is drawn on the host with the request's generator for its live rows, exactly as the eager
+loop draws it, into a static buffer the graph reads, so sampled tokens equal eager's too.
 `fused_problem` says why another configuration runs the per-step loop instead (which still runs
 its model forward through the captured step). What the graph cannot hold stays on the host:
 block bounds, refresh steps, end-of-text stops and the step cap, from the one status read.
@@ -26,6 +28,7 @@ from dllm_decode.errors import NonFiniteLogits
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.member import Member, check_request
 from dllm_decode.models.compact import compact_stack
+from dllm_decode.ops import aligned_uniform
 from dllm_decode.prompts import left_pad
 
 
@@ -44,8 +47,6 @@ def fused_problem(config: DecodeConfig, model: Any, trace: bool = False) -> str 
         return "the scheduler revises, edits after a block or looks past the block"
     if config.filters:
         return "filters run on the host"
-    if config.temperature > 0:
-        return "sampling draws its noise on the host"
     if trace:
         return "a trace records every step on the host"
     if getattr(model, "block_size", None):
@@ -77,7 +78,8 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
     device = runtime.head.weight.device
     mask_id, eos_ids = model.mask_token_id, tuple(model.eos_token_ids)
     canvas, attention = left_pad(ids, config.gen_length, mask_id, eos_ids[0], device)
-    generator = generator if generator is not None else torch.Generator(device=device)
+    generator = generator if generator is not None else \
+        torch.Generator(device=device).manual_seed(config.seed)
     member = Member(None, config, generator, tokenizer, out=canvas.clone(), live=len(ids),
                     nfe=torch.zeros(len(ids), dtype=torch.long, device=device), trace=None)
     rows, length = canvas.shape
@@ -108,8 +110,14 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
                 max(cache.rows((start, end), length)[0] - runtime.head.shift, 0),
                 cache.rows((start, end), length)[1])
             step.fill_(block_step)
+            draw = None
+            if config.temperature > 0:       # the eager draws: the live rows, the rest of the answer
+                live = [i for i in range(rows) if not done[i]]
+                draw = lambda noise, live=live, start=start, end=end: _draw(   # noqa: E731
+                    noise, live, start, length - start, end - start, generator)
             status = _run(runtime, graphs, stack, buffers, fed, (start, end), block, gen_span,
-                          step, num_steps, eos, config.scheduler, mask_id)
+                          step, num_steps, eos, config.scheduler, mask_id,
+                          draw=draw, temperature=config.temperature)
             block_left, gen_left, block_eos, worked, nonfinite = (
                 s[:rows] for s in status.tolist())                 # the one host sync of the step
             if any(nonfinite):
@@ -135,9 +143,22 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
     return member.result(eos_ids)
 
 
+def _draw(noise: Tensor, live: list[int], start: int, span: int, width: int,
+          generator: torch.Generator) -> None:
+    """The request's U(0, 1) draws for its live rows' region `[start, start + span)` (as the
+    eager step draws them: `ops.aligned_uniform`), laid into the noise buffer's window."""
+    device = noise.device
+    starts = torch.full((len(live),), start, dtype=torch.long, device=device)
+    draws = aligned_uniform(starts, span, start, width, generator, vocab=noise.shape[-1],
+                            dtype=torch.float64)
+    noise.fill_(float("nan"))
+    noise[torch.tensor(live, device=device), :width] = draws
+
+
 def _run(runtime: CapturedCache, graphs: GraphCache, stack: Any, buffers: Any, fed: tuple[int, int],
-         window: tuple[int, int], *tail: Any) -> Tensor:
-    """Write the window's indices and run the bucket's fused graph; returns its status."""
+         window: tuple[int, int], *tail: Any, draw: Any = None, temperature: float = 0.0) -> Tensor:
+    """Write the window's indices (and the sampling noise: `draw`) and run the bucket's fused
+    graph; returns its status."""
     width, limit = buffers.length, buffers.length + 1
     fed_count, out_count = fed[1] - fed[0], window[1] - window[0]
     # a window always feeds one scratch row too: padded window columns read and write it
@@ -155,5 +176,11 @@ def _run(runtime: CapturedCache, graphs: GraphCache, stack: Any, buffers: Any, f
     args = (stack, runtime.head, cos, sin, buffers.canvas, buffers.attention, buffers.kv.keys,
             buffers.kv.values, buffers.index("fed", fed_width), buffers.index("out", out_width),
             buffers.index("prev", out_width), *tail)
-    key = ("fused", buffers.batch, width, fed_width, out_width, tail[-2])
+    noise = None
+    if draw is not None:
+        noise = buffers.static("noise", (buffers.batch, out_width, runtime.head.weight.shape[0]),
+                               torch.float64)
+        draw(noise)
+    args = (*args, noise, temperature)
+    key = ("fused", buffers.batch, width, fed_width, out_width, tail[-2], temperature)
     return graphs.run(key, (id(stack), cos.data_ptr()), args, fn=fused_step)
