@@ -174,13 +174,14 @@ def test_capturable_scheduler_select_compiles_fullgraph(name):
     """Every rule marked `capturable` traces whole with 0-d tensor step and budget, and decides
     as it does with Python ints."""
     scheduler = SCHEDULERS[name]()
-    compiled = torch.compile(lambda i: scheduler.select(i, scheduler.init_state(3, torch.device("cpu")))[0].commit,
-                             fullgraph=True, dynamic=False, backend="eager")
+    state = scheduler.init_state(3, torch.device("cpu"))
+    compiled = torch.compile(lambda i: scheduler.select(i, state)[0].commit, fullgraph=True,
+                             dynamic=False, backend="eager")
     torch._dynamo.reset()
     for seed in range(3):
         traced = compiled(_random_input(torch.Generator().manual_seed(seed), tensor_counters=True))
         eager = scheduler.select(_random_input(torch.Generator().manual_seed(seed), False),
-                                 scheduler.init_state(3, torch.device("cpu")))[0].commit
+                                 state)[0].commit
         assert torch.equal(traced, eager)
     torch._dynamo.reset()
 
