@@ -40,9 +40,12 @@ def fused_problem(config: DecodeConfig, model: Any, trace: bool = False) -> str 
     kind = type(scheduler)
     if not getattr(scheduler, "capturable", False):
         return f"scheduler {kind.__name__} is not capturable"
-    for hook in ("process_logits", "block_end", "init_state"):
-        if getattr(kind, hook) is not getattr(Scheduler, hook):
+    for hook in ("process_logits", "block_end", "init_state", "step_budget"):
+        if getattr(kind, hook, None) is not getattr(Scheduler, hook, None):
             return f"scheduler {kind.__name__} has its own {hook}"
+    if getattr(scheduler, "lookahead_candidates", 0) or getattr(scheduler, "guide", None) or \
+            getattr(scheduler, "needs_noise", False):
+        return "the scheduler runs extra forwards or reads the sampling noise"
     if scheduler.revises != "none" or scheduler.view != "block" or scheduler.post_steps:
         return "the scheduler revises, edits after a block or looks past the block"
     if config.filters:
