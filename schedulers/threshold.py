@@ -24,6 +24,8 @@ class ThresholdScheduler(Scheduler):
     (paper §4.1).
     """
 
+    capturable = True
+
     threshold: float = 0.9
 
     def __post_init__(self) -> None:
