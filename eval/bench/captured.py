@@ -47,7 +47,7 @@ def captured_decoder(model: Any, config: Any, sync: Callable[[], None] | None, m
         return None, f"not available: {err}", None
 
     def decode(chunk: list[list[int]]) -> Any:
-        from dllm_decode.eval.bench.shaped import ours
+        from dllm_decode.eval.bench.outcome import ours
 
         return ours(model, chunk, config, sync, capture=graphs)
 

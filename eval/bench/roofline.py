@@ -153,16 +153,29 @@ def forward_plan(cache: str, prompt_length: int, gen_length: int, block_length: 
     * `none`: every step feeds the whole canvas, logits from the block start on;
     * `prefix`: a full refresh at each block's start, then the block and the suffix;
     * `dual`: a full refresh at each block's start, then the block only (all keys attended);
-    * `block` (block-causal models): each step feeds the active block (the first step of a block
-      also the finished one, whose K/V it rewrites), keys up to the block's end.
+    * `block` (block-causal models): blocks lie on the model's grid (multiples of the block
+      length; the prompt's last block is the first decoded); a block's first step feeds the
+      finished block too (whose K/V it rewrites), the very first feeds the whole canvas up to the
+      block's end; later steps feed the block; keys reach the block's end.
 
     Raises:
         ValueError: another cache name.
     """
     total = prompt_length + gen_length
     plan: list[Forward] = []
+    if cache == "block":
+        first = prompt_length // block_length * block_length
+        for lo in range(first, total, block_length):
+            hi = lo + block_length
+            for step in range(steps_per_block):
+                if step:
+                    plan.append(Forward(block_length, block_length, hi))
+                elif lo == first:
+                    plan.append(Forward(hi, block_length, hi))
+                else:
+                    plan.append(Forward(2 * block_length, 2 * block_length, hi))
+        return plan
     for start in range(prompt_length, total, block_length):
-        end = start + block_length
         for step in range(steps_per_block):
             if cache == "none":
                 plan.append(Forward(total, total - start, total))
@@ -172,10 +185,6 @@ def forward_plan(cache: str, prompt_length: int, gen_length: int, block_length: 
                 else:
                     fed = total - start if cache == "prefix" else block_length
                     plan.append(Forward(fed, fed, total))
-            elif cache == "block":
-                fed = end if start == prompt_length and step == 0 else (
-                    2 * block_length if step == 0 else block_length)
-                plan.append(Forward(fed, block_length, end))
             else:
                 raise ValueError(f"no forward plan for cache {cache!r}; known: none, prefix, dual, block")
     return plan

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from dllm_decode.eval.bench.outcome import ours
 from dllm_decode.eval.bench.timing import check_counts, interleave
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -261,30 +262,6 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
                             for key, g in pools.items() if g is not None}}
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One timed decode of a batch: seconds inside model forwards (None where the loop is not
-    ours to time), forwards, NFE per sample, generated tokens per sample."""
-
-    forward_seconds: float | None
-    forwards: int
-    nfe: list[int]
-    tokens: list[list[int]]
-
-
-def ours(model: Any, chunk: list[list[int]], config: Any, sync: Callable[[], None] | None,
-         **extra: Any) -> Outcome:
-    """This project's loop (`generate`, with `extra` keywords such as `capture`) on one batch,
-    its forwards timed."""
-    from dllm_decode.eval.bench.timing import forward_timer
-    from dllm_decode.sampler import generate
-
-    with forward_timer(model, sync) as spent:
-        result = generate(model, chunk, config, **extra)
-    return Outcome(spent[0], int(spent[1]), [int(n) for n in result.nfe.tolist()],
-                   result.tokens[:, -config.gen_length:].tolist())
-
-
 def _peer_subjects(options: ShapedOptions, models: dict[str, Any], configs: dict[str, Any]) -> list[Subject]:
     """One subject per peer loop that the named checkouts hold, on the same weights as this
     project's rows (a row saying why not when the peer cannot run here or its cache is not in the
@@ -371,7 +348,7 @@ def format_shaped(report: dict[str, Any]) -> str:
              f"{report['prompts']} prompts of {o['prompt_length']} tokens, gen {o['gen_length']}, "
              f"block {o['block_length']}, {o['steps_per_block']} steps per block",
              f"{'runtime':<31}{'variant':<10}{'cache':<7}{'batch':>6}{'tokens/s':>11}{'overhead':>9}{'NFE':>6}"
-             f"{'ms/fwd':>9}{'floor ms':>15}{'x floor':>8}{'vs none':>8}{'vs ref':>8}{'vs eager':>9}  same tokens"]
+             f"{'ms/fwd':>9}{'floor ms':>15}{'x floor':>8}{'vs none':>8}{'vs reference':>13}{'vs eager':>9}  same tokens"]
 
     def ratio(value: float | None) -> str:
         return f"{value:.2f}x" if value is not None else "-"
@@ -388,7 +365,7 @@ def format_shaped(report: dict[str, Any]) -> str:
                  if row.get("ours_speedup") is not None else "")
         lines.append(f"{head}{row['tokens_per_second']:>11.1f}{overhead:>9}{row['nfe']:>6.1f}"
                      f"{row['ms_per_forward']:>9.2f}{floor_ms:>15}{ratio(row['x_floor']):>8}"
-                     f"{ratio(row['vs_none']):>8}{ratio(row['vs_reference']):>8}{ratio(row['vs_eager']):>9}"
+                     f"{ratio(row['vs_none']):>8}{ratio(row['vs_reference']):>13}{ratio(row['vs_eager']):>9}"
                      f"  {same}{extra}")
     return "\n".join(lines)
 

@@ -54,6 +54,7 @@ BENCHMARK = Benchmark(
             "Fast-dLLM v1's generate_with_dual_cache and v2's batch_sample), run on the same weights; "
             "repeatable.", multiple=True, metavar="NAME=PATH"),
      count("--prompts", "prompts", "Prompts per configuration [the largest batch]."),
+     count("--prompt-length", "prompt_length", "Tokens per random prompt [64]."),
      REPEATS, THREADS),
     run, later("dllm_decode.eval.bench.shaped", "format_shaped"),
     quick=dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,

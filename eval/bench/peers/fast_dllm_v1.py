@@ -49,7 +49,7 @@ def load(root: Path, ours: Any, options: Any) -> Callable[[list[list[int]]], Any
         ImportError: `llada/generate.py` (or what it imports) does not import here.
         TypeError: its `generate_with_dual_cache` lacks the parameters this wrapper passes.
     """
-    from dllm_decode.eval.bench.shaped import Outcome
+    from dllm_decode.eval.bench.outcome import Outcome
 
     with peer_imports(root / "llada") as load_module:
         generate = load_module("generate").generate_with_dual_cache

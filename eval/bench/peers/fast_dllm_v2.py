@@ -39,7 +39,7 @@ def load(root: Path, ours: Any, options: Any) -> Callable[[list[list[int]]], Any
         ImportError: the loop or the model files are missing or do not import here.
         ValueError: a policy `batch_sample` cannot run (steps per block below the block length).
     """
-    from dllm_decode.eval.bench.shaped import Outcome
+    from dllm_decode.eval.bench.outcome import Outcome
 
     if options.steps_per_block != options.block_length:
         raise ValueError(f"batch_sample commits at least one token per forward by threshold; it matches "
