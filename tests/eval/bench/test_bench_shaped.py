@@ -95,8 +95,7 @@ def test_rows_carry_the_floor_column_and_the_captured_variant(tmp_path, one_thre
 def test_block_model_shape_is_fast_dllm_v2_beside_llada_8b():
     from dllm_decode.eval.bench.roofline import ModelShape
 
-    with torch.device("meta"):
-        model = shaped_model(ShapedOptions(shape="llada-8b", dtype="bfloat16"), "block")
+    model = shaped_model(ShapedOptions(shape="llada-8b", dtype="bfloat16", device="meta"), "block")   # no memory
     shape = ModelShape.of(model)
     assert (shape.layers, shape.width, shape.kv_width) == (28, 3584, 512)     # Qwen2.5-7B, GQA 28/4
     assert model.block_size == 32
