@@ -173,9 +173,14 @@ class Scheduler(Checked, abc.ABC):
             the `none` cache).
         post_steps: steps a row may keep editing after its block has no mask left (each needs
             an edit to continue; LLaDA2.1's `max_post_steps`).
+        capturable: True when `select` is pure tensor work that also accepts `step`,
+            `num_steps` and `offset` as 0-d device tensors (no host sync, no Python branch on
+            data), so it can run inside a compiled or recorded step; a contract test compiles
+            it with `fullgraph=True` for every rule that sets it.
     """
 
     view: ClassVar[str] = "block"
+    capturable: ClassVar[bool] = False
     chooses_block_bounds: ClassVar[bool] = False
     revises: ClassVar[str] = "none"
     post_steps: ClassVar[int] = 0

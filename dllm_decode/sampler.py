@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.capture import captured_cache, fused_decoder
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
@@ -41,7 +42,7 @@ __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 @torch.inference_mode()
 def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]],
              config: DecodeConfig, *, generator: torch.Generator | None = None,
-             tokenizer: Any = None, trace: bool = False) -> DecodeResult:
+             tokenizer: Any = None, trace: bool = False, capture: Any = "off") -> DecodeResult:
     """Decode a batch of prompts with masked denoising in semi-autoregressive blocks.
 
     Args:
@@ -52,6 +53,11 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
             generator seeded with `config.seed`.
         tokenizer: for string prompts and decoded text.
         trace: record which positions were committed at which step with which confidence.
+        capture: how each step's model forward runs (`dllm_decode.capture.CAPTURE_MODES`): "off"
+            (eager, the default), "static" (the bucketed captured step, eagerly), "compile"
+            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket), or a
+            `GraphCache`. A configuration it cannot serve runs eagerly
+            (`dllm_decode.capture.capture_problem` says why).
     Returns:
         A `DecodeResult`; batched output equals decoding each prompt alone (greedy).
     Raises:
@@ -62,7 +68,9 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    decoding = Decoding(model, config.cache, trace=trace)
+    if (fused := fused_decoder(model, config, capture, trace)) is not None:   # the captured step
+        return fused(prompts, generator=generator, tokenizer=tokenizer)      # for the whole step
+    decoding = Decoding(model, config.cache, trace=trace, capture=capture)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:
         decoding.step()
@@ -85,10 +93,13 @@ class Decoding:
     gives the object to one worker thread).
     """
 
-    def __init__(self, model: DiffusionLM, cache: Cache, *, trace: bool = False):
+    def __init__(self, model: DiffusionLM, cache: Cache, *, trace: bool = False, capture: Any = "off"):
         check_decoding(model, cache, trace)
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
+        # the branch point between the eager forward and the captured step (`capture` mode):
+        # `runner` is the cache itself, or the captured step behind the same cache calls
+        self.runner, self.capture_problem = captured_cache(model, cache, capture)
         self.device = device_of(model)
         self.mask_id = model.mask_token_id
         self.eos_ids = tuple(model.eos_token_ids)
@@ -196,12 +207,12 @@ class Decoding:
                 if self.pending:           # newcomers join between phases; the cache starts afresh
                     batch.admit(self.pending)
                     self.pending = []
-                    self.cache_state = self.cache.init_state(self.model)
+                    self.cache_state = self.runner.init_state(self.model)
                 if not len(batch):
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
             lo, hi = batch.span(self.grid)       # the window: every row's region to its block end
-            logits, offset, self.cache_state = self.cache.logits(
+            logits, offset, self.cache_state = self.runner.logits(
                 self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
                 self.cache_state)
             window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
@@ -233,7 +244,7 @@ class Decoding:
             generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound)
         res = resolve(inp, decision, member.revises)
         if member.trace is not None:
-            batch.record(g, inp, res, self.cache.report(self.cache_state))
+            batch.record(g, inp, res, self.runner.report(self.cache_state))
         revising = batch.phase.revising if index is None else batch.phase.revising[index]
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \
@@ -256,7 +267,7 @@ class Decoding:
         if any(done):
             self._drop(done)
         if self.trimmable and len(batch) and batch.trim(max(batch.bounds.gen_end)):
-            self.cache_state = self.cache.trim(self.cache_state, batch.rows.x.shape[1])
+            self.cache_state = self.runner.trim(self.cache_state, batch.rows.x.shape[1])
         if batch.phase is not None:
             batch.phase.update(batch.bounds, batch.region_starts())
         self.block_step = 0 if phase_over else self.block_step + 1
@@ -267,7 +278,7 @@ class Decoding:
     def _drop(self, done: list[bool], store: bool = True) -> None:
         """Finished rows leave the batch (and the cache); their canvases go to their requests."""
         kept = self.batch.drop(done, store)
-        self.cache_state = self.cache.select_rows(self.cache_state, kept)
+        self.cache_state = self.runner.select_rows(self.cache_state, kept)
 
     def _collect(self) -> list[Hashable]:
         """Requests whose last row left: their results become available; returns their keys."""

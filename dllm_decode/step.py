@@ -125,7 +125,7 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
         block = whole if block is None else block
         gen_span = whole if gen_span is None else gen_span
     region_start = block[:, 0] if region_start is None else region_start
-    columns = torch.arange(offset, offset + width, device=device)
+    columns = torch.arange(width, device=device) + offset      # offset: an int or a 0-d tensor
     in_region = (columns >= region_start.unsqueeze(-1)) & (columns < block[:, 1:])
     if exclude is not None:
         in_region = in_region & ~exclude

@@ -23,6 +23,8 @@ class FactorScheduler(Scheduler):
     rows with no masks. Default f = 1.0 (eval_gsm8k.sh).
     """
 
+    capturable = True
+
     factor: float = 1.0
 
     def __post_init__(self) -> None:

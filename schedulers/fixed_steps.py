@@ -40,7 +40,7 @@ class _FixedSteps(Scheduler):
 
     def count(self, inp: StepInput) -> Tensor:
         steps = self.steps_per_block or inp.num_steps
-        left = torch.full_like(inp.live, steps - inp.step, dtype=torch.long)
+        left = torch.zeros_like(inp.live, dtype=torch.long) + (steps - inp.step)  # step: int or 0-d
         return tokens_per_step(inp.eligible.sum(-1), left)
 
     def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
@@ -57,6 +57,8 @@ class LowConfidenceScheduler(_FixedSteps):
     `confidence_eos_eot_inf`, a chained assignment that suppresses EoT's confidence but not EOS's
     when sampling, both when greedy).
     """
+
+    capturable = True
 
     def score(self, inp: StepInput) -> Tensor:
         return inp.confidence

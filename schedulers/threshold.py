@@ -19,6 +19,8 @@ class ThresholdScheduler(Scheduler):
     (dInfer's `rm_mask`). Default tau = 0.9 (paper §4.1).
     """
 
+    capturable = True
+
     threshold: float = 0.9
 
     def __post_init__(self) -> None:

@@ -68,7 +68,9 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
 
 def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The decoding options (the same on the group as `dllm-decode` takes them)."""
-    return _apply(record_options(command), [
+    from dllm_decode.cli.options import capture_options
+
+    return _apply(capture_options(record_options(command)), [
         click.option("--prompt", default=None, help="Prompt text; read from stdin when omitted."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
         click.option("--stream", is_flag=True,
@@ -126,7 +128,8 @@ def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool
 def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, device: str | None,
                dtype: str | None, as_json: bool, stream: bool, input_path: str | None,
                output_path: str | None, batch_size: int, trust_remote_code: bool = False,
-               runtime: str | None = None, **record: Any) -> None:
+               runtime: str | None = None, cuda_graphs: bool = False, compile_step: bool = False,
+               **record: Any) -> None:
     """Decode one prompt and print the answer (or one JSON object); or run a requests file."""
     import torch
 
@@ -150,6 +153,11 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     else:
         text = read_prompt(prompt)
     where = device_option(device)
+    from dllm_decode.cli.options import capture_mode
+    capture = capture_mode(cuda_graphs, compile_step, where)
+    if capture != "off" and (input_path is not None or stream):
+        raise click.UsageError("--cuda-graphs / --compile apply to a single --prompt decode "
+                               "(not --input or --stream)")
     model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                  trust_remote_code=trust_remote_code, runtime=runtime)
     tokenizer = getattr(model, "tokenizer", None)
@@ -163,7 +171,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         batch.stream_one(model, config, wrapped)
         return
     with usage_errors():
-        result = generate(model, [wrapped], config,
+        result = generate(model, [wrapped], config, capture=capture,
                           generator=torch.Generator(device=where).manual_seed(config.seed))
     answer = result.text[0] if result.text is not None else " ".join(map(str, result.tokens[0].tolist()))
     if not as_json:

@@ -91,6 +91,34 @@ RUNTIME_HELP = ("How a plain-torch diffusion model (LLaDA, Dream, Fast-dLLM v2, 
                 "rounding) [compact where it covers the model].")
 
 
+CAPTURE_HELP = {
+    "cuda_graphs": "Run each step's model forward as a CUDA graph recorded per bucket (batch, "
+                   "canvas, window) and replayed (CUDA only). Off by default: no GPU measurement "
+                   "has shown it faster yet.",
+    "compile": "Run each step's model forward through torch.compile (inductor, fullgraph, one "
+               "graph per bucket). Off by default: on this project's CPU measurement it was not "
+               "faster everywhere.",
+}
+
+
+def capture_options(command: Any) -> Any:
+    """`--cuda-graphs/--no-cuda-graphs` and `--compile/--no-compile` (`dllm_decode.capture`)."""
+    command = click.option("--compile/--no-compile", "compile_step", default=False,
+                           show_default=True, help=CAPTURE_HELP["compile"])(command)
+    return click.option("--cuda-graphs/--no-cuda-graphs", default=False, show_default=True,
+                        help=CAPTURE_HELP["cuda_graphs"])(command)
+
+
+def capture_mode(cuda_graphs: bool, compile_step: bool, device: Any) -> str:
+    """The `capture` keyword of `generate` for the two flags (usage errors when they clash or
+    the device has no CUDA)."""
+    if cuda_graphs and compile_step:
+        raise click.UsageError("--cuda-graphs and --compile are alternatives; give one")
+    if cuda_graphs and getattr(device, "type", str(device)) != "cuda":
+        raise click.UsageError(f"--cuda-graphs needs a CUDA device (--device cuda), got {device}")
+    return "cuda-graphs" if cuda_graphs else "compile" if compile_step else "off"
+
+
 def runtime_option(command: Any) -> Any:
     """`--runtime`: the diffusion model's runtime (`models.compact.DLLM_RUNTIMES`)."""
     return click.option("--runtime", type=click.Choice(["reference", "compact"]), default=None,

@@ -68,6 +68,32 @@ class KVCache:
         return KVCache([k[:, :, :width] for k in self.keys], [v[:, :, :width] for v in self.values])
 
 
+@dataclass
+class StaticKVCache:
+    """The `KVCache` contract on preallocated storage, for a captured step: keys and values of
+    every layer in one (layers, B, Hkv, L + 1, D) tensor each, allocated once per bucket and
+    written in place, so their addresses never change (a CUDA graph replays fixed addresses).
+
+    Column L is a scratch column: padded window entries point at it, so their K/V land there and
+    are never attended (the step's key mask is 0 there). `update` takes the fed canvas columns as
+    a (W,) device index instead of an integer range, so the window's place is data, not a Python
+    int that would specialise a compiled graph. A refresh is the same call with every column fed.
+    """
+
+    keys: Tensor
+    values: Tensor
+
+    filled = True
+
+    def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """Write one layer's fresh (B, Hkv, W, D) K/V at canvas columns `rows` (W,) and return the
+        layer's whole (B, Hkv, L + 1, D) K/V to attend over."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(2, rows, k.to(keys.dtype))
+        values.index_copy_(2, rows, v.to(values.dtype))
+        return keys, values
+
+
 class RMSNorm(nn.Module):
     """Llama ordering: normalise in float32, cast back to the input dtype, then scale."""
 

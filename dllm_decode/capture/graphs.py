@@ -1,0 +1,137 @@
+"""`GraphCache`: one callable per bucket, made on first use, for each way of running the
+captured step.
+
+Modes:
+  * `static`: the bucketed step run eagerly (the same buffers, padding and indices as a
+    captured one; what the CPU tests compare with `generate`).
+  * `compile`: `torch.compile(fullgraph=True, dynamic=False)` of the step, one compiled graph
+    per bucket (`backend` "inductor" by default; "eager" traces without code generation, the
+    fast check for graph breaks and recompiles).
+  * `cuda-graphs`: the step recorded per bucket into a `torch.cuda.CUDAGraph` and replayed.
+
+Why `torch.cuda.CUDAGraph` and not `torch.compile(mode="reduce-overhead")`: the step writes
+its K/V store in place, and cudagraph trees skip a graph that mutates an input which is not a
+parameter or buffer ("skipping cudagraphs due to mutated inputs"), re-record when a static
+input's address changes, and keep their memory pool out of reach. Recording by hand makes the
+static-buffer contract explicit (`StepBuffers` are the graph's inputs, their addresses fixed),
+lets every bucket share one memory pool, and reports that pool's size. The recorded step holds
+no random draw: sampling noise is drawn on the host side of the step with each request's own
+generator, exactly as the eager loop draws it, so sampled runs repeat and match eager.
+
+Each bucket's callable wraps its own copy of the step's code object, so torch.compile keeps one
+cache entry per bucket: a decode that moves between buckets compiles each once and never
+recompiles (`torch._dynamo.config.error_on_recompile` holds).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.capture.buckets import Buckets
+from dllm_decode.capture.step import captured_forward
+
+CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs")
+"""How `Decoding` runs the model forward of a step: `off` (the cache's own eager forward),
+`static` (the bucketed step, eagerly), `compile` (torch.compile of it), `cuda-graphs` (recorded
+and replayed per bucket; CUDA only)."""
+
+
+def _own_copy(fn: Callable) -> Callable:
+    """`fn` with a code object of its own (torch.compile keys its graphs on the code object)."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+class GraphCache:
+    """Per-bucket callables of the captured step, made lazily, in one of `CAPTURE_MODES`.
+
+    Args:
+        mode: "static", "compile" or "cuda-graphs".
+        backend: torch.compile's backend for `compile` (and, if given, for the graph recorded
+            under `cuda-graphs`: None records the eager step).
+        max_batch: the largest batch bucket (`Buckets.max_batch`).
+        length_step: canvas widths are padded to a multiple of it (`Buckets.length_step`; a
+            smaller step wastes fewer columns on short canvases and makes more buckets).
+    Raises:
+        ValueError: an unknown mode, or `cuda-graphs` without CUDA.
+    """
+
+    def __init__(self, mode: str = "compile", *, backend: str | None = None, max_batch: int = 64,
+                 length_step: int = 64):
+        if mode not in CAPTURE_MODES[1:]:
+            raise ValueError(f"capture mode must be one of {list(CAPTURE_MODES)}, got {mode!r}")
+        if mode == "cuda-graphs" and not torch.cuda.is_available():
+            raise ValueError("cuda-graphs needs a CUDA device, and this torch build or machine "
+                             "has none; use capture 'compile' or 'off' on the CPU")
+        Buckets(max_batch=max_batch, length_step=length_step)      # checks both
+        self.mode = mode
+        self.backend = backend if backend is not None or mode != "compile" else "inductor"
+        self.max_batch, self.length_step = max_batch, length_step
+        self.entries: dict[tuple, Any] = {}
+        self.pool: Any = None
+        self.pool_bytes = 0            # device memory the recorded graphs' pool holds
+        self.captures = 0              # graphs compiled or recorded so far
+
+    def __repr__(self) -> str:
+        return f"GraphCache(mode={self.mode!r}, backend={self.backend!r}, buckets={len(self.entries)})"
+
+    def run(self, key: tuple, owner: tuple, args: tuple[Any, ...],
+            fn: Callable[..., Tensor] = captured_forward) -> Tensor:
+        """`fn(*args)` for bucket `key` (`fn`: `captured_forward`, or the fused step; its
+        tensors the bucket's static buffers). `owner` identifies what a recorded graph baked in
+        (the compact stack and rotary tables): a different owner records the bucket afresh."""
+        entry = self.entries.get(key)
+        if entry is None or entry[0] != owner:
+            entry = (owner, self._make(args, fn))
+            self.entries[key] = entry
+            self.captures += 1
+        return entry[1](*args)
+
+    def _make(self, args: tuple[Any, ...], fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        if self.mode == "static":
+            return fn
+        fn = _own_copy(fn)
+        if self.mode == "compile":
+            return torch.compile(fn, fullgraph=True, dynamic=False, backend=self.backend)
+        if self.backend is not None:
+            fn = torch.compile(fn, fullgraph=True, dynamic=False, backend=self.backend)
+        return self._record(fn, args)
+
+    def _record(self, fn: Callable[..., Tensor], args: tuple[Any, ...]) -> Callable[..., Tensor]:
+        """Record `fn(*args)` into a CUDA graph sharing this cache's pool; returns its replay
+        (which the caller runs next: recording runs nothing). The warm-up runs write the canvas
+        (a fused step commits tokens) and the K/V store, so every tensor argument is restored
+        after them."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            warm_up(fn, args)                     # kernels chosen, workspaces allocated
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        before = torch.cuda.memory_reserved()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = fn(*args)
+        self.pool_bytes += max(torch.cuda.memory_reserved() - before, 0)
+
+        def replay(*_: Any) -> Tensor:
+            graph.replay()
+            return output
+
+        return replay
+
+
+def warm_up(fn: Callable[..., Tensor], args: tuple[Any, ...], runs: int = 2) -> None:
+    """Run `fn(*args)` `runs` times and put every tensor argument back as it was (the runs
+    write the canvas and the K/V store)."""
+    saved = [(a, a.clone()) for a in args if isinstance(a, Tensor)]
+    for _ in range(runs):
+        fn(*args)
+    for tensor, copy in saved:
+        tensor.copy_(copy)

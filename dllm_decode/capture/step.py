@@ -1,0 +1,115 @@
+"""`CapturedStep`: the model forward over a padded window of canvas columns, written with static
+shapes and no host sync, so that `torch.compile(fullgraph=True, dynamic=False)` traces it as one
+graph and a CUDA graph can replay it.
+
+One function serves every cache: a step feeds canvas columns `fed` (a (W,) device index; a full
+forward feeds every column, a cached step the block and its look-back), writes their K/V into the
+static store by index, attends over the whole canvas under the key mask (bidirectional models:
+the attended columns; block-causal models: attended columns of the same or an earlier block, in
+positions) and returns the logits of the fed rows `out`. Padding columns of the window point at
+the scratch column, whose K/V land where no query looks. The blocks run as the compact runtime's
+fused blocks (`models.compact.CompactStack`), resolved on the host before each call: its lock,
+weight fingerprint and rebuild stay outside the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_decode.models.compact import CompactStack
+from dllm_decode.models.layers import StaticKVCache
+
+
+@dataclass(frozen=True)
+class Head:
+    """What a model family adds around the blocks: its embedding, final norm, head matrix (and
+    bias), token shift (1: the network's row i predicts i + 1, Dream and Fast-dLLM v2) and
+    block-causal block size (None: bidirectional)."""
+
+    embed: nn.Module
+    norm: nn.Module
+    weight: Tensor
+    bias: Tensor | None
+    shift: int
+    block_size: int | None
+
+    @classmethod
+    def of(cls, model: Any) -> "Head":
+        """The head of a LLaDA-layout or transformers-decoder-layout model.
+
+        Raises:
+            TypeError: a model of another family.
+        """
+        from dllm_decode.models.decoder import DecoderLM
+        from dllm_decode.models.llada import LLaDAModelLM
+
+        grid = getattr(model, "block_size", None)
+        if isinstance(model, LLaDAModelLM):
+            t = model.model.transformer
+            tied = model.config.weight_tying
+            return cls(t["wte"], t["ln_f"], t["wte"].weight if tied else t["ff_out"].weight,
+                       None if tied else t["ff_out"].bias, 0, grid)
+        if isinstance(model, DecoderLM):
+            tied = model.config.tie_word_embeddings
+            weight = model.model.embed_tokens.weight if tied else model.lm_head.weight
+            return cls(model.model.embed_tokens, model.model.norm, weight, None,
+                       int(model.token_shift), grid)
+        raise TypeError(f"{type(model).__name__} has no captured step (LLaDA and the "
+                        f"transformers-decoder families have)")
+
+
+def key_mask(attention: Tensor, positions: Tensor, fed: Tensor, block_size: int | None) -> Tensor:
+    """Bool SDPA mask over the (B, L + 1) canvas: (B, 1, 1, L + 1) attended keys, or for a
+    block-causal model (B, 1, W, L + 1): key k for fed query q iff block(k) <= block(q) in
+    positions (`layers.block_causal_mask`), k attended."""
+    keys = attention.bool()
+    if block_size is None:
+        return keys[:, None, None, :]
+    blocks = torch.div(positions, block_size, rounding_mode="floor")
+    allowed = blocks[:, None, :] <= blocks.index_select(1, fed)[:, :, None]
+    return (allowed & keys[:, None, :])[:, None]
+
+
+def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
+                     canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
+                     out: Tensor, prev: Tensor) -> Tensor:
+    """(B, O, V) float32 logits of fed rows `out` after feeding canvas columns `fed`.
+
+    Args:
+        stack: the model's compact stack (resolved on the host).
+        head: the family's embedding, norm and head.
+        cos_table, sin_table: the stack's rotary tables, reserved beyond every position.
+        canvas, attention: (B, L + 1) static buffers.
+        keys, values: the (layers, B, Hkv, L + 1, D) static K/V store, written at `fed`.
+        fed: (W,) canvas columns to compute (padding: the scratch column L).
+        out: (O,) rows of `fed` whose logits are returned.
+        prev: (O,) the fed row holding each returned row's predecessor (token-shifted models:
+            row i reads row i - 1, except at position 0, which keeps its own).
+    """
+    positions = (attention.cumsum(-1) - 1).clamp_min(0)
+    fed_positions = positions.index_select(1, fed)
+    batch, width = fed_positions.shape
+    flat = fed_positions.reshape(-1)
+    shape = (batch, width, 1, cos_table.shape[1])
+    cos = cos_table.index_select(0, flat).view(shape)
+    sin = sin_table.index_select(0, flat).view(shape)
+    mask = key_mask(attention, positions, fed, head.block_size)
+    kv = StaticKVCache(keys, values)
+    h = head.embed(canvas.index_select(1, fed))
+    for layer, block in enumerate(stack.blocks):
+        q, k, v = block.attention_inputs(h, cos, sin, stack.full_precision)
+        k, v = kv.update(layer, k, v, fed)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           enable_gqa=block.heads != block.kv_heads)
+        h = block.finish(h, o)
+    h = head.norm(h)
+    own = h.index_select(1, out)
+    if head.shift:
+        starts = (fed_positions.index_select(1, out) == 0).unsqueeze(-1)
+        own = torch.where(starts, own, h.index_select(1, prev))
+    return F.linear(own, head.weight, head.bias).float()
