@@ -195,13 +195,13 @@ def sanity(o: DeviceOptions) -> dict[str, Any]:
     checked = [0]
     run = graphs.run
 
-    def strict(key: tuple, owner: tuple, args: tuple) -> Any:
+    def strict(key: tuple, owner: tuple, args: tuple, **more: Any) -> Any:
         if key not in graphs.entries or not cuda:
-            return run(key, owner, args)
+            return run(key, owner, args, **more)
         torch.cuda.set_sync_debug_mode("error")
         try:
             checked[0] += 1
-            return run(key, owner, args)
+            return run(key, owner, args, **more)
         finally:
             torch.cuda.set_sync_debug_mode("default")
 
@@ -214,12 +214,51 @@ def sanity(o: DeviceOptions) -> dict[str, Any]:
     finally:
         del graphs.run
     out = {"available": True, "mode": graphs.mode, "captures": graphs.captures, "pool_bytes": graphs.pool_bytes,
-           "replays_checked": checked[0], "sync_in_replay": error,
+           "buckets": [repr(key) for key in graphs.entries], "replays_checked": checked[0],
+           "sync_in_replay": error,
            "sync_check": "passed" if cuda and error is None and checked[0] else
                          ("FAILED" if error else "not run (CUDA only)")}
+    if cuda and error is None:
+        out.update(replay_overhead(graphs, decode, prompt))
     if cuda:
         out.update(max_allocated_bytes=torch.cuda.max_memory_allocated(), reserved_bytes=torch.cuda.memory_reserved())
     return out
+
+
+def replay_overhead(graphs: Any, decode: Callable[[list[list[int]]], Any], prompt: list[list[int]],
+                    replays: int = 20) -> dict[str, Any]:
+    """Loop overhead of a captured decode at batch 1: one decode timed with the step calls
+    counted per bucket, then each bucket's graph replayed back to back (device time per step,
+    no host work between); overhead = 1 - sum(calls x replay time) / decode time."""
+    calls: dict[tuple, int] = {}
+    run = graphs.run
+
+    def counting(key: tuple, owner: tuple, args: tuple, **more: Any) -> Any:
+        calls[key] = calls.get(key, 0) + 1
+        return run(key, owner, args, **more)
+
+    graphs.run = counting
+    try:
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        decode(prompt)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    finally:
+        del graphs.run
+    replay_ms = {}
+    for key in calls:
+        replay = graphs.entries[key][1]
+        replay()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+        replay_ms[repr(key)] = 1000 * (time.perf_counter() - started) / replays
+    device_seconds = sum(calls[key] * replay_ms[repr(key)] / 1000 for key in calls)
+    return {"decode_seconds": wall, "steps": sum(calls.values()), "replay_ms": replay_ms,
+            "loop_overhead": 1 - device_seconds / wall if wall > 0 else None}
 
 
 def engine_load(o: DeviceOptions) -> dict[str, Any]:

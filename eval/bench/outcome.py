@@ -22,11 +22,14 @@ class Outcome:
 def ours(model: Any, chunk: list[list[int]], config: Any, sync: Callable[[], None] | None,
          **extra: Any) -> Outcome:
     """This project's loop (`generate`, with `extra` keywords such as `capture`) on one batch,
-    its forwards timed."""
+    its forwards timed (where they go through `model.forward`; a captured step's do not, and its
+    forwards are then its steps: every row of a batch steps together)."""
     from dllm_decode.eval.bench.timing import forward_timer
     from dllm_decode.sampler import generate
 
     with forward_timer(model, sync) as spent:
         result = generate(model, chunk, config, **extra)
-    return Outcome(spent[0], int(spent[1]), [int(n) for n in result.nfe.tolist()],
-                   result.tokens[:, -config.gen_length:].tolist())
+    nfe = [int(n) for n in result.nfe.tolist()]
+    if not spent[1]:         # a captured step runs the blocks without model.forward: count steps
+        return Outcome(None, max(nfe), nfe, result.tokens[:, -config.gen_length:].tolist())
+    return Outcome(spent[0], int(spent[1]), nfe, result.tokens[:, -config.gen_length:].tolist())
