@@ -28,7 +28,18 @@ def _importable() -> None:
         package.__path__.append(str(ROOT))          # dllm_decode.eval -> ROOT/eval, and so on
 
 
+def _preflight() -> None:
+    """Exit with one line naming the missing packages (the device machine may lack them)."""
+    import importlib.util
+
+    missing = [name for name in ("torch", "einops", "safetensors") if importlib.util.find_spec(name) is None]
+    if missing:
+        sys.exit(f"gpu_measure.py: error: missing {', '.join(missing)}; install them, offline from a "
+                 f"wheel folder: pip install --no-index --find-links .gpu-wheels {' '.join(missing)}")
+
+
 if __name__ == "__main__":
+    _preflight()
     _importable()
     from dllm_decode.eval.bench.device import main
 

@@ -8,18 +8,18 @@ of a real model's shape (no download, no checkpoint), or a check:
 
 1. `environment`: device, torch, CUDA and driver versions, the commit, the peaks the floors use.
 2. `batch1`: LLaDA-8B shape, bf16, batch 1, caches none and dual, the reference and compact
-   runtimes, eager and captured, Fast-dLLM v1's dual-cache loop beside them (with `--peer`):
-   the step against its weight-read floor, captured against eager, loop overhead.
-3. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
-4. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B) under the block cache,
-   batch 1 and 32, eager and captured.
-5. `block_peer`: Fast-dLLM v2's `batch_sample` beside this project's block loop at one token per
-   step (the only fixed-count policy it has), batch 1 (with `--peer`).
-6. `sanity`: one captured decode with `torch.cuda.set_sync_debug_mode("error")` around every graph
-   replay (a replay that syncs with the host fails the check), the graph pool's memory and the
-   device's peak memory.
-7. `engine`: the serving engine under load on the device: requests queued at once and arriving
+   runtimes eager, the compact one captured, Fast-dLLM v1's dual-cache loop beside them (with
+   `--peer`): the step against its weight-read floor, captured against eager, loop overhead.
+3. `sanity`: one captured decode with `torch.cuda.set_sync_debug_mode("error")` around every graph
+   replay (a replay that syncs with the host fails the check), the graph pool's memory, the
+   device's peak memory, and the loop overhead of a captured decode from replay-timed steps.
+4. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
+5. `engine`: the serving engine under load on the device: requests queued at once and arriving
    one per step, continuous batching up to its max batch (`dllm_decode.engine.Engine`).
+6. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B) under the block cache,
+   batch 1 and 32, eager and captured.
+7. `block_peer`: Fast-dLLM v2's `batch_sample` beside this project's block loop at one token per
+   step (the only fixed-count policy it has), batch 1 (with `--peer`).
 
 A time budget (`--budget` seconds, default 420 so the whole call stays under 8 minutes with room
 for the models' construction) is checked before each stage: a stage whose usual cost exceeds
@@ -78,10 +78,11 @@ class DeviceOptions:
             raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {list(STAGE_COST)}")
 
 
-STAGE_COST = {"batch1": 60.0, "large_batch": 150.0, "block": 90.0, "block_peer": 45.0, "sanity": 20.0,
-              "engine": 40.0}
-"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates); a stage starts
-only when the budget left covers it. `--quick` scales them down 100x."""
+STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "large_batch": 150.0, "engine": 40.0, "block": 90.0,
+              "block_peer": 45.0}
+"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates), in the order they
+run (most wanted first); a stage starts only when the budget left covers it. `--quick` scales them
+down 100x."""
 
 
 def slug(text: str) -> str:

@@ -199,6 +199,10 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
                 if variant == "eager":
                     subjects.append(Subject(runtime, variant, cache, family,
                                             lambda chunk, v=view, c=configs[cache]: ours(v, chunk, c, sync)))
+                elif runtime == "reference":
+                    subjects.append(Subject(runtime, variant, cache, family, None,
+                                            "not available: the captured step runs the compact runtime's "
+                                            "blocks (its row is compact captured)"))
                 else:
                     decode, missing, graphs = captured_decoder(view, configs[cache], sync, options.capture,
                                                                max(options.batch_sizes))

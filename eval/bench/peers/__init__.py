@@ -76,13 +76,19 @@ def loops_in(name: str, path: str) -> list[str]:
 
 
 def checkout_commit(path: str | Path) -> str:
-    """The checkout's git commit (`git rev-parse HEAD`), or `unknown (not a git checkout)`."""
+    """The checkout's git commit (`git rev-parse HEAD`); for an exported copy without `.git`, the
+    commit its `.git-commit` file names; else `unknown (not a git checkout)`."""
     try:
         done = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10)
+        if done.returncode == 0 and done.stdout.strip():
+            return done.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown (not a git checkout)"
+        pass
+    recorded = Path(path) / ".git-commit"
+    if recorded.is_file() and recorded.read_text().strip():
+        return f"{recorded.read_text().split()[0]} (from .git-commit)"
+    return "unknown (not a git checkout)"
 
 
 def load_peer(loop: str, path: str, model: Any, options: Any) -> Peer:

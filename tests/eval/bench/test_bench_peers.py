@@ -134,6 +134,8 @@ def test_different_tokens_are_reported_not_hidden(tmp_path, one_thread):
     row, = peer_rows(run_shaped(quick(caches=("dual",), peers=(("fast-dllm", str(root)),))))
     assert row["available"] and row["identical_tokens"] is False
     assert row["commit"] == "unknown (not a git checkout)" == checkout_commit(root)
+    (root / ".git-commit").write_text("24cc59e1\n")            # an exported copy names its commit
+    assert checkout_commit(root) == "24cc59e1 (from .git-commit)"
 
 
 def test_fast_dllm_v2_batch_sample_on_the_block_model(tmp_path, one_thread):
