@@ -79,9 +79,12 @@ def checkout_commit(path: str | Path) -> str:
     """The checkout's git commit (`git rev-parse HEAD`); for an exported copy without `.git`, the
     commit its `.git-commit` file names; else `unknown (not a git checkout)`."""
     try:
+        top = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=10)
+        own = top.returncode == 0 and Path(top.stdout.strip()).resolve() == Path(path).resolve()
         done = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        if done.returncode == 0 and done.stdout.strip():
+                              timeout=10) if own else None      # a folder inside another repository is not one
+        if done is not None and done.returncode == 0 and done.stdout.strip():
             return done.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass

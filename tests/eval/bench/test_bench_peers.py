@@ -136,6 +136,9 @@ def test_different_tokens_are_reported_not_hidden(tmp_path, one_thread):
     assert row["commit"] == "unknown (not a git checkout)" == checkout_commit(root)
     (root / ".git-commit").write_text("24cc59e1\n")            # an exported copy names its commit
     assert checkout_commit(root) == "24cc59e1 (from .git-commit)"
+    inner = write_checkout(tmp_path / "outer", {"x": ""}) / "peer"    # inside another repository:
+    inner.mkdir()                                                    # not the outer one's commit
+    assert checkout_commit(inner) == "unknown (not a git checkout)"
 
 
 def test_fast_dllm_v2_batch_sample_on_the_block_model(tmp_path, one_thread):
