@@ -160,7 +160,7 @@ def command_line(o: DeviceOptions, settings: dict[str, Any]) -> str:
         if flag and key in settings:
             words += [flag, str(settings[key])]
     for key, flag in (("batch_sizes", "--batch"), ("caches", "--cache"), ("runtimes", "--runtime"),
-                      ("variants", "--variant")):
+                      ("variants", "--step")):
         for value in settings.get(key, ()):
             words += [flag, str(value)]
     for name, path in settings.get("peers", ()):

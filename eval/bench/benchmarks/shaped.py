@@ -46,7 +46,7 @@ BENCHMARK = Benchmark(
             "[none, prefix, dual]; block decodes the shape's block-diffusion model.", multiple=True),
      Option(("--runtime",), "runtimes", ("reference", "compact"), "Runtimes to compare on the same "
             "weights; repeatable [reference].", multiple=True),
-     Option(("--variant",), "variants", ("eager", "captured"), "The loop as it runs by default, and the "
+     Option(("--step",), "variants", ("eager", "captured"), "The step as the loop runs it by default, and the "
             "captured step (CUDA graphs on a GPU); repeatable [eager].", multiple=True),
      Option(("--capture",), "capture", ("auto", "static", "compile", "cuda-graphs"), "How the captured "
             "variant runs [auto: cuda-graphs on CUDA, static elsewhere]."),

@@ -75,8 +75,8 @@ def test_rows_carry_the_floor_column_and_the_captured_variant(tmp_path, one_thre
     the block cache decodes the block model; a captured row either runs or says why not."""
     out = tmp_path / "shaped.json"
     result = CliRunner().invoke(main, ["bench", "shaped", "--quick", "--layers", "1", "--batch", "1",
-                                       "--cache", "none", "--cache", "block", "--variant", "eager",
-                                       "--variant", "captured", "--json", str(out)])
+                                       "--cache", "none", "--cache", "block", "--step", "eager",
+                                       "--step", "captured", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["peaks"] == "unknown device" and "floor ms" in result.output
@@ -99,3 +99,13 @@ def test_block_model_shape_is_fast_dllm_v2_beside_llada_8b():
     shape = ModelShape.of(model)
     assert (shape.layers, shape.width, shape.kv_width) == (28, 3584, 512)     # Qwen2.5-7B, GQA 28/4
     assert model.block_size == 32
+
+
+def test_torch_free_choices_mirror_their_constants():
+    from dllm_decode.capture import CAPTURE_MODES
+    from dllm_decode.eval.bench.benchmarks.shaped import BENCHMARK
+    from dllm_decode.eval.bench.shaped import CACHES, RUNTIMES, VARIANTS
+
+    kinds = {o.dest: o.kind for o in BENCHMARK.options}
+    assert kinds["caches"] == CACHES and kinds["runtimes"] == RUNTIMES and kinds["variants"] == VARIANTS
+    assert kinds["capture"] == ("auto", *CAPTURE_MODES[1:])

@@ -69,7 +69,7 @@ def test_stage_commands_rerun_the_stage_on_their_own():
     assert stages["large_batch"]["batch_sizes"] == (32, 64) and stages["block"]["caches"] == ("block",)
     line = command_line(DeviceOptions(), stages["batch1"])
     assert line.startswith("dllm-decode bench shaped --shape llada-8b --device cuda")
-    for words in ("--batch 1", "--cache dual", "--variant captured", "--runtime compact", "--peer fast-dllm=/ck",
+    for words in ("--batch 1", "--cache dual", "--step captured", "--runtime compact", "--peer fast-dllm=/ck",
                   "--prompt-length 64", "--steps-per-block 2", "--prompts 4"):
         assert words in line
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
