@@ -126,18 +126,14 @@ def shaped_model(options: ShapedOptions, family: str = "llada") -> Any:
         with torch.device(device):
             model = LLaDAModelLM(LLaDAConfig(**sizes)).to(dtype)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.02)
-            elif p.dim() == 1 and "norm" not in _name_of(model, p):
-                p.zero_()                                  # biases
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.02)                       # q/k/v biases (Qwen2)
             else:
-                p.fill_(1.0)
+                p.fill_(1.0)                               # norm scales
     return model.eval()
-
-
-def _name_of(model: Any, parameter: torch.Tensor) -> str:
-    return next((n for n, p in model.named_parameters() if p is parameter), "")
 
 
 def prompts_for(model: Any, options: ShapedOptions, count: int) -> list[list[int]]:

@@ -109,3 +109,15 @@ def test_torch_free_choices_mirror_their_constants():
     kinds = {o.dest: o.kind for o in BENCHMARK.options}
     assert kinds["caches"] == CACHES and kinds["runtimes"] == RUNTIMES and kinds["variants"] == VARIANTS
     assert kinds["capture"] == ("auto", *CAPTURE_MODES[1:])
+
+
+@pytest.mark.parametrize("family", ["llada", "block"])
+def test_random_weights_give_spread_logits(family):
+    """Norm scales are ones, weights and biases random: the logits are not flat, so greedy tokens
+    differ by position and a token comparison between two loops means something."""
+    options = ShapedOptions(shape="embedded", dtype="float32")
+    model = shaped_model(options, family)
+    prompt = torch.tensor(prompts_for(model, options, 1))
+    with torch.inference_mode():
+        logits = model(prompt)
+    assert logits.std() > 0.1 and len(set(logits.argmax(-1)[0].tolist())) > 3
