@@ -1,17 +1,27 @@
-"""`dllm-decode bench shaped`: a LLaDA-8B-shaped model with random weights on any device.
+"""`dllm-decode bench shaped`: models of real shapes with random weights on any device.
 
-The GPU serving path: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
-and 64 on a model of LLaDA-8B's shape (32 layers, width 4096, 32 heads, MLP 12288, vocabulary
-126,464), random bf16 weights built on the device (no download, no checkpoint). Random weights
+The GPU serving path: tokens/s, loop overhead, cache speed-ups and each row's distance from the
+device's roofline floor, at batch 1 to 64 and more, on a model of LLaDA-8B's shape (32 layers,
+width 4096, 32 heads, MLP 12288, vocabulary 126,464) and, for the `block` cache, the
+block-diffusion model of the same size class (Fast-dLLM v2 7B: Qwen2.5-7B's shape, block
+`block_length`), random weights built on the device (no download, no checkpoint). Random weights
 make the threshold rule commit one token per step, so the benchmark decodes a fixed number of
 tokens per step (`low_confidence` with `steps_per_block`) and every configuration does the same
 number of forwards; tokens/s counts canvas tokens (a random model's answers mean nothing).
-`--layers` shrinks the depth (a CPU smoke run, or a GPU that cannot hold 16 GB of weights).
-`--runtime compact` times the compact runtime (`models/compact.py`) beside the reference blocks,
-on the same weights (the fused copies take as much memory again), each row with its ratio.
+`--layers` shrinks the depth (a CPU smoke run, or a GPU that cannot hold the weights).
+
+Side by side in one interleaved run, on the same weights: the reference and compact runtimes
+(`models/compact.py`), the eager and the captured step (`dllm_decode.capture`: static bucketed
+buffers, CUDA graphs on a GPU), and peers' reference loops run unmodified from local checkouts
+(`dllm_decode.eval.bench.peers`), each peer row with its commit and whether its tokens equal
+this project's. Each row's floor (`dllm_decode.eval.bench.roofline`) is the larger of its
+forwards' bytes over the device's memory bandwidth and FLOPs over its dense peak; a device
+without datasheet peaks says "unknown device".
 
 Loop overhead is the share of wall-clock outside the model's forward; on CUDA the forward timer
-synchronises around every forward, so that share is real GPU idle time, not launch latency.
+synchronises around every forward, so that share is real GPU idle time, not launch latency. A
+captured step or a peer's loop does not run its forwards through `model.forward`: its overhead
+is not measured here (the device script times replays instead).
 """
 
 from __future__ import annotations
