@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -22,6 +24,25 @@ def tiny_llada(seed: int = 0, vocab_size: int = 37, layers: int = 2, max_length:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+    model.ar_partner = functools.partial(tiny_llama, seed=seed, vocab_size=vocab_size)
+    return model.eval()
+
+
+def tiny_llama(seed: int = 0, vocab_size: int = 37, layers: int = 1) -> torch.nn.Module:
+    """A seeded random causal Llama with `tiny_llada`'s vocabulary: its AR partner (the guide a
+    rule like APD consults; `tiny_llada` declares it as `ar_partner`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=512, eos_token_id=vocab_size - 2,
+                         pad_token_id=vocab_size - 2, bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+    model.tokenizer = None
     return model.eval()
 
 
@@ -118,6 +139,7 @@ def tiny_block_diffusion(family: str = "fast_dllm", seed: int = 0, block_size: i
         for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]:
             noise = torch.randn(p.shape, generator=generator)
             p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
+    model.ar_partner = functools.partial(tiny_llama, seed=seed, vocab_size=vocab_size)
     return model.eval()
 
 
