@@ -3,6 +3,7 @@ and the API (`load_model(device=..., dtype=...)`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -78,3 +79,75 @@ def device_of(model: Any) -> torch.device:
         return next(model.parameters()).device
     except (StopIteration, AttributeError, TypeError):
         return torch.device(getattr(model, "device", "cpu"))
+
+
+@dataclass(frozen=True)
+class DevicePeaks:
+    """A device's datasheet peaks: memory bandwidth (bytes/s) and dense FLOP/s per dtype.
+
+    Dense means without 2:4 structured sparsity (datasheets often print the sparse figure, twice
+    the dense one). `fp32` is the non-tensor-core FP32 rate. `source` says where the numbers come
+    from; they are vendor figures, not measurements: a device reaches perhaps 80-90% of them.
+    """
+
+    name: str
+    hbm_bytes_per_s: float
+    flops: dict[str, float]
+    source: str
+
+    def flops_for(self, dtype: str) -> float | None:
+        """Dense FLOP/s for a dtype name (`bfloat16`, `float16`, `float32` or the short names)."""
+        short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)
+        return self.flops.get(short)
+
+
+def _peaks(name: str, tb_per_s: float, bf16: float, fp16: float, fp32: float, source: str) -> DevicePeaks:
+    return DevicePeaks(name, tb_per_s * 1e12, {"bf16": bf16 * 1e12, "fp16": fp16 * 1e12, "fp32": fp32 * 1e12},
+                       source)
+
+
+DEVICE_PEAKS: dict[str, DevicePeaks] = {
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): SXM 3.35 TB/s HBM3, BF16/FP16
+    # tensor 1,979 TFLOPS with sparsity (989.4 dense), FP32 67 TFLOPS; PCIe 2.0 TB/s, 1,513 sparse
+    # (756 dense), FP32 51; NVL 3.9 TB/s, 1,671 sparse (835 dense), FP32 60.
+    "H100 SXM": _peaks("H100 SXM", 3.35, 989.4, 989.4, 67.0, "NVIDIA H100 datasheet (SXM5 80GB)"),
+    "H100 PCIe": _peaks("H100 PCIe", 2.0, 756.0, 756.0, 51.0, "NVIDIA H100 datasheet (PCIe 80GB)"),
+    "H100 NVL": _peaks("H100 NVL", 3.9, 835.0, 835.0, 60.0, "NVIDIA H100 datasheet (NVL 94GB)"),
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): 4.8 TB/s HBM3e, the H100 SXM's
+    # compute (1,979 sparse / 989 dense BF16, FP32 67).
+    "H200": _peaks("H200", 4.8, 989.4, 989.4, 67.0, "NVIDIA H200 datasheet (SXM 141GB)"),
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): BF16/FP16 tensor 312 TFLOPS dense,
+    # FP32 19.5; 40GB 1,555 GB/s; 80GB SXM 2,039 GB/s, 80GB PCIe 1,935 GB/s.
+    "A100 40GB": _peaks("A100 40GB", 1.555, 312.0, 312.0, 19.5, "NVIDIA A100 datasheet (40GB)"),
+    "A100 80GB SXM": _peaks("A100 80GB SXM", 2.039, 312.0, 312.0, 19.5, "NVIDIA A100 datasheet (80GB SXM)"),
+    "A100 80GB PCIe": _peaks("A100 80GB PCIe", 1.935, 312.0, 312.0, 19.5, "NVIDIA A100 datasheet (80GB PCIe)"),
+    # NVIDIA L40S datasheet: 864 GB/s GDDR6, BF16/FP16 tensor 733 TFLOPS sparse (362 dense), FP32 91.6.
+    "L40S": _peaks("L40S", 0.864, 362.05, 362.05, 91.6, "NVIDIA L40S datasheet"),
+    # NVIDIA Ada (AD102) architecture whitepaper, GeForce RTX 4090: 1,008 GB/s GDDR6X, FP16/BF16
+    # tensor with FP32 accumulate 165.2 TFLOPS dense (what torch's bf16 GEMMs use), FP32 82.6.
+    "RTX 4090": _peaks("RTX 4090", 1.008, 165.2, 165.2, 82.6, "NVIDIA Ada Lovelace whitepaper (RTX 4090)"),
+    # AMD Instinct MI300X data sheet: 5.3 TB/s HBM3, FP16/BF16 matrix 1,307.4 TFLOPS dense, FP32
+    # vector 163.4 (FP64 vector 81.7).
+    "MI300X": _peaks("MI300X", 5.3, 1307.4, 1307.4, 163.4, "AMD Instinct MI300X data sheet"),
+}
+"""Datasheet peaks by device; `device_peaks` finds the entry for a reported device name."""
+
+_NAME_PATTERNS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("h100", "pcie"), "H100 PCIe"), (("h100", "nvl"), "H100 NVL"), (("h100", "sxm"), "H100 SXM"),
+    (("h100", "hbm3"), "H100 SXM"),       # torch reports the SXM part as "NVIDIA H100 80GB HBM3"
+    (("h200",), "H200"),
+    (("a100", "40gb"), "A100 40GB"), (("a100", "80gb", "pcie"), "A100 80GB PCIe"),
+    (("a100", "80gb"), "A100 80GB SXM"),
+    (("l40s",), "L40S"), (("rtx 4090",), "RTX 4090"), (("mi300x",), "MI300X"),
+)
+
+
+def device_peaks(name: str) -> DevicePeaks | None:
+    """The `DEVICE_PEAKS` entry for a device name as torch reports it (`NVIDIA H100 80GB HBM3`,
+    `NVIDIA A100-SXM4-40GB`, `AMD Instinct MI300X`), or None for a device not listed (a CPU, or a
+    variant whose bandwidth the name does not settle: no guessing)."""
+    lowered = name.lower().replace("-", " ")
+    for needles, key in _NAME_PATTERNS:
+        if all(n in lowered for n in needles):
+            return DEVICE_PEAKS[key]
+    return None

@@ -1,17 +1,27 @@
-"""`dllm-decode bench shaped`: a LLaDA-8B-shaped model with random weights on any device.
+"""`dllm-decode bench shaped`: models of real shapes with random weights on any device.
 
-The GPU serving path: tokens/s, loop overhead and cache speed-ups at batch 1, 8, 32
-and 64 on a model of LLaDA-8B's shape (32 layers, width 4096, 32 heads, MLP 12288, vocabulary
-126,464), random bf16 weights built on the device (no download, no checkpoint). Random weights
+The GPU serving path: tokens/s, loop overhead, cache speed-ups and each row's distance from the
+device's roofline floor, at batch 1 to 64 and more, on a model of LLaDA-8B's shape (32 layers,
+width 4096, 32 heads, MLP 12288, vocabulary 126,464) and, for the `block` cache, the
+block-diffusion model of the same size class (Fast-dLLM v2 7B: Qwen2.5-7B's shape, block
+`block_length`), random weights built on the device (no download, no checkpoint). Random weights
 make the threshold rule commit one token per step, so the benchmark decodes a fixed number of
 tokens per step (`low_confidence` with `steps_per_block`) and every configuration does the same
 number of forwards; tokens/s counts canvas tokens (a random model's answers mean nothing).
-`--layers` shrinks the depth (a CPU smoke run, or a GPU that cannot hold 16 GB of weights).
-`--runtime compact` times the compact runtime (`models/compact.py`) beside the reference blocks,
-on the same weights (the fused copies take as much memory again), each row with its ratio.
+`--layers` shrinks the depth (a CPU smoke run, or a GPU that cannot hold the weights).
+
+Side by side in one interleaved run, on the same weights: the reference and compact runtimes
+(`models/compact.py`), the eager and the captured step (`dllm_decode.capture`: static bucketed
+buffers, CUDA graphs on a GPU), and peers' reference loops run unmodified from local checkouts
+(`dllm_decode.eval.bench.peers`), each peer row with its commit and whether its tokens equal
+this project's. Each row's floor (`dllm_decode.eval.bench.roofline`) is the larger of its
+forwards' bytes over the device's memory bandwidth and FLOPs over its dense peak; a device
+without datasheet peaks says "unknown device".
 
 Loop overhead is the share of wall-clock outside the model's forward; on CUDA the forward timer
-synchronises around every forward, so that share is real GPU idle time, not launch latency.
+synchronises around every forward, so that share is real GPU idle time, not launch latency. A
+captured step or a peer's loop does not run its forwards through `model.forward`: its overhead
+is not measured here (the device script times replays instead).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Any, Callable
 
 import torch
 
+from dllm_decode.eval.bench.outcome import ours
 from dllm_decode.eval.bench.timing import check_counts, interleave
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -29,13 +40,30 @@ SHAPES: dict[str, dict[str, Any]] = {
     "embedded": dict(d_model=192, n_heads=6, n_layers=4, mlp_hidden_size=512, vocab_size=129,
                      max_sequence_length=1024, mask_token_id=3, eos_token_id=2, pad_token_id=0),
 }
-CACHES = ("none", "prefix", "dual")
+BLOCK_SHAPES: dict[str, dict[str, Any]] = {
+    "llada-8b": {},                                   # FastDLLMConfig's defaults: Fast-dLLM v2 7B (Qwen2.5-7B)
+    "embedded": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=6,
+                     intermediate_size=512, vocab_size=129, max_position_embeddings=1024, head_dim=32,
+                     rope_theta=10000.0, mask_token_id=3, eos_token_id=2, pad_token_id=0),
+}
+"""The block-diffusion model the `block` cache decodes, per shape: Fast-dLLM v2's 7B beside
+LLaDA-8B (the field's block model of that size), the embedded block model's shape beside the
+embedded one; its block is the benchmark's `block_length`."""
+CACHES = ("none", "prefix", "dual", "block")
 RUNTIMES = ("reference", "compact")
+VARIANTS = ("eager", "captured")
 
 
 @dataclass(frozen=True)
 class ShapedOptions:
-    """What `bench shaped` runs (every count >= 1; `layers` None keeps the shape's depth)."""
+    """What `bench shaped` runs (every count >= 1; `layers` None keeps the shape's depth).
+
+    `caches` none / prefix / dual decode the LLaDA-shaped model, `block` the block-diffusion
+    model of the shape (`BLOCK_SHAPES`). `variants`: `eager` (the loop as it runs by default) and
+    `captured` (the captured step, where this build and device have it; a row that says why not
+    otherwise). `peers`: (name, checkout path) pairs of reference loops run side by side on the
+    same weights (`dllm_decode.eval.bench.peers`).
+    """
 
     shape: str = "llada-8b"
     layers: int | None = None
@@ -47,8 +75,12 @@ class ShapedOptions:
     block_length: int = 32
     steps_per_block: int = 2
     repeats: int = 2
-    caches: tuple[str, ...] = CACHES
+    caches: tuple[str, ...] = ("none", "prefix", "dual")
     runtimes: tuple[str, ...] = ("reference",)
+    variants: tuple[str, ...] = ("eager",)
+    peers: tuple[tuple[str, str], ...] = ()
+    capture: str = "auto"
+    prompts: int | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -59,33 +91,58 @@ class ShapedOptions:
         check_counts(self, "prompt_length", "gen_length", "block_length", "steps_per_block", "repeats")
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise ValueError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}")
+        if self.prompts is not None and self.prompts < 1:
+            raise ValueError(f"prompts must be >= 1, got {self.prompts}")
         if self.gen_length % self.block_length:
             raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
+                             f"({self.block_length})")
+        if self.steps_per_block > self.block_length:
+            raise ValueError(f"steps_per_block ({self.steps_per_block}) must be at most block_length "
                              f"({self.block_length})")
         unknown = set(self.caches) - set(CACHES)
         if unknown or not self.caches:
             raise ValueError(f"caches must be some of {list(CACHES)}, got {list(self.caches)}")
         if set(self.runtimes) - set(RUNTIMES) or not self.runtimes:
             raise ValueError(f"runtimes must be some of {list(RUNTIMES)}, got {list(self.runtimes)}")
+        if set(self.variants) - set(VARIANTS) or not self.variants:
+            raise ValueError(f"variants must be some of {list(VARIANTS)}, got {list(self.variants)}")
+
+    @property
+    def prompt_count(self) -> int:
+        """Prompts decoded per configuration: `prompts`, else the largest batch size."""
+        return self.prompts or max(self.batch_sizes)
 
 
-def shaped_model(options: ShapedOptions) -> Any:
-    """A LLaDA of the option's shape, seeded random weights, built directly on the device."""
-    from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-
-    sizes = dict(SHAPES[options.shape])
-    if options.layers is not None:
-        sizes["n_layers"] = options.layers
+def shaped_model(options: ShapedOptions, family: str = "llada") -> Any:
+    """A model of the option's shape, seeded random weights, built directly on the device:
+    `llada` (none / prefix / dual caches) or `block` (the block-diffusion model of `BLOCK_SHAPES`,
+    block = `block_length`)."""
     device, dtype = torch.device(options.device), getattr(torch, options.dtype)
     torch.manual_seed(options.seed)
-    with torch.device(device):
-        model = LLaDAModelLM(LLaDAConfig(**sizes)).to(dtype)
+    if family == "block":
+        from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMModel
+
+        sizes = dict(BLOCK_SHAPES[options.shape], bd_size=options.block_length)
+        if options.layers is not None:
+            sizes["num_hidden_layers"] = options.layers
+        with torch.device(device):
+            model = FastDLLMModel(FastDLLMConfig(**sizes)).to(dtype)
+    else:
+        from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+
+        sizes = dict(SHAPES[options.shape])
+        if options.layers is not None:
+            sizes["n_layers"] = options.layers
+        with torch.device(device):
+            model = LLaDAModelLM(LLaDAConfig(**sizes)).to(dtype)
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.02)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.02)                       # q/k/v biases (Qwen2)
             else:
-                p.fill_(1.0)
+                p.fill_(1.0)                               # norm scales
     return model.eval()
 
 
@@ -98,76 +155,229 @@ def prompts_for(model: Any, options: ShapedOptions, count: int) -> list[list[int
     return ids.tolist()
 
 
+@dataclass(frozen=True)
+class Subject:
+    """One row kind of the run: what decodes (a runtime view, a captured step, a peer loop) under
+    which cache, or why it cannot run here (`missing`)."""
+
+    runtime: str
+    variant: str
+    cache: str
+    family: str
+    decode: Callable[[list[list[int]]], Any] | None
+    missing: str | None = None
+    batch_limit: int | None = None
+    commit: str | None = None
+
+
 def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """Decode `max(batch_sizes)` prompts in batches of each size under each cache, interleaved;
-    returns the JSON-ready report (rows per cache and batch size)."""
+    """Decode `prompt_count` prompts in batches of each size under each cache, runtime, variant
+    and peer, interleaved; returns the JSON-ready report (one row per configuration, each with
+    its roofline floor on this device)."""
     from dllm_decode import DecodeConfig
     from dllm_decode.caches import CACHES as REGISTRY
-    from dllm_decode.eval.bench.measure import Combo, Measured, decode_once
+    from dllm_decode.devices import device_name, device_peaks, device_sync
+    from dllm_decode.eval.bench.captured import captured_decoder
+    from dllm_decode.eval.bench.forward import runtime_view
+    from dllm_decode.eval.bench.roofline import UNKNOWN_DEVICE, ModelShape, floor, forward_plan
     from dllm_decode.schedulers import LowConfidenceScheduler
 
-    from dllm_decode.devices import device_name, device_sync
-    from dllm_decode.eval.bench.forward import runtime_view
-
-    model = shaped_model(options)
-    views = {runtime: runtime_view(model, runtime) for runtime in options.runtimes}
-    sync = device_sync(torch.device(options.device))
-    prompts = prompts_for(model, options, max(options.batch_sizes))
+    device = torch.device(options.device)
+    sync = device_sync(device)
+    families = {"block" if cache == "block" else "llada" for cache in options.caches}
+    models = {family: shaped_model(options, family) for family in sorted(families)}
+    prompts = {family: prompts_for(model, options, options.prompt_count) for family, model in models.items()}
     configs = {cache: DecodeConfig(scheduler=LowConfidenceScheduler(steps_per_block=options.steps_per_block),
                                    cache=REGISTRY[cache](), gen_length=options.gen_length,
                                    block_length=options.block_length, stop_at_eos=False)
                for cache in options.caches}
-    plans = [(f"{cache}@B{b}@{runtime}", [prompts[i:i + b] for i in range(0, len(prompts), b)])
-             for runtime in options.runtimes for cache in options.caches for b in options.batch_sizes]
-    for runtime, view in views.items():                                              # warm-up
-        decode_once(view, prompts[:1], configs[options.caches[0]], sync=sync)
-    parameters = sum(p.numel() for p in model.parameters())
-    say(f"{options.shape} on {options.device}: {len(plans)} configurations x {options.repeats} repeats")
-
-    def job(label: str, index: int, chunk: list[list[int]]) -> Callable[[], Any]:
-        cache, _, runtime = label.split("@")
-        return lambda: decode_once(views[runtime], chunk, configs[cache], sync=sync)
-
-    runs = interleave(plans, options.repeats, job)
-
-    def seconds(cache: str, b: int, runtime: str) -> float:
-        return runs[f"{cache}@B{b}@{runtime}"].seconds()
-
-    rows = []
+    subjects: list[Subject] = []
+    pools: dict[str, Any] = {}
     for runtime in options.runtimes:
         for cache in options.caches:
-            for b in options.batch_sizes:
-                measured = Measured(Combo(cache, configs[cache]), runs[f"{cache}@B{b}@{runtime}"])
-                spent = measured.seconds()
-                rows.append({"runtime": runtime, "cache": cache, "batch": b, "seconds": spent,
-                             "tokens_per_second": options.gen_length * len(prompts) / spent,
-                             "overhead": measured.overhead(), "nfe": statistics.fmean(measured.nfe()),
-                             "vs_none": (seconds("none", b, runtime) / spent
-                                         if "none" in options.caches else None),
-                             "vs_reference": (seconds(cache, b, "reference") / spent
-                                              if "reference" in options.runtimes else None)})
+            family = "block" if cache == "block" else "llada"
+            try:
+                view = runtime_view(models[family], runtime)
+            except ValueError as err:
+                subjects += [Subject(runtime, v, cache, family, None, str(err)) for v in options.variants]
+                continue
+            for variant in options.variants:
+                if variant == "eager":
+                    subjects.append(Subject(runtime, variant, cache, family,
+                                            lambda chunk, v=view, c=configs[cache]: ours(v, chunk, c, sync)))
+                elif runtime == "reference":
+                    subjects.append(Subject(runtime, variant, cache, family, None,
+                                            "not available: the captured step runs the compact runtime's "
+                                            "blocks (its row is compact captured)"))
+                else:
+                    decode, missing, graphs = captured_decoder(view, configs[cache], sync, options.capture,
+                                                               max(options.batch_sizes))
+                    subjects.append(Subject(runtime, variant, cache, family, decode, missing))
+                    pools[f"{runtime}@{cache}"] = graphs
+    subjects += _peer_subjects(options, models, configs)
+    label = {id(s): f"{s.runtime}@{s.variant}@{s.cache}" for s in subjects}
+    plans = [(f"{label[id(s)]}@B{b}", [prompts[s.family][i:i + b] for i in range(0, options.prompt_count, b)])
+             for s in subjects if s.decode is not None for b in options.batch_sizes
+             if s.batch_limit is None or b <= s.batch_limit]
+    by_label = {f"{label[id(s)]}@B{b}": s for s in subjects for b in options.batch_sizes}
+    for s in subjects:                                                               # warm-up
+        if s.decode is not None and not s.runtime.startswith("peer:"):
+            s.decode(prompts[s.family][:1])
+    shapes = {family: ModelShape.of(model) for family, model in models.items()}
+    name = device_name(device)
+    peaks = device_peaks(name)
+    say(f"{options.shape} on {name}: {len(plans)} configurations x {options.repeats} repeats")
+    if not plans:
+        raise ValueError("nothing to run: no configuration is available on this build and device")
+    runs = interleave(plans, options.repeats, lambda lab, index, chunk: (lambda: by_label[lab].decode(chunk)))
+
+    def row(s: Subject, b: int) -> dict[str, Any]:
+        base = {"runtime": s.runtime, "variant": s.variant, "cache": s.cache, "batch": b, "model": s.family,
+                **({"commit": s.commit} if s.commit else {})}
+        if s.decode is None:
+            return {**base, "available": False, "note": s.missing}
+        if s.batch_limit is not None and b > s.batch_limit:
+            return {**base, "available": False, "note": f"decodes at most {s.batch_limit} prompt(s) per call"}
+        measured = runs[f"{label[id(s)]}@B{b}"]
+        spent = measured.seconds()
+        outcomes = measured.values()
+        forwards = sum(o.forwards for o in outcomes)
+        plan = forward_plan(s.cache, options.prompt_length, options.gen_length, options.block_length,
+                            options.steps_per_block)
+        bound = floor(shapes[s.family], plan, b, peaks, options.dtype)
+        timed_forwards = all(o.forward_seconds is not None for o in outcomes)
+        overhead = statistics.median(
+            1 - sum(t.value.forward_seconds for t in rep) / max(sum(t.seconds for t in rep), 1e-12)
+            for rep in measured.runs) if timed_forwards else None
+        return {**base, "available": True, "seconds": spent,
+                "tokens_per_second": options.gen_length * options.prompt_count / spent,
+                "overhead": overhead, "nfe": statistics.fmean(n for o in outcomes for n in o.nfe),
+                "forwards": forwards, "ms_per_forward": 1000 * spent / max(forwards, 1),
+                "floor_ms": bound.ms_per_forward if bound else None,
+                "read_floor_ms": 1000 * bound.read_seconds / bound.forwards if bound else None,
+                "compute_floor_ms": 1000 * bound.compute_seconds / bound.forwards if bound else None,
+                "x_floor": spent / (bound.seconds * len(outcomes)) if bound else None,
+                "floor_note": None if bound else UNKNOWN_DEVICE,
+                "tokens": [t for o in outcomes for t in o.tokens]}
+
+    rows = [row(s, b) for s in subjects for b in options.batch_sizes]
+    _compare(rows)
     return {"options": {**options.__dict__, "batch_sizes": list(options.batch_sizes),
-                        "caches": list(options.caches), "runtimes": list(options.runtimes)},
-            "device_name": device_name(torch.device(options.device)),
-            "parameters": parameters, "prompts": len(prompts), "rows": rows}
+                        "caches": list(options.caches), "runtimes": list(options.runtimes),
+                        "variants": list(options.variants), "peers": [list(p) for p in options.peers]},
+            "device_name": name, "peaks": peaks.__dict__ if peaks else UNKNOWN_DEVICE,
+            "parameters": {family: sum(p.numel() for p in model.parameters()) for family, model in models.items()},
+            "prompts": options.prompt_count, "rows": rows,
+            "graph_pools": {key: {"mode": g.mode, "captures": g.captures, "pool_bytes": g.pool_bytes}
+                            for key, g in pools.items() if g is not None}}
+
+
+def _peer_subjects(options: ShapedOptions, models: dict[str, Any], configs: dict[str, Any]) -> list[Subject]:
+    """One subject per peer loop that the named checkouts hold, on the same weights as this
+    project's rows (a row saying why not when the peer cannot run here or its cache is not in the
+    run); each runs once untimed before timing starts (its own warm-up)."""
+    from dllm_decode.eval.bench.peers import CHECKOUTS, PEER_LOOPS, load_peer, loops_in
+
+    subjects = []
+    for checkout, path in options.peers:
+        if checkout not in CHECKOUTS:
+            raise ValueError(f"unknown peer {checkout!r}; known: {sorted(CHECKOUTS)}")
+        found = loops_in(checkout, path)
+        if not found:
+            subjects.append(Subject(f"peer:{checkout}", "eager", "-", "llada", None,
+                                    f"not available: {path} holds none of {list(CHECKOUTS[checkout])}"))
+        for name in found:
+            loop = PEER_LOOPS[name]
+            if loop.cache not in options.caches:
+                subjects.append(Subject(f"peer:{name}", "eager", loop.cache, loop.family, None,
+                                        f"not available: needs the {loop.cache} cache in the run "
+                                        f"(add --cache {loop.cache})"))
+                continue
+            try:
+                peer = load_peer(name, path, models[loop.family], options)
+                limit = getattr(peer.decode, "batch_limit", None)
+                prompt = prompts_for(models[loop.family], options, 1)
+                peer.decode(prompt)
+            except Exception as err:                    # the peer's own code: any failure is its row's note
+                text = str(err).strip().splitlines()
+                subjects.append(Subject(f"peer:{name}", "eager", loop.cache, loop.family, None,
+                                        f"not available: {type(err).__name__}: {text[0] if text else ''}"))
+                continue
+            subjects.append(Subject(f"peer:{name}@{peer.commit[:12]}", "eager", loop.cache, loop.family,
+                                    peer.decode, batch_limit=limit, commit=peer.commit))
+    return subjects
+
+
+def _compare(rows: list[dict[str, Any]]) -> None:
+    """Add ratios and token identity to the rows, in place, and drop their tokens.
+
+    `vs_none`: the same runtime and variant without a cache (LLaDA rows); `vs_reference`: the
+    reference runtime's eager row; `vs_eager`: a captured row against its eager row; peers:
+    `identical_tokens` against this project's first eager row with their cache and batch, and
+    `ours_speedup` = the peer's seconds over the fastest of this project's rows there."""
+    ready = [r for r in rows if r["available"]]
+
+    def find(**keys: Any) -> dict[str, Any] | None:
+        return next((r for r in ready if all(r[k] == v for k, v in keys.items())), None)
+
+    def ratio(base: dict[str, Any] | None, row: dict[str, Any]) -> float | None:
+        return base["seconds"] / row["seconds"] if base else None
+
+    for r in ready:
+        peer = r["runtime"].startswith("peer:")
+        same = dict(cache=r["cache"], batch=r["batch"])
+        r["vs_none"] = (ratio(find(runtime=r["runtime"], variant=r["variant"], cache="none", batch=r["batch"]), r)
+                        if r["model"] == "llada" and not peer else None)
+        r["vs_reference"] = None if peer else ratio(find(runtime="reference", variant="eager", **same), r)
+        r["vs_eager"] = (ratio(find(runtime=r["runtime"], variant="eager", **same), r)
+                         if r["variant"] != "eager" else None)
+        baseline = next((b for b in ready if b["variant"] == "eager" and not b["runtime"].startswith("peer:")
+                         and b["cache"] == r["cache"] and b["batch"] == r["batch"]), None)
+        r["same_tokens_as"] = None if baseline is None or baseline is r else f"{baseline['runtime']} eager"
+        r["identical_tokens"] = (None if r["same_tokens_as"] is None else r["tokens"] == baseline["tokens"])
+        if peer:
+            ours_rows = [b for b in ready if not b["runtime"].startswith("peer:") and b["cache"] == r["cache"]
+                         and b["batch"] == r["batch"]]
+            best = min(ours_rows, key=lambda b: b["seconds"], default=None)
+            r["ours_speedup"] = ratio(r, best) if best else None
+            r["ours_best"] = f"{best['runtime']} {best['variant']}" if best else None
+    for r in rows:
+        r.pop("tokens", None)
 
 
 def format_shaped(report: dict[str, Any]) -> str:
-    """The report as a table: one line per cache and batch size."""
+    """The report as a table: one line per runtime, variant, cache and batch size."""
     o = report["options"]
     depth = f", {o['layers']} layers" if o["layers"] else ""
-    lines = [f"{o['shape']}{depth}, {report['parameters'] / 1e6:,.1f} M parameters, {o['dtype']} on "
-             f"{report['device_name']}; "
+    params = ", ".join(f"{family} {count / 1e6:,.1f} M" for family, count in report["parameters"].items())
+    peaks = report["peaks"]
+    device = (f"{report['device_name']} (floors from {peaks['name']}: {peaks['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
+              f"{o['dtype']} peak {peaks['flops'].get(_SHORT.get(o['dtype'], o['dtype']), 0) / 1e12:.0f} TFLOP/s)"
+              if isinstance(peaks, dict) else f"{report['device_name']} (floors: {peaks})")
+    lines = [f"{o['shape']}{depth} ({params} parameters), {o['dtype']} on {device}; "
              f"{report['prompts']} prompts of {o['prompt_length']} tokens, gen {o['gen_length']}, "
              f"block {o['block_length']}, {o['steps_per_block']} steps per block",
-             f"{'runtime':<11}{'cache':<8}{'batch':>6}{'tokens/s':>12}{'overhead':>10}{'NFE':>7}"
-             f"{'vs none':>9}{'vs reference':>14}"]
+             f"{'runtime':<31}{'variant':<10}{'cache':<7}{'batch':>6}{'tokens/s':>11}{'overhead':>9}{'NFE':>6}"
+             f"{'ms/fwd':>9}{'floor ms':>15}{'x floor':>8}{'vs none':>8}{'vs reference':>13}{'vs eager':>9}  same tokens"]
 
     def ratio(value: float | None) -> str:
         return f"{value:.2f}x" if value is not None else "-"
 
     for row in report["rows"]:
-        lines.append(f"{row['runtime']:<11}{row['cache']:<8}{row['batch']:>6}"
-                     f"{row['tokens_per_second']:>12.1f}{row['overhead']:>9.1%}{row['nfe']:>7.1f}"
-                     f"{ratio(row['vs_none']):>9}{ratio(row['vs_reference']):>14}")
+        head = f"{row['runtime'][:30]:<31}{row['variant']:<10}{row['cache']:<7}{row['batch']:>6}"
+        if not row["available"]:
+            lines.append(f"{head}  {row['note']}")
+            continue
+        overhead = f"{row['overhead']:.1%}" if row["overhead"] is not None else "-"
+        floor_ms = f"{row['floor_ms']:.2f}" if row["floor_ms"] is not None else row["floor_note"]
+        same = "-" if row["identical_tokens"] is None else ("yes" if row["identical_tokens"] else "NO")
+        extra = (f"  (ours {ratio(row['ours_speedup'])} faster: {row['ours_best']})"
+                 if row.get("ours_speedup") is not None else "")
+        lines.append(f"{head}{row['tokens_per_second']:>11.1f}{overhead:>9}{row['nfe']:>6.1f}"
+                     f"{row['ms_per_forward']:>9.2f}{floor_ms:>15}{ratio(row['x_floor']):>8}"
+                     f"{ratio(row['vs_none']):>8}{ratio(row['vs_reference']):>13}{ratio(row['vs_eager']):>9}"
+                     f"  {same}{extra}")
     return "\n".join(lines)
+
+
+_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}

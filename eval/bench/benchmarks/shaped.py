@@ -17,7 +17,11 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
 
     with blame("--device"):
         device = {"device": str(check_device(settings["device"]))} if settings.get("device") else {}
-    options = fill(ShapedOptions, settings, **device)
+    from dllm_decode.eval.bench.peers import parse_peer
+
+    with blame("--peer"):
+        peers = tuple(parse_peer(text) for text in settings.get("peers", ()))
+    options = fill(ShapedOptions, settings, **device, peers=peers)
     torch.set_num_threads(settings.get("threads", 1))
     return run_shaped(options, say)
 
@@ -25,7 +29,8 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
 BENCHMARK = Benchmark(
     "shaped",
     "The GPU path: a LLaDA-8B-shaped model with random weights built on --device; tokens/s, loop "
-    "overhead and cache speed-ups at each batch size, one interleaved run.",
+    "overhead, cache speed-ups and each row's distance from the device's roofline floor at each batch "
+    "size, with the captured step and peers' loops side by side, one interleaved run.",
     "Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, prompts of 64 tokens, gen 256, block "
     "32, 2 steps per block, none / prefix / dual, 2 repeats; --quick: the embedded shape, batch 1, 2, "
     "prompts of 8 tokens, gen 32, block 16, 1 repeat.",
@@ -37,10 +42,19 @@ BENCHMARK = Benchmark(
      count("--block-length", "block_length"),
      count("--steps-per-block", "steps_per_block", "Forwards per block (a fixed count: random weights "
            "never pass a threshold)."),
-     Option(("--cache",), "caches", ("none", "prefix", "dual"), "Caches to compare; repeatable "
-            "[none, prefix, dual].", multiple=True),
+     Option(("--cache",), "caches", ("none", "prefix", "dual", "block"), "Caches to compare; repeatable "
+            "[none, prefix, dual]; block decodes the shape's block-diffusion model.", multiple=True),
      Option(("--runtime",), "runtimes", ("reference", "compact"), "Runtimes to compare on the same "
             "weights; repeatable [reference].", multiple=True),
+     Option(("--step",), "variants", ("eager", "captured"), "The step as the loop runs it by default, and the "
+            "captured step (CUDA graphs on a GPU); repeatable [eager].", multiple=True),
+     Option(("--capture",), "capture", ("auto", "static", "compile", "cuda-graphs"), "How the captured "
+            "variant runs [auto: cuda-graphs on CUDA, static elsewhere]."),
+     Option(("--peer",), "peers", str, "A reference loop's local checkout, NAME=PATH (fast-dllm=PATH: "
+            "Fast-dLLM v1's generate_with_dual_cache and v2's batch_sample), run on the same weights; "
+            "repeatable.", multiple=True, metavar="NAME=PATH"),
+     count("--prompts", "prompts", "Prompts per configuration [the largest batch]."),
+     count("--prompt-length", "prompt_length", "Tokens per random prompt [64]."),
      REPEATS, THREADS),
     run, later("dllm_decode.eval.bench.shaped", "format_shaped"),
     quick=dict(shape="embedded", batch_sizes=(1, 2), gen_length=32, block_length=16, repeats=1,

@@ -53,8 +53,10 @@ def test_shape_and_prompts():
 
 
 @pytest.mark.parametrize("bad", [dict(shape="gpt"), dict(layers=0), dict(batch_sizes=()),
-                                 dict(gen_length=30, block_length=16), dict(caches=("block",)),
-                                 dict(runtimes=()), dict(runtimes=("fast",))])
+                                 dict(gen_length=30, block_length=16), dict(caches=("d2",)),
+                                 dict(runtimes=()), dict(runtimes=("fast",)), dict(variants=()),
+                                 dict(variants=("graphs",)), dict(prompts=0),
+                                 dict(steps_per_block=33, block_length=32)])
 def test_bad_options_are_refused(bad):
     with pytest.raises(ValueError):
         ShapedOptions(**bad)
@@ -66,3 +68,56 @@ def test_forward_timer_syncs_around_each_forward():
     with forward_timer(model, sync=lambda: calls.append("sync")) as spent:
         model(torch.zeros(1, 2))
     assert calls == ["sync", "sync"] and spent[1] == 1
+
+
+def test_rows_carry_the_floor_column_and_the_captured_variant(tmp_path, one_thread):
+    """Every available row has its floor columns (on the CPU: "unknown device", never a guess);
+    the block cache decodes the block model; a captured row either runs or says why not."""
+    out = tmp_path / "shaped.json"
+    result = CliRunner().invoke(main, ["bench", "shaped", "--quick", "--layers", "1", "--batch", "1",
+                                       "--cache", "none", "--cache", "block", "--step", "eager",
+                                       "--step", "captured", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["peaks"] == "unknown device" and "floor ms" in result.output
+    rows = {(r["variant"], r["cache"]): r for r in report["rows"]}
+    assert set(rows) == {(v, c) for v in ("eager", "captured") for c in ("none", "block")}
+    for cache in ("none", "block"):
+        eager = rows[("eager", cache)]
+        assert eager["available"] and eager["floor_ms"] is None and eager["floor_note"] == "unknown device"
+        captured = rows[("captured", cache)]
+        assert captured["available"] or captured["note"].startswith("not available")
+    assert rows[("eager", "block")]["model"] == "block" and rows[("eager", "none")]["model"] == "llada"
+    assert rows[("eager", "block")]["nfe"] == 6.0       # 3 grid blocks (prompt 8, block 16) x 2 steps
+    assert set(report["parameters"]) == {"llada", "block"}
+
+
+def test_block_model_shape_is_fast_dllm_v2_beside_llada_8b():
+    from dllm_decode.eval.bench.roofline import ModelShape
+
+    model = shaped_model(ShapedOptions(shape="llada-8b", dtype="bfloat16", device="meta"), "block")   # no memory
+    shape = ModelShape.of(model)
+    assert (shape.layers, shape.width, shape.kv_width) == (28, 3584, 512)     # Qwen2.5-7B, GQA 28/4
+    assert model.block_size == 32
+
+
+def test_torch_free_choices_mirror_their_constants():
+    from dllm_decode.capture import CAPTURE_MODES
+    from dllm_decode.eval.bench.benchmarks.shaped import BENCHMARK
+    from dllm_decode.eval.bench.shaped import CACHES, RUNTIMES, VARIANTS
+
+    kinds = {o.dest: o.kind for o in BENCHMARK.options}
+    assert kinds["caches"] == CACHES and kinds["runtimes"] == RUNTIMES and kinds["variants"] == VARIANTS
+    assert kinds["capture"] == ("auto", *CAPTURE_MODES[1:])
+
+
+@pytest.mark.parametrize("family", ["llada", "block"])
+def test_random_weights_give_spread_logits(family):
+    """Norm scales are ones, weights and biases random: the logits are not flat, so greedy tokens
+    differ by position and a token comparison between two loops means something."""
+    options = ShapedOptions(shape="embedded", dtype="float32")
+    model = shaped_model(options, family)
+    prompt = torch.tensor(prompts_for(model, options, 1))
+    with torch.inference_mode():
+        logits = model(prompt)
+    assert logits.std() > 0.1 and len(set(logits.argmax(-1)[0].tolist())) > 3

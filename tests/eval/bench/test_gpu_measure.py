@@ -1,0 +1,114 @@
+"""The prepared device script: its JSON, its budget, its stages, on the CPU with `--quick`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dllm_decode.eval.bench.device import (STAGE_COST, DeviceOptions, command_line, run_device, shaped_stages, slug,
+                                           targets)
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "gpu_measure.py"
+BLOCK = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"click", "transformers", "tokenizers", "huggingface_hub", "pydantic", "tqdm",
+                                  "fastapi", "uvicorn"}:
+            raise ImportError("not on the device machine: " + name)
+sys.meta_path.insert(0, Block())
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]   # not installed
+for name in [m for m in sys.modules if m == "dllm_decode" or m.startswith("dllm_decode.")]:
+    del sys.modules[name]
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def report_of(root: Path) -> dict:
+    found = list(root.glob("measurements/cpu_*/gpu_measure_quick.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+def test_json_names_device_versions_commit_and_commands(tmp_path, one_thread):
+    report, path = run_device(DeviceOptions(device="cpu", quick=True, root=str(tmp_path), commit="abc123",
+                                            stages=("sanity", "engine")), lambda line: None)
+    assert path.parent.name.startswith("cpu_") and path.parent.parent.name == "measurements"
+    assert json.loads(path.read_text()) == json.loads(json.dumps(report, default=str))
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["torch"] and env["commit"] == "abc123" and "driver" in env
+    assert env["peaks"] == "unknown device"
+    assert set(report["commands"]) == {"sanity", "engine"} and not report["failed"]
+    engine = report["stages"]["engine"]
+    for phase in ("queued", "arriving"):
+        assert engine[phase]["requests"] == engine["requests"] and engine[phase]["tokens_per_second"] > 0
+    assert engine["arriving"]["engine_steps"] >= engine["queued"]["engine_steps"]
+    sanity = report["stages"]["sanity"]
+    assert sanity["available"] is False and sanity["note"].startswith("not available") or \
+        sanity["sync_check"] == "not run (CUDA only)"
+    assert set(report["targets"]) >= {"batch1_captured_x_read_floor", "vs_fast_dllm_v1"}
+
+
+def test_budget_skips_stages_and_says_so(tmp_path):
+    report, _ = run_device(DeviceOptions(device="cpu", quick=True, root=str(tmp_path), budget=0.01),
+                           lambda line: None)
+    assert set(report["skipped"]) == set(STAGE_COST) and not report["stages"]
+    assert all(text.startswith("budget") for text in report["skipped"].values())
+
+
+def test_stage_commands_rerun_the_stage_on_their_own():
+    stages = shaped_stages(DeviceOptions(device="cuda", peers=(("fast-dllm", "/ck"),)))
+    assert stages["batch1"]["shape"] == "llada-8b" and stages["batch1"]["dtype"] == "bfloat16"
+    assert stages["large_batch"]["batch_sizes"] == (32, 64) and stages["block"]["caches"] == ("block",)
+    line = command_line(DeviceOptions(), stages["batch1"])
+    assert line.startswith("dllm-decode bench shaped --shape llada-8b --device cuda")
+    for words in ("--batch 1", "--cache dual", "--step captured", "--runtime compact", "--peer fast-dllm=/ck",
+                  "--prompt-length 64", "--steps-per-block 2", "--prompts 4"):
+        assert words in line
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_targets_read_off_the_rows():
+    row = dict(available=True, runtime="compact", cache="dual", batch=1, ms_per_forward=6.0, read_floor_ms=4.5,
+               vs_eager=2.5, overhead=0.01)
+    report = {"stages": {"batch1": {"rows": [dict(row, variant="captured"), dict(row, variant="eager", vs_eager=None),
+                                             dict(available=True, runtime="peer:fast-dllm-v1@abc", ours_speedup=1.7,
+                                                  ours_best="compact captured", identical_tokens=True, commit="abc",
+                                                  cache="dual", batch=1, variant="eager")]}}}
+    got = targets(report)
+    assert got["batch1_captured_x_read_floor"] == pytest.approx(6.0 / 4.5)
+    assert got["batch1_captured_vs_eager"] == 2.5 and got["vs_fast_dllm_v1"]["ours_speedup"] == 1.7
+
+
+@pytest.mark.parametrize("args, fragment", [(["--budget", "-1"], "budget"), (["--peer", "x"], "NAME=PATH")])
+def test_bad_arguments_are_one_line(args, fragment, tmp_path):
+    from dllm_decode.eval.bench.device import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--quick", "--root", str(tmp_path), *args])
+    assert exit_.value.code == 2
+
+
+@pytest.mark.slow
+def test_quick_script_runs_every_stage_with_torch_only_under_a_minute(tmp_path):
+    """The script from a checkout, the package not installed and the packages the device machine
+    may lack blocked (torch, einops and safetensors only): every stage runs (or is skipped for a stated reason) on the CPU in under ~60 s."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", BLOCK, str(SCRIPT), "--quick", "--root", str(tmp_path)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "editable" not in done.stderr
+    report = report_of(tmp_path)
+    assert set(report["stages"]) | set(report["skipped"]) == set(STAGE_COST) and not report["failed"]
+    assert report["skipped"] == {"block_peer": "no --peer given"}
+    assert report["elapsed_seconds"] < 60 and time.perf_counter() - started < 120
+    for stage in ("batch1", "large_batch", "block"):
+        assert any(r["available"] for r in report["stages"][stage]["rows"]) and report["tables"][stage]
