@@ -24,6 +24,9 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--split-salt", default="tune", show_default=True, help="Salt of the prompt hash that splits them.")
 @click.option("--budget", default="within:1.0", show_default=True,
               help="within:POINTS (paired drop against one token per step) or at-least:PERCENT.")
+@click.option("--confidence", type=float, default=0.8, show_default=True,
+              help="One-sided level of the Wilson bound a calibration point must meet the budget with "
+                   "(0.5: the point estimate). Higher: fewer held-out misses, fewer points accepted.")
 @click.option("--rules", default=DEFAULT_RULES, show_default=True, help="Rules to search (comma list).")
 @click.option("--caches", default="none", show_default=True,
               help="Caches to cross with (comma list, or `auto`: every cache the model supports). Under the "
@@ -40,12 +43,11 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 def tune_command(model_name: str, selection: str, calibration: int, held_out: int, data_seed: int, split_salt: str,
-                 budget: str, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
+                 budget: str, confidence: float, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
                  batch_size: int, out_dir: str, progress: bool | None, device: str | None, dtype: str | None) -> None:
     """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
     forwards per prompt) within the budget, per task and overall; check it on a held-out split;
     write OUT/presets.json, tune.json and report.md."""
-    import math
     from pathlib import Path
 
     from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
@@ -65,13 +67,15 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     block = None if canvas is None else block_length
     names = [r.strip() for r in rules.split(",") if r.strip()]
     with usage_errors("--budget"):
-        parsed = Budget.parse(budget)
+        parsed = Budget.parse(budget, confidence)
     with usage_errors("--rules"):
         check_rules(names)
-    if parsed.kind == "within" and 100 / calibration > parsed.points:
-        click.echo(f"note: one calibration prompt is {100 / calibration:.2g} points, more than the budget's "
-                   f"{parsed.points:g}: the budget then means 'no calibration prompt lost', which overfits; "
-                   f"use --calibration {math.ceil(100 / parsed.points)} or more per task", err=True)
+    if parsed.kind == "within" and parsed.least_certifiable(calibration) > parsed.points:
+        need = next(n for n in range(calibration, 10 ** 7) if parsed.least_certifiable(n) <= parsed.points)
+        click.echo(f"note: on {calibration} calibration prompts per task the least drop certifiable at confidence "
+                   f"{confidence:g} is {parsed.least_certifiable(calibration):.2g} points, more than the budget's "
+                   f"{parsed.points:g}: every task keeps the reference (no setting is certified); use "
+                   f"--calibration {need} or more, a looser budget, or a lower --confidence", err=True)
     if canvas is None:                      # block lengths must divide every answer length
         skipped = [r for r in names if SPACE[r].field == "block_length"]
         names = [r for r in names if r not in skipped]
