@@ -53,7 +53,8 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
     from dllm_decode.eval.harness.runner import decoder_for
     from dllm_decode.eval.tasks.sources import select_tasks
-    from dllm_decode.eval.tune.output import model_identity, write
+    from dllm_decode.eval.harness.presets import identity_of
+    from dllm_decode.eval.tune.output import write
     from dllm_decode.eval.tune.search import Budget
     from dllm_decode.eval.tune.space import SPACE, check_rules
     from dllm_decode.eval.tune.tuner import tune
@@ -95,8 +96,7 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
                        calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
                        out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
                        progress=sys.stderr.isatty() if progress is None else progress, exhaustive=exhaustive)
-    directory = _directory(spec)
-    write(outcome, Path(out_dir), model=model_identity(str(spec), directory), command=" ".join(sys.argv),
+    write(outcome, Path(out_dir), model=identity_of(spec), command=" ".join(sys.argv),
           gen_length=canvas or 0)
     for task in outcome.tasks:
         point = outcome.per_task[task]
@@ -119,14 +119,3 @@ def _caches(text: str, spec) -> list[str]:
     if spec.kind == "ideal" and names != ["none"]:
         raise click.BadParameter("the ideal model has no K/V to cache; use --caches none", param_hint="--caches")
     return names
-
-
-def _directory(spec):
-    if spec.kind != "diffusion":
-        return None
-    from dllm_decode.models.checkpoint import resolve_model_dir
-
-    try:
-        return resolve_model_dir(spec.name)
-    except ValueError:
-        return None

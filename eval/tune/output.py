@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,19 +11,6 @@ from typing import Any
 from dllm_decode import __version__
 from dllm_decode.eval.harness.grid import Setting
 from dllm_decode.eval.tune.tuner import Outcome
-
-
-def model_identity(spec_text: str, directory: Path | None) -> dict[str, str]:
-    """The model a preset was tuned on: its name and, for a checkpoint directory, the SHA-256 of
-    `config.json` and of the weights (`*.safetensors`, sorted by name)."""
-    identity = {"name": spec_text}
-    if directory is not None and (directory / "config.json").is_file():
-        identity["config_sha256"] = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
-        weights = hashlib.sha256()
-        for path in sorted(directory.glob("*.safetensors")):
-            weights.update(path.read_bytes())
-        identity["weights_sha256"] = weights.hexdigest()
-    return identity
 
 
 def parts(setting: Setting, gen_length: int) -> dict[str, Any]:
