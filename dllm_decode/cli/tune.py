@@ -51,6 +51,7 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     from pathlib import Path
 
     from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
+    from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.runner import decoder_for
     from dllm_decode.eval.tasks.sources import select_tasks
     from dllm_decode.eval.harness.presets import identity_of
@@ -86,16 +87,20 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     with usage_errors("--tasks"):
         runs, messages = select_tasks(selection, calibration + held_out, data_seed)
     writable_dir(out_dir, "--out")
+    where = device_option(device)
+    rank, _ = distributed.init_from_env(str(where))       # torchrun: data-parallel, decisions on every rank
     with usage_errors("--model"):
-        decoder, tokenizer = decoder_for(spec, device_option(device), torch_dtype(dtype))
+        decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype))
     cache_names = _caches(caches, spec)
-    for message in messages:
+    for message in messages if rank == 0 else ():
         click.echo(message, err=True)
     with usage_errors():
         outcome = tune(decoder, str(spec), runs, rules=names, caches=cache_names, budget=parsed,
                        calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
                        out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
                        progress=sys.stderr.isatty() if progress is None else progress, exhaustive=exhaustive)
+    if rank != 0:                                         # rank 0 writes and reports
+        return
     write(outcome, Path(out_dir), model=identity_of(spec), command=" ".join(sys.argv),
           gen_length=canvas or 0)
     for task in outcome.tasks:

@@ -25,6 +25,7 @@ is never used to choose.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -206,16 +207,36 @@ Run = Callable[[Sequence[Setting], Sequence[TaskRun], bool], None]
 
 def runner(decoder: Decoder, model: str, out: Path, ledger: Ledger, tokenizer: Any, batch_size: int,
            progress: bool) -> Run:
-    """Evaluate settings x runs into `out` (resumable) and record them in the ledger."""
+    """Evaluate settings x runs into `out` (resumable; data-parallel under torchrun, every rank
+    taking its share of the batches) and record them in the ledger. Every rank gets rank 0's
+    merged records, so all ranks take the same search decisions in step."""
     def run(settings: Sequence[Setting], runs: Sequence[TaskRun], ask: bool = True) -> None:
         if not settings or not runs:
             return
         records = evaluate(decoder, model, settings, runs, out, tokenizer=tokenizer,
                            batch_size=batch_size, progress=progress)
-        if records is None:
-            raise RuntimeError("tune runs on one process (rank 0); start it without torchrun")
-        ledger.add(records, ask)
+        ledger.add(shared(records), ask)
     return run
+
+
+def shared(records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Rank 0's records on every rank (JSON bytes broadcast over the process group; one process:
+    as given)."""
+    from dllm_decode.eval.harness import distributed
+
+    rank, world = distributed.rank_and_world()
+    if world == 1:
+        return records or []
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps(records).encode() if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.long)
+    dist.broadcast(size, 0)
+    buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if rank == 0
+              else torch.empty(int(size.item()), dtype=torch.uint8))
+    dist.broadcast(buffer, 0)
+    return records if rank == 0 else json.loads(buffer.numpy().tobytes())
 
 
 @dataclass

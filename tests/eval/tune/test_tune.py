@@ -172,3 +172,42 @@ def test_on_the_ideal_model_the_search_beats_the_sweep_with_a_quarter_of_its_for
     for name, per in outcome.held_out.items():
         if name != "best_threshold":
             assert all(f["meets"] for f in per.values()), (name, per)
+
+
+TUNE_ARGS = ["tune", "--model", "ideal:noise=0.01", "--tasks", "copy,shuffle", "--calibration", "8", "--held-out", "8",
+             "--gen-length", "answer", "--rules", "threshold,factor", "--budget", "within:20", "--exhaustive",
+             "--no-progress"]
+
+
+def test_a_rerun_resumes_without_decoding_again(tmp_path):
+    args = [a if a != "copy,shuffle" else "copy" for a in TUNE_ARGS if a != "--exhaustive"]
+    first = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert first.exit_code == 0, first.output
+    sizes = {p: p.stat().st_size for p in tmp_path.rglob("samples.jsonl")}
+    again = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert again.exit_code == 0, again.output
+    assert {p: p.stat().st_size for p in tmp_path.rglob("samples.jsonl")} == sizes      # nothing decoded twice
+    assert again.output.splitlines()[-4:] == first.output.splitlines()[-4:]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_tune_as_one_process(tmp_path):
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = shutil.which("dllm-decode")
+    one = CliRunner().invoke(main, [*TUNE_ARGS, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(port), script, *TUNE_ARGS, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                          "OMP_NUM_THREADS": "1"})
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "tune.json").read_text()) for d in ("one", "two"))
+    assert a["points"] == b["points"] and a["held_out"] == b["held_out"]
+    assert a["search_forwards"] == b["search_forwards"] and a["sweep_forwards"] == b["sweep_forwards"]
