@@ -92,6 +92,16 @@ def report(outcome: Outcome, model: dict[str, str], command: str) -> str:
         for task, f in outcome.held_out.get(name, {}).items():
             lines.append(f"| {task} | {f['accuracy']:.1f} | {f['delta']:+.1f} ± {f['delta_ci95']:.1f} | "
                          f"{f['nfe']:.2f} | {f['speedup']:.2f}x | {'yes' if f['meets'] else 'NO'} |")
+    means = []
+    for name in ("reference", "overall", "best_threshold"):
+        figures = outcome.held_out.get(name)
+        if figures:
+            means.append(f"{name} {sum(f['nfe'] for f in figures.values()) / len(figures):.2f}")
+    per_task = [outcome.held_out.get(f"task:{t}" if outcome.per_task[t] else "reference", {}).get(t) for t in outcome.tasks]
+    if all(per_task):
+        means.insert(0, f"per-task presets {sum(f['nfe'] for f in per_task) / len(per_task):.2f} "
+                        f"({sum(f['meets'] for f in per_task)} of {len(per_task)} meet the budget)")
+    lines += ["", "Mean held-out NFE over the tasks: " + ", ".join(means) + "."]
     lines += ["", f"Search forwards on the calibration split: {outcome.search_forwards} (the reference's own, "
                   f"one token per step, apart: {outcome.reference_forwards})."]
     if outcome.sweep_forwards is not None:

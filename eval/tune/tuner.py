@@ -65,6 +65,7 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
                 for s in every for t, c in zip(tasks, cal)
                 for sc, n in [ledger.of(s, t, len(c.examples))]]
         _, sweep_overall = choose(full, tasks)
+        _, outcome.best_threshold = choose([p for p in full if p.setting.scheduler == "threshold"], tasks)
         if sweep_overall is not None:
             cost = [p.nfe for p in full if p.setting == sweep_overall]
             outcome.sweep_best = {"setting": sweep_overall.label() + " " + str(sweep_overall.params()),
