@@ -98,7 +98,7 @@ def side_by_side(records: list[dict[str, Any]], reference: str = "low_confidence
                     and f["paired"]["tasks"][task]["accuracy"] >= ref["tasks"][task]["accuracy"] - SLACK]
             per_task[task] = min(f["paired"]["tasks"][task]["nfe"] for f in held) if held else None
         rows.append({"rule": labels[group], "points": len(figures), "n": max(f["whole"]["n"] for f in figures),
-                     "default_accuracy": shown["whole"]["accuracy"],
+                     "accuracy": shown["whole"]["accuracy"],
                      "pb80": max_tps_at(curve, 80.0, True), "pb80_canvas": max_tps_at(canvas, 80.0, True),
                      "nfe_at_equal_accuracy": best["paired"]["nfe"] if best else None,
                      "at": best["params"] if best else None, "swept": swept,
@@ -126,13 +126,14 @@ def render(table: dict[str, Any], command: str) -> str:
     lines = [f"Reference: {ref['rule']} (one token per step) {ref['accuracy']:.1f}% at NFE {ref['nfe']:.2f} on "
              f"n = {ref['n']} prompts; equal accuracy = at least {ref['accuracy'] - table['slack_points']:.1f}% "
              f"on the same prompts.", "", f"Command: `{command}`", "",
-             "| rule | points | n | PB80 answer tok/fwd | PB80 canvas tok/step | NFE at equal accuracy | at | "
-             "coupled / C=0 forwards per token |", "|---|---|---|---|---|---|---|---|"]
+             "| rule | points | n | accuracy % (at) | PB80 answer tok/fwd | PB80 canvas tok/step | NFE at equal accuracy | "
+             "at | coupled / C=0 forwards per token |", "|---|---|---|---|---|---|---|---|---|"]
     for row in table["rules"]:
         nfe = "-" if row["nfe_at_equal_accuracy"] is None else f"{row['nfe_at_equal_accuracy']:.2f}"
         at = "-" if row["at"] is None else (json.dumps(row["at"]) if row["at"] else "defaults")
         ratio = "-" if row["coupling_ratio"] is None else f"{row['coupling_ratio']:.2f}"
-        lines.append(f"| {row['rule']} | {row['points']} | {row['n']} | {row['pb80']:.2f} | {row['pb80_canvas']:.1f} | "
+        lines.append(f"| {row['rule']} | {row['points']} | {row['n']} | {row['accuracy']:.1f} | {row['pb80']:.2f} | "
+                     f"{row['pb80_canvas']:.1f} | "
                      f"{nfe} | {at} | {ratio} |")
     tasks = list(next(iter(table["rules"]))["nfe_at_equal_accuracy_per_task"]) if table["rules"] else []
     lines += ["", "NFE at equal accuracy per task (- : no point of the rule holds the reference's accuracy there):",

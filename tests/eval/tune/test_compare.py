@@ -32,6 +32,6 @@ def test_nfe_at_equal_accuracy_pb80_and_coupling():
     assert by_rule["threshold"]["coupling_ratio"] == pytest.approx(4.0)                # 4 forwards vs 1 per token
     assert by_rule["fixed"]["coupling_ratio"] == pytest.approx(1.0)
     assert by_rule["threshold"]["pb80"] == 0.0 and by_rule["threshold"]["nfe_at_equal_accuracy_per_task"]["copy"] == 1
-    assert "| threshold | 2 | 8 |" in render(table, "cmd")
+    assert "| threshold | 2 | 8 | 75.0 |" in render(table, "cmd")
     with pytest.raises(ValueError, match="no low_confidence run"):
         side_by_side(rows("threshold", "t9", {"threshold": 0.9}, [1], 1))
