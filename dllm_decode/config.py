@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from dllm_decode.fields import check_types
@@ -15,6 +16,24 @@ from dllm_decode.registry import component, component_dict
 
 PLAIN_FIELDS = ("gen_length", "block_length", "temperature", "stop_at_eos", "seed")
 REVISION_SCOPES = ("none", "block", "generated")
+
+
+def accepts_cache(scheduler: Scheduler, cache: Cache | str) -> bool:
+    """Whether `scheduler` runs under `cache` (an instance or its registry name): only `none` for
+    a rule that takes back earlier blocks, else its declared `caches` (None: any)."""
+    if scheduler.revises == "generated":
+        return cache == "none" if isinstance(cache, str) else isinstance(cache, NoCache)
+    if scheduler.caches is None:
+        return True
+    return (cache if isinstance(cache, str) else cache_name(cache)) in scheduler.caches
+
+
+def cache_name(cache: Cache) -> str:
+    """A cache's registry name (its class name when it is not registered)."""
+    try:
+        return str(component_dict(cache)["name"])
+    except (KeyError, ValueError, TypeError):
+        return type(cache).__name__
 
 
 @dataclass(frozen=True)
@@ -80,6 +99,10 @@ class DecodeConfig:
         if self.scheduler.revises == "generated" and not isinstance(self.cache, NoCache):
             raise ValueError(f"{type(self.scheduler).__name__} takes back tokens of earlier blocks, "
                              f"which no block cache can follow; use cache 'none'")
+        if not accepts_cache(self.scheduler, self.cache):
+            raise ValueError(f"{type(self.scheduler).__name__} runs only under the caches "
+                             f"{list(self.scheduler.caches)}, not {cache_name(self.cache)!r}; "
+                             f"use cache 'none'")
         if not 0 <= self.seed < 2 ** 63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
@@ -134,6 +157,10 @@ class DecodeResult:
             "block_step"}`: the batch rows that took part, the window's first column relative to
             the generation start, and (rows, window) tensors of the step's commits, the tokens
             written, and the confidence of each eligible column (-inf elsewhere).
+        forward_rows: canvas rows each sample's forwards processed (equal to `nfe` except for a
+            rule with a look-ahead, whose look-ahead call runs one row per candidate).
+        guide_nfe: forwards of a rule's causal guide model per sample (0 without one); not in
+            `nfe`, which counts the dLLM's forwards.
     """
 
     tokens: Tensor
@@ -142,6 +169,14 @@ class DecodeResult:
     seconds: float
     text: list[str] | None = None
     trace: list[dict[str, Any]] | None = field(default=None, repr=False)
+    forward_rows: Tensor | None = None
+    guide_nfe: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.forward_rows is None:
+            self.forward_rows = self.nfe.clone()
+        if self.guide_nfe is None:
+            self.guide_nfe = torch.zeros_like(self.nfe)
 
     @property
     def tokens_per_step(self) -> Tensor:

@@ -81,6 +81,18 @@ class StepInput:
         eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
             instead of hard-coding them).
         mask_id: the model's [MASK] id (never written).
+        lookahead_entropy: (B, N, W') float32, for a rule with `lookahead_candidates > 0` whose
+            `lookahead` proposed actions: the entropy (nats) at each column of each candidate
+            canvas (the row's canvas with that action written), from window column 0 to the
+            canvas end (W' >= W), +inf where that canvas is not masked or the action is empty.
+            None when the loop ran no look-ahead (a tool that runs no extra forwards).
+        guide_logits: (B, W, V) float32, for a rule that names a `guide` model: the causal
+            guide's log-probabilities for each window column given every column before it, with
+            each masked window column replaced by its candidate (the draft); -inf on ids the
+            guide does not share and on [MASK]. None when no guide ran.
+        noise: (B, W, V) float64, for a rule with `needs_noise`: the noise `T * Gumbel` the
+            candidates were drawn with (`candidates = argmax(logits + noise)`), so the rule can
+            sample another distribution with the same draw. None at temperature 0.
     """
 
     step: int
@@ -100,6 +112,9 @@ class StepInput:
     generator: torch.Generator | None = None
     eos_ids: tuple[int, ...] = ()
     mask_id: int = -1
+    lookahead_entropy: Tensor | None = None
+    guide_logits: Tensor | None = None
+    noise: Tensor | None = None
 
     @property
     def columns(self) -> Tensor:
@@ -135,18 +150,19 @@ class Decision:
     remask: Tensor | None = None
     edit: Tensor | None = None
 
-    def resolve(self, inp: StepInput) -> tuple[Tensor, Tensor]:
+    def resolve(self, inp: StepInput, force: bool = True) -> tuple[Tensor, Tensor]:
         """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
         written down; EoTP reads its final commits from here too): only eligible columns (an
         all-in `finish` adds every masked column in view), never [MASK], and a row that has
         eligible columns but commits none of them commits its most confident one (forced
-        progress)."""
+        progress; `force=False` for a rule with a step budget, which may make no progress in a
+        step)."""
         tokens = inp.candidates if self.tokens is None else self.tokens
         commit = self.commit & inp.eligible
         if self.finish is not None:
             commit = commit | (self.finish.unsqueeze(-1) & inp.is_masked)
         commit = commit & (tokens != inp.mask_id)
-        stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1)
+        stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1) & force
         forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)
         return commit | forced, torch.where(forced, inp.candidates, tokens)
 
@@ -173,12 +189,40 @@ class Scheduler(Checked, abc.ABC):
             the `none` cache).
         post_steps: steps a row may keep editing after its block has no mask left (each needs
             an edit to continue; LLaDA2.1's `max_post_steps`).
+        caches: registry names of the caches the rule accepts (None: any; a rule that revises
+            "generated" accepts only "none" whatever it says).
+        lookahead_candidates: > 0 when the rule proposes candidate actions in `lookahead` and
+            reads their one-step look-ahead entropies (`StepInput.lookahead_entropy`); the loop
+            runs one extra forward for them, counted as a forward of every row that proposed.
+        guide: the causal model (a name `load_causal_lm` resolves, or "auto": the dLLM's own
+            same-tokenizer partner) whose logits the rule reads (`StepInput.guide_logits`);
+            each step's guide forward is counted in `guide_nfe`. None: no guide.
+        needs_noise: the rule reads the candidates' sampling noise (`StepInput.noise`; it is
+            materialised, W x V per row, only for rules that ask).
     """
 
     view: ClassVar[str] = "block"
     chooses_block_bounds: ClassVar[bool] = False
     revises: ClassVar[str] = "none"
     post_steps: ClassVar[int] = 0
+    caches: ClassVar[tuple[str, ...] | None] = None
+    lookahead_candidates: ClassVar[int] = 0
+    guide: ClassVar[str | None] = None
+    needs_noise: ClassVar[bool] = False
+
+    def step_budget(self, block_length: int) -> int | None:
+        """Steps the rule runs per block of `block_length` when it runs a fixed number that may
+        exceed it (steps with no net progress: ReMDM's loop steps), or None (the default: at
+        most one step per position). A budgeted rule's re-masks are not clamped to its commits,
+        a row of it may commit nothing in a step, the block's step cap is the budget, and the
+        rule must leave no mask at its last step."""
+        return None
+
+    def lookahead(self, inp: StepInput, state: Any) -> tuple[Tensor, Tensor, Any]:
+        """For a rule with `lookahead_candidates = N > 0`, before `select`: (B, N, W) bool
+        candidate actions (the columns each candidate would commit; an all-False candidate is
+        not run), (B, N, W) long tokens they would write, and the new state."""
+        raise NotImplementedError(f"{type(self).__name__} declares no look-ahead")
 
     def init_state(self, batch_size: int, device: torch.device) -> Any:
         """A new request (batch of rows) starts. Stateless rules keep the default."""

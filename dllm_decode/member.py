@@ -29,7 +29,11 @@ class Member:
         generator: its only source of randomness.
         tokenizer: encodes its string prompts and decodes its answers.
         out: (n, P + G) its rows' final canvases, prompts right-aligned at column P.
-        nfe: (n,) forwards each row took part in with work to do.
+        nfe: (n,) forwards each row took part in with work to do (a rule's look-ahead calls
+            included).
+        forward_rows: (n,) canvas rows those forwards processed for each row.
+        guide_nfe: (n,) forwards of the rule's causal guide for each row.
+        memory: what the loop's extra forwards keep for it across steps (the guide's cache).
         trace: per step, its rows' commits (when requested).
         state: its scheduler's state for its rows still decoding, in batch order.
         live: its rows still decoding.
@@ -48,6 +52,15 @@ class Member:
     cancelled: bool = False
     started: float = field(default_factory=time.perf_counter)
     seconds: float = 0.0
+    forward_rows: Tensor | None = None
+    guide_nfe: Tensor | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.forward_rows is None:
+            self.forward_rows = self.nfe.clone()
+        if self.guide_nfe is None:
+            self.guide_nfe = torch.zeros_like(self.nfe)
 
     @property
     def gen_length(self) -> int:
@@ -67,7 +80,8 @@ class Member:
             text = [self.tokenizer.decode(row[:n].tolist(), skip_special_tokens=True).strip()
                     for row, n in zip(tokens, answer_lengths.tolist())]
         return DecodeResult(tokens=tokens, nfe=self.nfe.cpu(), answer_lengths=answer_lengths,
-                            seconds=self.seconds, text=text, trace=self.trace)
+                            seconds=self.seconds, text=text, trace=self.trace,
+                            forward_rows=self.forward_rows.cpu(), guide_nfe=self.guide_nfe.cpu())
 
 
 class OneThread:
@@ -137,6 +151,10 @@ def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, ge
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     ids = encode_prompts(prompts, tokenizer, model.vocab_size, model.mask_token_id)
     config.scheduler.check_fits(int(model.vocab_size), config.gen_length)
+    if config.scheduler.guide is not None:          # a guide that cannot serve this model: now
+        from dllm_decode.guide import load_guide
+
+        load_guide(config.scheduler.guide, model)
     limit = getattr(model, "max_length", None)
     longest = max(len(row) for row in ids)
     if limit is not None and longest + config.gen_length > limit:

@@ -42,8 +42,16 @@ def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator
     drawn only for each row's columns `[start, start + span)` (`aligned_uniform`; argmax
     elsewhere), so a row's draws do not depend on the window the batch happens to need.
     """
+    noise = gumbel_noise(logits, temperature, generator, region)
+    return logits.argmax(dim=-1) if noise is None else (logits.double() + noise).argmax(dim=-1)
+
+
+def gumbel_noise(logits: Tensor, temperature: float, generator: torch.Generator | None,
+                 region: tuple[Tensor, int, int] | None = None) -> Tensor | None:
+    """The (B, W, V) float64 noise `temperature * Gumbel` that `gumbel_argmax` adds to `logits`
+    (0 outside `region`), or None at temperature 0."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return None
     if region is None:
         u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
     else:
@@ -51,7 +59,7 @@ def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator
         u = aligned_uniform(start, span, offset, logits.shape[1], generator, vocab=logits.shape[-1],
                             dtype=torch.float64)
     gumbel = (-torch.log(-torch.log(u.clamp_min(1e-300)))).nan_to_num(0.0)   # NaN: outside, no noise
-    return (logits.double() + temperature * gumbel).argmax(dim=-1)
+    return temperature * gumbel
 
 
 def aligned_uniform(start: Tensor, span: int, offset: int, width: int,

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
+from dllm_decode.consult import Consultant
 from dllm_decode.devices import device_of
 from dllm_decode.interfaces import DiffusionLM, NoCache
 from dllm_decode.prompts import encode_prompts
@@ -38,6 +39,7 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
     gen_start, length = len(prompt), x.shape[1]
     wide = scheduler.view == "rest"            # the rule looks past its block: logits to the end
     state = scheduler.init_state(1, device)
+    memory: dict = {}                          # the extra forwards' per-request memory
     start = gen_start
     while start < length:
         end, step = min(start + config.block_length, length), 0
@@ -45,28 +47,33 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
             logits = model(x, None, rows=(start, length))[:, :None if wide else end - start]
             current = x[:, start:start + logits.shape[1]].clone()
 
-            def view(logits: Tensor, probs: Tensor, candidates: Tensor, end: int, budget: int):
+            def view(proposal: tuple, end: int, budget: int):
+                logits, probs, candidates, *noise = proposal
                 return step_input(logits=logits, probs=probs, candidates=candidates,
                                   current=current, block=torch.tensor([[start, end]], device=device),
                                   gen_span=torch.tensor([[gen_start, length]], device=device),
                                   offset=start, step=step, num_steps=budget, generator=generator,
-                                  eos_ids=eos, mask_id=mask)
+                                  eos_ids=eos, mask_id=mask, noise=noise[0] if noise else None)
 
             def proposed(logits: Tensor):         # noise drawn for the columns start..length
                 region = (torch.tensor([start], device=device), length - start, start)
-                return propose(logits, mask, config.temperature, generator, region)
+                return propose(logits, mask, config.temperature, generator, region,
+                               noise=scheduler.needs_noise)
 
-            inp = view(*proposed(logits), end, end - start)
+            inp = view(proposed(logits), end, end - start)
             processed, state = scheduler.process_logits(inp, state)
             if processed is not None:
-                inp = view(*proposed(processed), end, inp.num_steps)
+                inp = view(proposed(processed), end, inp.num_steps)
             if step == 0:
                 ends, state = scheduler.block_end(inp, state)
                 if ends is not None:
                     end = max(start + 1, min(int(ends[0]), length))
-                    inp = view(inp.logits, inp.probs, inp.candidates, end, end - start)
+                    inp = view((inp.logits, inp.probs, inp.candidates, inp.noise), end, end - start)
+            if scheduler.lookahead_candidates or scheduler.guide:   # the rule's extra forwards
+                inp, state = Consultant(model, x.clone(), None, memory)(scheduler, inp, state)
             decision, state = scheduler.select(inp, state)
-            x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision), mask)
+            budgeted = scheduler.step_budget(inp.num_steps) is not None
+            x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision, budgeted=budgeted), mask)
             step += 1
         if config.stop_at_eos and bool(torch.isin(x[:, start:end], torch.tensor(eos, device=device)).any()):
             x[:, end:] = eos[0]                 # an answer that ended: the rest is end-of-text

@@ -245,7 +245,8 @@ class Batch:
         b.busy = [bool(left or rev) for left, rev in zip(block_left, b.revising)]
         done = [(not left and not rev) or stop for left, rev, stop in zip(gen_left, b.revising, stops)]
         phase_over = not any(left or rev for left, rev, d in zip(block_left, b.revising, done) if not d)
-        cap = max(budgets[r] + self.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
+        cap = max((self.members[r].config.scheduler.step_budget(budgets[r]) or budgets[r])
+                  + self.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
         return done, phase_over, cap
 
     def record(self, g: int, inp: StepInput, res: Resolved, report: dict[str, Tensor] | None) -> None:
@@ -293,6 +294,7 @@ class Batch:
             index = self.phase.index[g]
             mine = slice(None) if index is None else index
             self.members[g].nfe.index_add_(0, self.rows.slot[mine], worked[mine].long())
+            self.members[g].forward_rows.index_add_(0, self.rows.slot[mine], worked[mine].long())
 
     def trim(self, width: int) -> bool:
         """Cut the canvas columns past `width` (no live row attends them); False if none."""

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
+from dllm_decode.consult import Consultant
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
@@ -227,11 +228,20 @@ class Decoding:
             block = batch.phase.block                          # a copy: the view may be kept
             return (block.clone() if index is None else block.index_select(0, index)), self.budgets[g]
 
+        scheduler = member.config.scheduler
+        consult = self._consultant(index, member) if scheduler.lookahead_candidates or scheduler.guide else None
         inp, decision, nonfinite, member.state = decide(
             member.config, member.state, window.rows(index), step=self.block_step,
             num_steps=self.budgets[g], span=max(batch.bounds.gen_end[r] - starts[r] for r in batch.groups[g]),
-            generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound)
-        res = resolve(inp, decision, member.revises)
+            generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound,
+            consult=consult)
+        if consult is not None:                  # the rule's extra forwards, counted per row
+            slots = batch.rows.slot if index is None else batch.rows.slot.index_select(0, index)
+            member.nfe.index_add_(0, slots, consult.nfe)
+            member.forward_rows.index_add_(0, slots, consult.forward_rows)
+            member.guide_nfe.index_add_(0, slots, consult.guide_nfe)
+        res = resolve(inp, decision, member.revises,
+                      budgeted=scheduler.step_budget(self.budgets[g]) is not None)
         if member.trace is not None:
             batch.record(g, inp, res, self.cache.report(self.cache_state))
         revising = batch.phase.revising if index is None else batch.phase.revising[index]
@@ -239,6 +249,14 @@ class Decoding:
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \
             torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
         return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite, decision.truncate_at is not None)
+
+    def _consultant(self, index: Tensor | None, member: Member) -> Consultant:
+        """The extra-forward runner (look-ahead, guide) over the canvases of batch rows `index`
+        (the request's memory, the guide's prefix cache, kept on its member)."""
+        rows = self.batch.rows
+        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
+        return Consultant(self.model, pick(rows.x), None if rows.attention_mask is None
+                          else pick(rows.attention_mask), member.memory)
 
     # -- host bookkeeping ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import Decision, StepInput
-from dllm_decode.ops import gumbel_argmax, masked_scores, topk_mask
+from dllm_decode.ops import gumbel_argmax, gumbel_noise, masked_scores, topk_mask
 
 if TYPE_CHECKING:
     from dllm_decode.config import DecodeConfig
@@ -69,15 +69,20 @@ class Window:
 
 def propose(logits: Tensor, mask_id: int, temperature: float = 0.0,
             generator: torch.Generator | None = None,
-            region: tuple[Tensor, int, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+            region: tuple[Tensor, int, int] | None = None, noise: bool = False) -> tuple[Tensor, ...]:
     """(B, W, V) logits -> float32 logits with [MASK] excluded, their softmax, and (B, W) candidate
     tokens (argmax, or a Gumbel-max sample at `temperature`). [MASK] is never a candidate.
     `region = (start, span, offset)` draws the sampling noise for each row's own columns
     `[start, start + span)` only (see `ops.gumbel_argmax`), so a row's draws do not depend on
-    the window its batch happens to need."""
+    the window its batch happens to need. `noise=True` adds a fourth item: the (B, W, V)
+    float64 noise `temperature * Gumbel` the candidates were drawn with (None at T = 0)."""
     logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
                                        torch.finfo(torch.float32).min)
-    return logits, logits.softmax(-1), gumbel_argmax(logits, temperature, generator, region)
+    if not noise:
+        return logits, logits.softmax(-1), gumbel_argmax(logits, temperature, generator, region)
+    drawn = gumbel_noise(logits, temperature, generator, region)
+    candidates = logits.argmax(-1) if drawn is None else (logits.double() + drawn).argmax(-1)
+    return logits, logits.softmax(-1), candidates, drawn
 
 
 def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
@@ -87,7 +92,7 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                region_start: Tensor | None = None, exclude: Tensor | None = None,
                revisions: Tensor | None = None, step: int = 0, num_steps: int | None = None,
                generator: torch.Generator | None = None, eos_ids: tuple[int, ...] = (),
-               mask_id: int = -1) -> StepInput:
+               mask_id: int = -1, noise: Tensor | None = None) -> StepInput:
     """The `StepInput` of a (B, W) window at canvas columns `[offset, offset + W)`: the one
     place a scheduler's view is built (the loop, the reference loop, self-speculation, the
     draft-length rules, the exact theory and the tests all come here).
@@ -106,6 +111,7 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
         revisions: (B, W) times each column was revised: committed generated columns of the
             region under `MAX_REVISIONS` become `revisable`. None: nothing is revisable.
         step, num_steps: the step within the block and the block's budget (default its length).
+        noise: (B, W, V) the candidates' sampling noise, for a rule with `needs_noise`.
     Derived: `eligible` (masked, in `[region_start, block end)`, not excluded), `confidence`
     (-inf where not eligible), `live` (rows with an eligible column), `revisable`.
     """
@@ -143,14 +149,19 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                      is_masked=is_masked, eligible=eligible, candidates=candidates,
                      confidence=masked_scores(confidence, eligible), probs=probs, logits=logits,
                      live=eligible.any(-1), current=current, revisable=revisable,
-                     generator=generator, eos_ids=tuple(eos_ids), mask_id=mask_id)
+                     generator=generator, eos_ids=tuple(eos_ids), mask_id=mask_id, noise=noise)
 
 
 def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,
            span: int, generator: torch.Generator | None, eos_ids: tuple[int, ...], mask_id: int,
-           rebound: Callable[[Tensor], tuple[Tensor, int]]) -> tuple[StepInput, Decision, Tensor, Any]:
+           rebound: Callable[[Tensor], tuple[Tensor, int]],
+           consult: Callable[[Any, StepInput, Any], tuple[StepInput, Any]] | None = None,
+           ) -> tuple[StepInput, Decision, Tensor, Any]:
     """One request's step on its rows of the window: its view, then its scheduler's hooks in
     order (`process_logits`; `block_end` at block step 0; `select`) and its filters.
+    `consult(scheduler, inp, state)` (the loop's `dllm_decode.consult.Consultant`) runs the
+    extra forwards a rule asks for (look-ahead, guide) just before `select` and adds their
+    results to its view; None runs none.
 
     Sampling noise is drawn for each row's own region (`span` columns from its region start),
     never for the batch's window, so it does not depend on the batch. `rebound(ends)` applies
@@ -161,16 +172,17 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
     scheduler, block = config.scheduler, window.block
     revisions = window.revisions if scheduler.revises != "none" else None
 
-    def view(logits: Tensor, probs: Tensor, candidates: Tensor) -> StepInput:
+    def view(logits: Tensor, probs: Tensor, candidates: Tensor, noise: Tensor | None = None) -> StepInput:
         return step_input(logits=logits, probs=probs, candidates=candidates, current=window.tokens,
                           block=block, gen_span=window.gen_span, offset=window.offset,
                           region_start=window.region_start, revisions=revisions, step=step,
                           exclude=None if window.allowed is None else ~window.allowed,
-                          num_steps=num_steps, generator=generator, eos_ids=eos_ids, mask_id=mask_id)
+                          num_steps=num_steps, generator=generator, eos_ids=eos_ids, mask_id=mask_id,
+                          noise=noise)
 
     def proposed(logits: Tensor) -> StepInput:
         return view(*propose(logits, mask_id, config.temperature, generator,
-                             (window.region_start, span, window.offset)))
+                             (window.region_start, span, window.offset), noise=scheduler.needs_noise))
 
     inp = proposed(window.logits)
     nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)
@@ -181,7 +193,9 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
         ends, state = scheduler.block_end(inp, state)
         if ends is not None:
             block, num_steps = rebound(ends)
-            inp = view(inp.logits, inp.probs, inp.candidates)
+            inp = view(inp.logits, inp.probs, inp.candidates, inp.noise)
+    if consult is not None:
+        inp, state = consult(scheduler, inp, state)
     decision, state = scheduler.select(inp, state)
     for f in config.filters:
         decision = f(inp, decision)
@@ -198,12 +212,15 @@ class Resolved(NamedTuple):
     edit: Tensor
 
 
-def resolve(inp: StepInput, decision: Decision, revises: str = "none") -> Resolved:
+def resolve(inp: StepInput, decision: Decision, revises: str = "none",
+            budgeted: bool = False) -> Resolved:
     """The decision under the loop's rules: commits and tokens by `Decision.resolve`; under a
     revising rule (`revises` != "none") its re-masks and edits kept to `revisable` columns, an
     edit only where it changes the token (never to [MASK]), and at most (commits - 1) re-masks
-    per row, the least supported token first, so every step still leaves one mask fewer."""
-    commit, tokens = decision.resolve(inp)
+    per row, the least supported token first, so every step still leaves one mask fewer.
+    `budgeted` (a rule with a `step_budget`): no forced progress and no re-mask clamp; the
+    budget bounds the block instead."""
+    commit, tokens = decision.resolve(inp, force=not budgeted)
     none = torch.zeros_like(commit)
     if revises == "none":
         return Resolved(commit, tokens, none, none)
@@ -211,7 +228,8 @@ def resolve(inp: StepInput, decision: Decision, revises: str = "none") -> Resolv
     edit = none if decision.edit is None else (
         decision.edit & inp.revisable & ~remask & (tokens != inp.current) & (tokens != inp.mask_id))
     support = inp.probs.gather(-1, inp.current.unsqueeze(-1)).squeeze(-1)
-    allowed = (commit.sum(-1) - 1).clamp_min(0)
+    allowed = torch.full_like(commit[:, 0], commit.shape[1], dtype=torch.long) if budgeted else \
+        (commit.sum(-1) - 1).clamp_min(0)
     return Resolved(commit, tokens, topk_mask(masked_scores(-support, remask), allowed), edit)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -22,6 +24,25 @@ def tiny_llada(seed: int = 0, vocab_size: int = 37, layers: int = 2, max_length:
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+    model.ar_partner = functools.partial(tiny_llama, seed=seed, vocab_size=vocab_size)
+    return model.eval()
+
+
+def tiny_llama(seed: int = 0, vocab_size: int = 37, layers: int = 1) -> torch.nn.Module:
+    """A seeded random causal Llama with `tiny_llada`'s vocabulary: its AR partner (the guide a
+    rule like APD consults; `tiny_llada` declares it as `ar_partner`)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=512, eos_token_id=vocab_size - 2,
+                         pad_token_id=vocab_size - 2, bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3 if p.dim() > 1 else torch.ones(p.shape))
+    model.tokenizer = None
     return model.eval()
 
 
@@ -118,6 +139,7 @@ def tiny_block_diffusion(family: str = "fast_dllm", seed: int = 0, block_size: i
         for p in list(model.parameters()) + [b for b in model.buffers() if b is not None]:
             noise = torch.randn(p.shape, generator=generator)
             p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
+    model.ar_partner = functools.partial(tiny_llama, seed=seed, vocab_size=vocab_size)
     return model.eval()
 
 
@@ -144,3 +166,25 @@ def assert_logits_close(actual: Tensor, expected: Tensor, ulps: int = FLOAT32_UL
     """Assert logits from a different compute path equal `expected` to float rounding
     (`logits_tolerance`)."""
     torch.testing.assert_close(actual, expected, **logits_tolerance(expected, ulps))
+
+
+TINY_LOGIT_SCALE = 8.0
+"""The largest logit magnitude of the seeded tiny test models (measured up to ~6)."""
+
+PROBABILITY_ATOL = 2 * FLOAT32_ULPS * float(torch.finfo(torch.float32).eps) * TINY_LOGIT_SCALE
+"""How far a softmax probability (a step's confidence) from two DIFFERENT compute paths of a tiny
+test model may differ: a softmax moves by at most twice the largest change of its logits
+(|dp_i| <= p_i (|dz_i| + sum_j p_j |dz_j|) <= 2 max |dz|), and the logits agree to
+`FLOAT32_ULPS` ulps of their scale (`TINY_LOGIT_SCALE`): about 6.1e-5. A difference above it is
+a real one (a stale K/V, another input), not rounding."""
+
+
+def assert_probabilities_close(actual: Tensor, expected: Tensor) -> None:
+    """Assert probabilities (confidences; -inf marks an ineligible slot and must match exactly)
+    from a different compute path equal `expected` to float rounding (`PROBABILITY_ATOL`)."""
+    torch.testing.assert_close(actual, expected, atol=PROBABILITY_ATOL, rtol=0.0)
+
+
+def probabilities_differ(actual: Tensor, expected: Tensor) -> bool:
+    """True when probabilities differ by more than rounding (`PROBABILITY_ATOL`) somewhere."""
+    return not torch.allclose(actual, expected, atol=PROBABILITY_ATOL, rtol=0.0)

@@ -6,6 +6,7 @@ require_namespaced(__name__)
 
 from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
+from dllm_decode.schedulers.apd import APDScheduler
 from dllm_decode.schedulers.credit import CreditScheduler
 from dllm_decode.schedulers.dus import DUSScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
@@ -17,12 +18,14 @@ from dllm_decode.schedulers.frechet import FrechetScheduler
 from dllm_decode.schedulers.hierarchy import HierarchyScheduler
 from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceScheduler, MarginScheduler,
                                     RandomScheduler)
+from dllm_decode.schedulers.info_gain import InfoGainScheduler
 from dllm_decode.schedulers.klass import KLASSScheduler
 from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
 from dllm_decode.schedulers.multi_block import MultiBlockScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
 from dllm_decode.schedulers.pc_sampler import PCSamplerScheduler
+from dllm_decode.schedulers.remdm import ReMDMScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
 from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
@@ -54,12 +57,15 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "multi_block": MultiBlockScheduler,        # d3LLM/D2F: pipelined sub-blocks, entropy gate
     "frechet": FrechetScheduler,               # Fast-dLLM++: Frechet-profile certificate on the sorted prefix
     "less": LESSScheduler,                     # LESS: confident, persistent and JS-stable positions (provisional)
+    "info_gain": InfoGainScheduler,            # Info-Gain: one-step look-ahead over candidate actions (no cache)
+    "apd": APDScheduler,                       # APD: longest draft prefix the dLLM x small-AR product accepts
+    "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
 }
 
-__all__ = ["SCHEDULERS", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
+__all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
-           "FrechetScheduler", "HierarchyScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
-           "PCSamplerScheduler", "SlowFastScheduler",
+           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
+           "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

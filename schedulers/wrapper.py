@@ -21,8 +21,8 @@ from dllm_decode.schedulers.threshold import ThresholdScheduler
 class Wrapper(Scheduler):
     """Delegates every hook to `base`; the state is a dict whose "base" entry is the base's state.
 
-    `view`, `chooses_block_bounds`, `revises` and `post_steps` follow the base unless a subclass
-    fixes them, so a wrapper around AdaBlock still gets the wide view and uneven blocks it needs,
+    `view`, `chooses_block_bounds`, `revises`, `post_steps`, `caches`, `lookahead_candidates`,
+    `guide`, `needs_noise` and `step_budget` follow the base unless a subclass fixes them, so a wrapper around AdaBlock still gets the wide view and uneven blocks it needs,
     and one around a revising rule keeps its scope.
     """
 
@@ -47,6 +47,29 @@ class Wrapper(Scheduler):
     @property
     def post_steps(self) -> int:                             # type: ignore[override]
         return self.base.post_steps
+
+    @property
+    def caches(self) -> tuple[str, ...] | None:             # type: ignore[override]
+        return self.base.caches
+
+    @property
+    def lookahead_candidates(self) -> int:                   # type: ignore[override]
+        return self.base.lookahead_candidates
+
+    @property
+    def guide(self) -> str | None:                           # type: ignore[override]
+        return self.base.guide
+
+    @property
+    def needs_noise(self) -> bool:                           # type: ignore[override]
+        return self.base.needs_noise
+
+    def step_budget(self, block_length: int) -> int | None:
+        return self.base.step_budget(block_length)
+
+    def lookahead(self, inp: StepInput, state: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        actions, tokens, base = self.base.lookahead(inp, state["base"])
+        return actions, tokens, {**state, "base": base}
 
     def check_fits(self, vocab_size: int, gen_length: int) -> None:
         self.base.check_fits(vocab_size, gen_length)

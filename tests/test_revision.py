@@ -73,7 +73,7 @@ def config(scheduler, gen=8, block=4, **kw):
     return DecodeConfig(scheduler=scheduler, gen_length=gen, block_length=block, **kw)
 
 
-REVISING = {"edit": "block", "saber": "generated", "wino": "block"}  # registered rules that take tokens back
+REVISING = {"edit": "block", "remdm": "block", "saber": "generated", "wino": "block"}  # registered rules that take tokens back
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))

@@ -167,10 +167,11 @@ def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generato
     used = config.to_dict()                  # the exact record each sample was decoded under
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
              "answer_tokens_per_step": float(atps), "block_length": config.block_length,
-             "decode_config": used}
-            for text, nfe, tps, atps in zip(texts, result.nfe.tolist(),
-                                            result.tokens_per_step.tolist(),
-                                            result.answer_tokens_per_step.tolist())]
+             "forward_rows": int(frows), "guide_nfe": int(gnfe), "decode_config": used}
+            for text, nfe, tps, atps, frows, gnfe in zip(
+                texts, result.nfe.tolist(), result.tokens_per_step.tolist(),
+                result.answer_tokens_per_step.tolist(), result.forward_rows.tolist(),
+                result.guide_nfe.tolist())]
     return rows, result.seconds
 
 

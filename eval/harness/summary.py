@@ -126,6 +126,8 @@ def _cell(rows: list[dict[str, Any]], theory: bool) -> dict[str, Any]:
         "swept": first["swept"], "model": first["model"], "samples": len(rows),
         "accuracy": 100 * _mean(r["score"] for r in rows),
         "nfe": _mean(r["nfe"] for r in rows),
+        "forward_rows": _mean(r.get("forward_rows", r["nfe"]) for r in rows),
+        "guide_nfe": _mean(r.get("guide_nfe", 0) for r in rows),
         "tokens_per_step": _mean(r["tokens_per_step"] for r in rows),
         "answer_tokens_per_step": _mean(r["answer_tokens_per_step"] for r in rows),
         "seconds": _mean(r["seconds"] for r in rows),
@@ -155,6 +157,8 @@ def _configurations(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "tokens_per_step": _mean(c["tokens_per_step"] for c in cells),
             "answer_tokens_per_step": _mean(c["answer_tokens_per_step"] for c in cells),
             "nfe": _mean(c["nfe"] for c in cells),
+            "forward_rows": _mean(c.get("forward_rows", c["nfe"]) for c in cells),
+            "guide_nfe": _mean(c.get("guide_nfe", 0) for c in cells),
             "seconds": _mean(c["seconds"] for c in cells),
         })
     return out
