@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
-from dllm_decode.member import OneThread, owned
+from dllm_decode.member import OneThread, check_context, owned
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.sampler import Decoding
 from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
@@ -79,11 +79,7 @@ class Engine:
                 outside the vocabulary; a cache the model cannot use, or scheduler ids it does
                 not have (`Scheduler.check_fits`); a decode record this model cannot run.
         """
-        limit = getattr(self.model, "max_length", None)
-        total = len(request.prompt) + request.config.gen_length
-        if limit is not None and total > limit:
-            raise ValueError(f"prompt ({len(request.prompt)} tokens) + gen_length "
-                             f"({request.config.gen_length}) exceeds the model's context of {limit} tokens")
+        check_context(self.model, len(request.prompt), request.config.gen_length)
         vocab = self.backend.vocab_size
         if vocab is not None and (bad := next((t for t in request.prompt if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the vocabulary [0, {vocab})")

@@ -81,6 +81,9 @@ class StepInput:
         eos_ids: the model's end-of-text token ids (EoTP and EOS-aware rules read them here
             instead of hard-coding them).
         mask_id: the model's [MASK] id (never written).
+        excluded: (B, W) bool columns this step may not commit at all, not even by an all-in
+            `finish` (a token-shifted block model's block start is committed alone in its
+            block's first step), or None.
         lookahead_entropy: (B, N, W') float32, for a rule with `lookahead_candidates > 0` whose
             `lookahead` proposed actions: the entropy (nats) at each column of each candidate
             canvas (the row's canvas with that action written), from window column 0 to the
@@ -112,6 +115,7 @@ class StepInput:
     generator: torch.Generator | None = None
     eos_ids: tuple[int, ...] = ()
     mask_id: int = -1
+    excluded: Tensor | None = None
     lookahead_entropy: Tensor | None = None
     guide_logits: Tensor | None = None
     noise: Tensor | None = None
@@ -153,14 +157,15 @@ class Decision:
     def resolve(self, inp: StepInput, force: bool = True) -> tuple[Tensor, Tensor]:
         """The (B, W) commits and tokens the loop writes, under its rules (the one place they are
         written down; EoTP reads its final commits from here too): only eligible columns (an
-        all-in `finish` adds every masked column in view), never [MASK], and a row that has
-        eligible columns but commits none of them commits its most confident one (forced
-        progress; `force=False` for a rule with a step budget, which may make no progress in a
-        step)."""
+        all-in `finish` adds every masked column in view that is not `excluded`), never [MASK],
+        and a row that has eligible columns but commits none of them commits its most confident
+        one (forced progress; `force=False` for a rule with a step budget, which may make no
+        progress in a step)."""
         tokens = inp.candidates if self.tokens is None else self.tokens
         commit = self.commit & inp.eligible
         if self.finish is not None:
-            commit = commit | (self.finish.unsqueeze(-1) & inp.is_masked)
+            fill = inp.is_masked if inp.excluded is None else inp.is_masked & ~inp.excluded
+            commit = commit | (self.finish.unsqueeze(-1) & fill)
         commit = commit & (tokens != inp.mask_id)
         stalled = inp.eligible.any(-1) & ~(commit & inp.eligible).any(-1) & force
         forced = argmax_mask(inp.confidence) & stalled.unsqueeze(-1)

@@ -155,9 +155,32 @@ def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, ge
         from dllm_decode.guide import load_guide
 
         load_guide(config.scheduler.guide, model)
-    limit = getattr(model, "max_length", None)
-    longest = max(len(row) for row in ids)
-    if limit is not None and longest + config.gen_length > limit:
-        raise ValueError(f"prompt ({longest} tokens) + gen_length ({config.gen_length}) exceeds "
-                         f"the model's context of {limit} tokens")
+    check_context(model, max(len(row) for row in ids), config.gen_length)
     return ids, tokenizer
+
+
+def check_context(model: Any, prompt_length: int, gen_length: int) -> None:
+    """Raise a one-line ValueError when a prompt of `prompt_length` tokens and `gen_length`
+    generated ones do not fit the model's context (`max_length`; no limit when it is None).
+
+    A block-diffusion model (`block_size`) decodes whole blocks of its grid: the canvas runs to
+    the next grid boundary past prompt + generation (`models.block_grid.grid_tails`), and that
+    tail must fit too. Every entry point (`generate`, `Decoding`, the CLIs, the server's engine,
+    self-speculation) checks requests here.
+    """
+    limit = getattr(model, "max_length", None)
+    if limit is None:
+        return
+    grid = getattr(model, "block_size", None) or 1
+    total = prompt_length + gen_length
+    canvas = -(-total // grid) * grid
+    if canvas <= limit:
+        return
+    if canvas == total:
+        raise ValueError(f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) exceeds "
+                         f"the model's context of {limit} tokens")
+    fits = limit // grid * grid - prompt_length
+    room = f"gen_length {fits} at most fits" if fits > 0 else "no generation fits after this prompt"
+    raise ValueError(f"prompt ({prompt_length} tokens) + gen_length ({gen_length}) decodes on "
+                     f"whole blocks of {grid}, {canvas} positions, which exceeds the model's "
+                     f"context of {limit} tokens ({room})")

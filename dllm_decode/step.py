@@ -149,7 +149,8 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                      is_masked=is_masked, eligible=eligible, candidates=candidates,
                      confidence=masked_scores(confidence, eligible), probs=probs, logits=logits,
                      live=eligible.any(-1), current=current, revisable=revisable,
-                     generator=generator, eos_ids=tuple(eos_ids), mask_id=mask_id, noise=noise)
+                     generator=generator, eos_ids=tuple(eos_ids), mask_id=mask_id, noise=noise,
+                     excluded=exclude)
 
 
 def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,

@@ -14,7 +14,9 @@ less than K single ones.
 
 Built on the model's public forward (`DiffusionLM`) and the step maths of `dllm_decode.step` (the
 view every scheduler sees in `generate`: no cache, temperature 0, no filters), which the tests
-check against `generate` token for token.
+check against `generate` token for token. A block-diffusion model (`block_size`) is decoded as
+the loop decodes it: the canvas runs to its block grid, blocks lie on the grid, and a token-shifted
+model commits a block's first position alone in the block's first step (`models.block_grid`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from torch import Tensor
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
 from dllm_decode.interfaces import DiffusionLM, NoCache, Scheduler
-from dllm_decode.prompts import encode_prompts, left_pad
+from dllm_decode.member import check_request
+from dllm_decode.models.block_grid import block_start_columns, grid_canvas
+from dllm_decode.prompts import left_pad
 from dllm_decode.step import propose, resolve, step_input, write
 
 RANDOM_RULES = ("random",)
@@ -102,8 +106,10 @@ def self_speculative_generate(model: DiffusionLM, prompt: str | Sequence[int], c
             the embedded model, 220 of 227 rejections picked another position).
         tokenizer: default `model.tokenizer`.
     Raises:
-        ValueError: a config `check_self_speculation` refuses, K outside [1, 64], an empty prompt,
-            or a prompt that does not fit the model's context.
+        ValueError: a config `check_self_speculation` refuses, K outside [1, 64], or what every
+            decode entry point refuses (`member.check_request`: an empty prompt, a prompt that
+            with its generation and a block model's grid tail does not fit the model's context,
+            a block length a block-diffusion model cannot decode).
     """
     check_self_speculation(config)
     if not 1 <= draft_steps <= 64:
@@ -111,25 +117,24 @@ def self_speculative_generate(model: DiffusionLM, prompt: str | Sequence[int], c
     if not 1 <= branch <= 8:
         raise ValueError(f"branch must be in [1, 8], got {branch}")
     started = time.perf_counter()
-    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    (ids,) = encode_prompts([prompt] if isinstance(prompt, str) else [list(prompt)], tokenizer)
-    limit = getattr(model, "max_length", None)
-    if limit is not None and len(ids) + config.gen_length > limit:
-        raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({config.gen_length}) exceeds "
-                         f"the model's context of {limit} tokens")
+    ((ids,), tokenizer) = check_request(model, config.cache, [prompt] if isinstance(prompt, str)
+                                        else [list(prompt)], config, None, tokenizer)
     device = device_of(model)
     eos = tuple(model.eos_token_ids)
     x, _ = left_pad([ids], config.gen_length, model.mask_token_id, eos[0], device)
-    width = x.shape[1]
-    gen_start = width - config.gen_length
-    rule = _Rule(config.scheduler, model.mask_token_id, eos, gen_start, width)
+    x, _ = grid_canvas(model, x, None, [len(ids)], config.gen_length, model.mask_token_id, eos[0])
+    width = x.shape[1]                  # a block-diffusion model's canvas runs to its grid
+    gen_start = len(ids)
+    grid = getattr(model, "block_size", None)
+    rule = _Rule(config.scheduler, model.mask_token_id, eos, gen_start, width, model)
     logits, origin = model(x, None, rows=(gen_start, width)), gen_start   # logits of x from `origin`
     forwards = rows = 1
     steps = 0
     advanced: list[int] = []
     start = gen_start
     while start < width:
-        end = min(start + config.block_length, width)
+        into = start % config.block_length if grid else 0     # blocks on the model's grid
+        end = min(start + config.block_length - into, width)
         step = 0
         fresh = logits[:, start - origin:end - origin]
         while bool((x[:, start:end] == model.mask_token_id).any()):
@@ -168,7 +173,7 @@ def self_speculative_generate(model: DiffusionLM, prompt: str | Sequence[int], c
             x[:, end:] = eos[0]                           # the loop's stop: the rest is end-of-text
             break
         start = end
-    tokens = x[:, gen_start:].cpu()
+    tokens = x[:, gen_start:gen_start + config.gen_length].cpu()
     is_eos = torch.isin(tokens, torch.tensor(eos))
     answer = torch.where(is_eos.any(-1), is_eos.int().argmax(-1), tokens.shape[1])
     text = None
@@ -182,11 +187,12 @@ def self_speculative_generate(model: DiffusionLM, prompt: str | Sequence[int], c
 class _Rule:
     """One denoising step of a stateless rule on a batch-1 canvas, built as `Decoding` builds it
     (window = the active block, [MASK] never a candidate, argmax candidates, the loop's
-    `Decision.resolve`)."""
+    `Decision.resolve`, and a token-shifted block model's block start committed alone in its
+    block's first step, `models.block_grid.block_start_columns`)."""
 
     def __init__(self, scheduler: Scheduler, mask_id: int, eos: tuple[int, ...], gen_start: int,
-                 width: int):
-        self.scheduler, self.mask_id, self.eos = scheduler, mask_id, eos
+                 width: int, model: Any = None):
+        self.scheduler, self.mask_id, self.eos, self.model = scheduler, mask_id, eos, model
         self.gen_span = torch.tensor([[gen_start, width]])
 
     def has_eos(self, x: Tensor, start: int, end: int) -> bool:
@@ -233,6 +239,11 @@ class _Rule:
         eligible = window == self.mask_id
         if exclude is not None and not bool((eligible & ~exclude).any()):
             return None
+        if step == 0:
+            allowed = block_start_columns(self.model, eligible, torch.arange(start, end, device=x.device),
+                                          torch.tensor([[start]], device=x.device), [start])
+            if allowed is not None:
+                exclude = ~allowed if exclude is None else exclude | ~allowed
         logits, probs, candidates = propose(logits, self.mask_id)
         inp = step_input(logits=logits, probs=probs, candidates=candidates, current=window,
                          block=torch.tensor([[start, end]], device=x.device), offset=start,

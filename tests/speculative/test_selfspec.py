@@ -9,7 +9,7 @@ import torch
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.speculative.selfspec import self_speculative_generate
-from dllm_decode.testing import OracleMaskPredictor, tiny_llada
+from dllm_decode.testing import OracleMaskPredictor, tiny_block_diffusion, tiny_llada
 from dllm_decode.schedulers import (CreditScheduler, LowConfidenceScheduler, RandomScheduler,
                                     ThresholdScheduler)
 from dllm_decode.caches import PrefixCache
@@ -63,6 +63,21 @@ def test_a_stable_model_is_decoded_in_one_verification():
     ours = self_speculative_generate(oracle, [1, 2, 3], config, draft_steps=8)
     assert ours.result.tokens[0].tolist() == target.tolist()
     assert ours.steps == 6 and ours.forwards == 2 and ours.advanced == [6]
+
+
+@pytest.mark.parametrize("family", ["fast_dllm", "sdar", "llada2"])
+def test_block_diffusion_models_decode_on_their_grid(family):
+    """A block-diffusion model: the canvas runs to the model's block grid, blocks lie on it, and
+    Fast-dLLM v2's block start is committed alone in its block's first step, as in `generate`
+    (prompts on and off the grid; block_length 2 is a sub-block of the model's 4)."""
+    model = tiny_block_diffusion(family, seed=3, block_size=4)
+    for block in (2, 4):
+        config = DecodeConfig(scheduler=LowConfidenceScheduler(), gen_length=12, block_length=block)
+        for prompt in ([3, 17, 5, 9], *PROMPTS[1:]):
+            reference = generate(model, [prompt], config)
+            ours = self_speculative_generate(model, prompt, config, draft_steps=4, branch=2)
+            assert ours.result.tokens.tolist() == reference.tokens.tolist()
+            assert ours.steps == int(reference.nfe[0])
 
 
 @pytest.mark.parametrize("config,match", [
