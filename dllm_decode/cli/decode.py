@@ -19,6 +19,13 @@ DEFAULT_BLOCK = 32
 FALLBACK_GEN_LENGTH = 128
 """The canvas when neither `--gen-length` nor the model (`generation_config.json`) names one."""
 
+PRESET_HELP = ("A decoding preset: a hand-written NAME, a `dllm-decode tune` presets.json FILE (its `overall`) "
+               "or FILE:NAME (one task's); NAME alone also looks in the file $DLLM_DECODE_PRESETS names. It sets "
+               "the scheduler, cache, filters and the block length it was tuned at; a tuned preset is refused "
+               "for another model.")
+RECORD_PARTS = ("scheduler", "scheduler_opts", "cache_name", "cache_opts", "filter_specs")
+"""The options a preset fixes (giving one of them with --preset is a usage error)."""
+
 MODEL_HELP = ("A checkpoint directory, an HF repo id ORG/NAME (from the local cache, else downloaded; "
               "HF_HUB_OFFLINE=1: cache only), a shipped name (`embedded`), `ideal[:noise=X]` or `tiny`.")
 
@@ -49,6 +56,7 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
         click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]",
                      cls=RegistryHelp,
                      help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order."),
+        click.option("--preset", default=None, metavar="NAME|FILE[:NAME]", help=PRESET_HELP),
         click.option("--gen-length", type=int, default=None,
                      help=f"Canvas length [the model's own: max_new_tokens in its "
                           f"generation_config.json (32 for the embedded models); else "
@@ -86,15 +94,41 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
     ])
 
 
+def record_preset(text: str | None, spec: Any) -> Any:
+    """The `--preset` the user named (None when none), checked against the model `spec` names;
+    a preset with any of the options it fixes given explicitly is a usage error."""
+    if text is None:
+        return None
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.harness.presets import find_preset, identity_of
+
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        given = [name for name in RECORD_PARTS
+                 if context.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+        if given:
+            flag = {"scheduler_opts": "-o", "cache_name": "--cache", "cache_opts": "-c",
+                    "filter_specs": "--filter"}.get(given[0], f"--{given[0]}")
+            raise click.UsageError(f"--preset fixes the scheduler, cache and filters; drop {flag} (or --preset)")
+    with usage_errors("--preset"):
+        return find_preset(text, identity_of(spec))
+
+
 def decode_record(*, scheduler: str, scheduler_opts: dict[str, str], cache_name: str,
                   cache_opts: dict[str, str], filter_specs: tuple[str, ...], gen_length: int,
-                  block_length: int | None, temperature: float, seed: int) -> Any:
-    """The `DecodeConfig` the record options describe (bad parts are usage errors). An unset
-    block length is 32 (or the whole canvas when shorter), an unset gen length 128, until
-    `for_model` sees the model."""
-    from dllm_decode.cli.options import decode_config
+                  block_length: int | None, temperature: float, seed: int, preset: Any = None) -> Any:
+    """The `DecodeConfig` the record options describe (bad parts are usage errors), or the
+    `preset`'s (a `Preset` from `record_preset`) with these lengths, temperature and seed. An
+    unset block length is the preset's, else 32 (or the whole canvas when shorter), an unset gen
+    length 128, until `for_model` sees the model."""
+    from dllm_decode.cli.options import decode_config, usage_errors
 
     gen_length = FALLBACK_GEN_LENGTH if gen_length is None else gen_length
+    if preset is not None and not isinstance(preset, str):
+        block = block_length if block_length is not None else preset.parts.get("block_length")
+        with usage_errors("--preset"):
+            return preset.config(gen_length=gen_length, block_length=min(DEFAULT_BLOCK, gen_length) if block is None
+                                 else block, temperature=temperature, seed=seed)
     return decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
                          cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
                          block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
@@ -146,7 +180,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     if stream and as_json:
         raise click.UsageError("--stream prints text; drop --json")
     spec = model_spec(model_name)
-    config = decode_record(**record)
+    preset = record_preset(record.pop("preset", None), spec)
+    config = decode_record(**record, preset=preset)
     if input_path is not None:
         requests = batch.read_requests(input_path, output_path)
         text = None
@@ -161,7 +196,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                  trust_remote_code=trust_remote_code, runtime=runtime)
     tokenizer = getattr(model, "tokenizer", None)
-    config = for_model(config, model, block_given=record["block_length"] is not None)
+    config = for_model(config, model, block_given=record["block_length"] is not None
+                       or (preset is not None and "block_length" in preset.parts))
     if input_path is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size, str(spec))
         return

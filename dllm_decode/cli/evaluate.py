@@ -29,6 +29,9 @@ def command_line() -> str:
               help="Comma list of task names, groups (all, waiting_line, puzzles) or "
                    "released:DIR[#task+task] (ParallelBench's released output/test directory); "
                    "repeatable, the selections add up.")
+@click.option("--preset", "preset_specs", multiple=True, metavar="NAME|FILE[:NAME]",
+              help="A decoding preset as one more point (hand-written NAME, a `dllm-decode tune` presets.json "
+                   "FILE or FILE:NAME); repeatable. With --preset alone, only the presets run.")
 @click.option("--scheduler", "scheduler_specs", multiple=True, default=("threshold",), show_default=True,
               metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
               help=lambda: f"One of {registry_names('scheduler')}; repeatable, each one is a curve "
@@ -75,7 +78,8 @@ def command_line() -> str:
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: tuple[str, ...],
+def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tuple[str, ...],
+                 scheduler_specs: tuple[str, ...],
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
                  cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
@@ -114,6 +118,16 @@ def eval_command(model_name: str, selection: tuple[str, ...], scheduler_specs: t
                                gen_length=None if gen_length == ANSWER else int(gen_length),
                                block_length=block_length, temperature=temperature, seed=seed)
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
+    if preset_specs:
+        from dllm_decode.eval.harness.presets import find_preset, identity_of, preset_setting
+
+        with usage_errors("--preset"):
+            identity = identity_of(spec)
+            presets = [preset_setting(find_preset(text, identity), gen_length=None if gen_length == ANSWER
+                                      else int(gen_length), block_length=block_length, temperature=temperature,
+                                      seed=seed) for text in preset_specs]
+        source = click.get_current_context().get_parameter_source("scheduler_specs")
+        settings = presets if source == click.core.ParameterSource.DEFAULT else [*settings, *presets]
     if spec.kind == "ideal":                     # refuse before decoding what it cannot read
         from dllm_decode.eval.theory.ideal import check_prompts
 

@@ -51,12 +51,17 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="ar: models: most tokens drafted per round.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="torch threads of the engine (default: torch's).")
+@click.option("--presets", "presets_path", type=click.Path(dir_okay=False), default=None,
+              help="A `dllm-decode tune` presets.json: a request starts from one of its presets by name "
+                   "(`dllm.preset`, or the model name MODEL:NAME, e.g. a task tag); checked against the model "
+                   "here, at start-up.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 def serve_command(model_name: str, chat_template: bool, device: str | None, dtype: str | None,
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
-                  max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None, log_level: str, trust_remote_code: bool = False,
+                  max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None,
+                  presets_path: str | None, log_level: str, trust_remote_code: bool = False,
                   runtime: str | None = None, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
@@ -68,7 +73,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     except ImportError:
         raise click.ClickException("serving needs FastAPI and uvicorn: pip install 'dllm-decode[serve]'") \
             from None
-    from dllm_decode.cli.decode import decode_record, for_model
+    from dllm_decode.cli.decode import decode_record, for_model, record_preset
     from dllm_decode.cli.options import device_option, load_diffusion_model, model_spec, usage_errors
     from dllm_decode.engine import Engine
     from dllm_decode.serve.app import Limits, ServerState, serve
@@ -86,7 +91,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                                      f"causal LM always decodes with its own KV cache (leave --cache out)",
                                      param_hint="--cache / -c")
         record = {**record, "scheduler": _rule(record)}
-    config = decode_record(**record)
+    preset = record_preset(record.pop("preset", None), spec)
+    config = decode_record(**record, preset=preset)
     if config.gen_length > max_tokens:
         raise click.BadParameter(f"--gen-length {config.gen_length} exceeds --max-tokens {max_tokens}",
                                  param_hint="--gen-length")
@@ -106,11 +112,12 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         with usage_errors("--cache / -c"):
             check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
-    block_given = record["block_length"] is not None
+    block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
     settings = Settings(model_id=served_model_name or str(spec),
                         config=for_model(config, model, block_given),
                         max_tokens=max_tokens, chat_template=chat_template,
-                        prepare=lambda c: for_model(c, model), scheduler_kinds=kinds)
+                        prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
+                        presets=_request_presets(presets_path, spec, config, model))
     engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
     problem = startup_check(engine, settings.config)
     if problem is not None:
@@ -118,6 +125,22 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     state = ServerState(EngineWorker(engine, threads), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)
+
+
+def _request_presets(path: str | None, spec: Any, config: Any, model: Any) -> dict[str, Any]:
+    """`--presets FILE`: each preset's record at the server's lengths, temperature and seed,
+    checked against the model (a bad file or another model's presets: a usage error)."""
+    if path is None:
+        return {}
+    from dllm_decode.cli.decode import for_model
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.harness.presets import identity_of, tuned_presets
+
+    with usage_errors("--presets"):
+        presets = tuned_presets(path, identity_of(spec))
+        return {name: for_model(preset.config(gen_length=config.gen_length, block_length=preset.parts.get(
+            "block_length", config.block_length), temperature=config.temperature, seed=config.seed), model)
+            for name, preset in presets.items()}
 
 
 def _check_address(host: str, port: int) -> None:

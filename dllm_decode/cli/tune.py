@@ -24,6 +24,9 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--split-salt", default="tune", show_default=True, help="Salt of the prompt hash that splits them.")
 @click.option("--budget", default="within:1.0", show_default=True,
               help="within:POINTS (paired drop against one token per step) or at-least:PERCENT.")
+@click.option("--confidence", type=float, default=0.8, show_default=True,
+              help="One-sided level of the Wilson bound a calibration point must meet the budget with "
+                   "(0.5: the point estimate). Higher: fewer held-out misses, fewer points accepted.")
 @click.option("--rules", default=DEFAULT_RULES, show_default=True, help="Rules to search (comma list).")
 @click.option("--caches", default="none", show_default=True,
               help="Caches to cross with (comma list, or `auto`: every cache the model supports). Under the "
@@ -40,18 +43,19 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 def tune_command(model_name: str, selection: str, calibration: int, held_out: int, data_seed: int, split_salt: str,
-                 budget: str, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
+                 budget: str, confidence: float, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
                  batch_size: int, out_dir: str, progress: bool | None, device: str | None, dtype: str | None) -> None:
     """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
     forwards per prompt) within the budget, per task and overall; check it on a held-out split;
     write OUT/presets.json, tune.json and report.md."""
-    import math
     from pathlib import Path
 
     from dllm_decode.cli.options import device_option, model_spec, torch_dtype, usage_errors, writable_dir
+    from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.runner import decoder_for
     from dllm_decode.eval.tasks.sources import select_tasks
-    from dllm_decode.eval.tune.output import model_identity, write
+    from dllm_decode.eval.harness.presets import identity_of
+    from dllm_decode.eval.tune.output import write
     from dllm_decode.eval.tune.search import Budget
     from dllm_decode.eval.tune.space import SPACE, check_rules
     from dllm_decode.eval.tune.tuner import tune
@@ -65,13 +69,15 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     block = None if canvas is None else block_length
     names = [r.strip() for r in rules.split(",") if r.strip()]
     with usage_errors("--budget"):
-        parsed = Budget.parse(budget)
+        parsed = Budget.parse(budget, confidence)
     with usage_errors("--rules"):
         check_rules(names)
-    if parsed.kind == "within" and 100 / calibration > parsed.points:
-        click.echo(f"note: one calibration prompt is {100 / calibration:.2g} points, more than the budget's "
-                   f"{parsed.points:g}: the budget then means 'no calibration prompt lost', which overfits; "
-                   f"use --calibration {math.ceil(100 / parsed.points)} or more per task", err=True)
+    if parsed.kind == "within" and parsed.least_certifiable(calibration) > parsed.points:
+        need = next(n for n in range(calibration, 10 ** 7) if parsed.least_certifiable(n) <= parsed.points)
+        click.echo(f"note: on {calibration} calibration prompts per task the least drop certifiable at confidence "
+                   f"{confidence:g} is {parsed.least_certifiable(calibration):.2g} points, more than the budget's "
+                   f"{parsed.points:g}: every task keeps the reference (no setting is certified); use "
+                   f"--calibration {need} or more, a looser budget, or a lower --confidence", err=True)
     if canvas is None:                      # block lengths must divide every answer length
         skipped = [r for r in names if SPACE[r].field == "block_length"]
         names = [r for r in names if r not in skipped]
@@ -81,18 +87,21 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     with usage_errors("--tasks"):
         runs, messages = select_tasks(selection, calibration + held_out, data_seed)
     writable_dir(out_dir, "--out")
+    where = device_option(device)
+    rank, _ = distributed.init_from_env(str(where))       # torchrun: data-parallel, decisions on every rank
     with usage_errors("--model"):
-        decoder, tokenizer = decoder_for(spec, device_option(device), torch_dtype(dtype))
+        decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype))
     cache_names = _caches(caches, spec)
-    for message in messages:
+    for message in messages if rank == 0 else ():
         click.echo(message, err=True)
     with usage_errors():
         outcome = tune(decoder, str(spec), runs, rules=names, caches=cache_names, budget=parsed,
                        calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
                        out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
                        progress=sys.stderr.isatty() if progress is None else progress, exhaustive=exhaustive)
-    directory = _directory(spec)
-    write(outcome, Path(out_dir), model=model_identity(str(spec), directory), command=" ".join(sys.argv),
+    if rank != 0:                                         # rank 0 writes and reports
+        return
+    write(outcome, Path(out_dir), model=identity_of(spec), command=" ".join(sys.argv),
           gen_length=canvas or 0)
     for task in outcome.tasks:
         point = outcome.per_task[task]
@@ -115,14 +124,3 @@ def _caches(text: str, spec) -> list[str]:
     if spec.kind == "ideal" and names != ["none"]:
         raise click.BadParameter("the ideal model has no K/V to cache; use --caches none", param_hint="--caches")
     return names
-
-
-def _directory(spec):
-    if spec.kind != "diffusion":
-        return None
-    from dllm_decode.models.checkpoint import resolve_model_dir
-
-    try:
-        return resolve_model_dir(spec.name)
-    except ValueError:
-        return None

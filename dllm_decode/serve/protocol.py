@@ -3,8 +3,9 @@ checked with the pydantic models of `schema`).
 
 A request body becomes a `Job` (prompt tokens, the decode record, limits, stream flags) or an
 `APIError` whose `body()` is OpenAI's error JSON. dLLM knobs travel in one namespaced object,
-`"dllm": {"scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos"}`, over
-the server's default record; `temperature` and `seed` are the OpenAI fields. Unknown keys and
+`"dllm": {"scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset"}`,
+over the server's default record, or over a preset the server was started with (`preset`, or the
+model name `MODEL_ID:PRESET`: a task tag choosing a tuned preset); `temperature` and `seed` are the OpenAI fields. Unknown keys and
 OpenAI features this server does not implement (n > 1, logprobs, penalties, ...) are refused
 with a 400 naming the parameter, never ignored.
 
@@ -32,7 +33,7 @@ from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknow
 from dllm_decode.registry import component, component_dict, registry
 from dllm_decode.serve.options import OptionError, check_options
 
-DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos")
+DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset")
 """Keys of the `dllm` extension object."""
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
@@ -89,6 +90,8 @@ class Settings:
             the tokenizer); identity by default.
         scheduler_kinds: registries a request's scheduler name is looked up in, in order (a
             causal LM also takes the AR-only draft-length rules: `("scheduler", "draft_length")`).
+        presets: records a request may start from by name (`dllm.preset` or the model name
+            `MODEL_ID:NAME`), loaded and checked against the model at start-up (`--presets`).
     """
 
     model_id: str
@@ -97,6 +100,7 @@ class Settings:
     chat_template: bool = True
     prepare: Callable[[DecodeConfig], DecodeConfig] = field(default=lambda config: config)
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
+    presets: Mapping[str, DecodeConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -132,6 +136,7 @@ class Job:
     id: str
     created: int
     warning: str | None = None
+    preset: str | None = None
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -152,13 +157,10 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
     check_shape(kind, body)
-    model = body.get("model")
-    if model is not None and model != settings.model_id:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                            f"{settings.model_id!r}", param="model", code="model_not_found")
+    preset = _preset(body, settings)
     text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
     max_tokens = _max_tokens(body, kind)
-    config = _config(body, settings, max_tokens)
+    config = _config(body, settings, max_tokens, preset)
     prompt = _encode(text_or_ids, tokenizer)
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
@@ -170,7 +172,30 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
-               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning)
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset)
+
+
+def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
+    """The preset a request starts from: `dllm.preset`, or the task tag of a model name
+    `MODEL_ID:NAME`; None for the server's default. Names only, among the server's presets (a
+    request never names a file); another model's name is a 404."""
+    model = body.get("model")
+    tag = None
+    if model is not None and model != settings.model_id:
+        head, sep, tag = model.rpartition(":")
+        if not sep or head != settings.model_id:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves "
+                                f"{settings.model_id!r}", param="model", code="model_not_found")
+    given = (body.get("dllm") or {}).get("preset")
+    if given is not None and tag is not None and given != tag:
+        raise APIError(400, f"the model name's preset {tag!r} and dllm.preset {given!r} differ; give one",
+                       param="dllm.preset")
+    name = given if given is not None else tag
+    if name is not None and name not in settings.presets:
+        known = ", ".join(sorted(settings.presets)) or "none (start the server with --presets FILE)"
+        raise APIError(400, f"unknown preset {name[:80]!r}; this server has: {known}",
+                       param="dllm.preset" if given is not None else "model")
+    return name
 
 
 def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
@@ -355,16 +380,19 @@ def _stops(stop: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None) -> DecodeConfig:
-    """The server's record with the request's `dllm` object, `temperature` and `seed` applied.
+def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None,
+            preset: str | None = None) -> DecodeConfig:
+    """The server's record (or its `preset`'s) with the request's `dllm` object, `temperature`
+    and `seed` applied.
 
     The canvas is `dllm.gen_length`, else `max_tokens` rounded up to whole blocks (the answer is
     cut at `max_tokens`), else the server's. A `scheduler` / `cache` given as a name or with a
     `name` replaces the default; an object without `name` changes fields of the default one.
     """
     dllm = body.get("dllm") or {}                             # an object of DLLM_KEYS (`check_shape`)
-    data: dict[str, Any] = {**settings.config.to_dict(), "filters": list(settings.config.filters)}
-    started = [settings.config.scheduler, settings.config.cache, *settings.config.filters]
+    base = settings.config if preset is None else settings.presets[preset]
+    data: dict[str, Any] = {**base.to_dict(), "filters": list(base.filters)}
+    started = [base.scheduler, base.cache, *base.filters]
     try:
         check_options(settings.scheduler_kinds, dllm.get("scheduler"), started, "dllm.scheduler")
         check_options(("cache",), dllm.get("cache"), started, "dllm.cache")
@@ -374,8 +402,8 @@ def _config(body: Mapping[str, Any], settings: Settings, max_tokens: int | None)
     except OptionError as err:
         raise APIError(400, str(err), param=err.param) from None
     try:
-        data["scheduler"] = _part(settings.scheduler_kinds, settings.config.scheduler, dllm.get("scheduler"))
-        data["cache"] = _part(("cache",), settings.config.cache, dllm.get("cache"))
+        data["scheduler"] = _part(settings.scheduler_kinds, base.scheduler, dllm.get("scheduler"))
+        data["cache"] = _part(("cache",), base.cache, dllm.get("cache"))
     except (ValueError, TypeError) as err:
         part = "scheduler" if "scheduler" in str(err) else "cache"
         raise APIError(400, first_line(err), param=f"dllm.{part}") from None
@@ -475,7 +503,7 @@ def usage(output: Output) -> dict[str, int]:
 
 def extension(job: Job, output: Output) -> dict[str, Any]:
     """The `dllm` object of a reply: the resolved decode record and the request's figures."""
-    return {"config": job.config.to_dict(), "nfe": output.nfe, "seconds": round(output.seconds, 6),
+    return {"config": job.config.to_dict(), **({"preset": job.preset} if job.preset else {}), "nfe": output.nfe, "seconds": round(output.seconds, 6),
             "queued_seconds": round(output.queued, 6)}
 
 

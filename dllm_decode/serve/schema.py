@@ -29,6 +29,8 @@ class DllmOptions(BaseModel):
     gen_length: int | None = None
     block_length: int | None = None
     stop_at_eos: bool | None = None
+    preset: str | None = Field(None, description="A preset the server was started with (--presets), by name "
+                                                 "(a task tag); the other dllm options apply over it.")
 
 
 class StreamOptions(BaseModel):
@@ -96,6 +98,7 @@ class Usage(BaseModel):
 
 class DllmReply(BaseModel):
     config: dict[str, Any]
+    preset: str | None = None
     nfe: int
     seconds: float
     queued_seconds: float

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -12,19 +11,6 @@ from typing import Any
 from dllm_decode import __version__
 from dllm_decode.eval.harness.grid import Setting
 from dllm_decode.eval.tune.tuner import Outcome
-
-
-def model_identity(spec_text: str, directory: Path | None) -> dict[str, str]:
-    """The model a preset was tuned on: its name and, for a checkpoint directory, the SHA-256 of
-    `config.json` and of the weights (`*.safetensors`, sorted by name)."""
-    identity = {"name": spec_text}
-    if directory is not None and (directory / "config.json").is_file():
-        identity["config_sha256"] = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
-        weights = hashlib.sha256()
-        for path in sorted(directory.glob("*.safetensors")):
-            weights.update(path.read_bytes())
-        identity["weights_sha256"] = weights.hexdigest()
-    return identity
 
 
 def parts(setting: Setting, gen_length: int) -> dict[str, Any]:
@@ -106,6 +92,16 @@ def report(outcome: Outcome, model: dict[str, str], command: str) -> str:
         for task, f in outcome.held_out.get(name, {}).items():
             lines.append(f"| {task} | {f['accuracy']:.1f} | {f['delta']:+.1f} ± {f['delta_ci95']:.1f} | "
                          f"{f['nfe']:.2f} | {f['speedup']:.2f}x | {'yes' if f['meets'] else 'NO'} |")
+    means = []
+    for name in ("reference", "overall", "best_threshold"):
+        figures = outcome.held_out.get(name)
+        if figures:
+            means.append(f"{name} {sum(f['nfe'] for f in figures.values()) / len(figures):.2f}")
+    per_task = [outcome.held_out.get(f"task:{t}" if outcome.per_task[t] else "reference", {}).get(t) for t in outcome.tasks]
+    if all(per_task):
+        means.insert(0, f"per-task presets {sum(f['nfe'] for f in per_task) / len(per_task):.2f} "
+                        f"({sum(f['meets'] for f in per_task)} of {len(per_task)} meet the budget)")
+    lines += ["", "Mean held-out NFE over the tasks: " + ", ".join(means) + "."]
     lines += ["", f"Search forwards on the calibration split: {outcome.search_forwards} (the reference's own, "
                   f"one token per step, apart: {outcome.reference_forwards})."]
     if outcome.sweep_forwards is not None:

@@ -7,26 +7,27 @@ so the two never share a prompt and a re-run draws the same ones.
 
 Budget (`Budget.parse`): `within:b` (the default `within:1.0`) is a paired drop Δ = mean(r_i - a_i)
 <= b points against one token per step on the same prompts; `at-least:x` is a mean accuracy >= x.
-One prompt is 100/n points: `within:1` needs n >= 100 per task to mean anything.
+A point is accepted on the calibration split only when a one-sided Wilson bound at the chosen
+confidence meets the budget (`Budget.accepts`), so the held-out check, a point estimate, rarely
+fails; one prompt is 100/n points, and the least drop certifiable on n prompts is
+`Budget.least_certifiable(n)`.
 
-Search (every decode through `runner.evaluate`, resumable): per rule, cache and task, a walk from
-the aggressive end of the grid (accuracy is roughly monotone in the knob, and forwards fall along
-it) to the first point that meets the budget; each probe is successive halving: a quarter of the
-calibration prompts, then half, then all, stopping where it clearly fails (by more than 2 standard
-errors of the paired difference) or can no longer meet the budget whatever the rest score. Then the
-rules' candidates for one overall setting, each its most aggressive point passing on every task,
-run in full on every task, cheapest lower bound first, while they can still beat the best found. The reference's forwards are the budget's own, needed by any search, and are
-counted apart. The choice per task is the cheapest point (mean forwards per prompt) whose full
-calibration Δ meets the budget, the reference itself when none does; "overall" is the one point
-that meets it on every task with the lowest mean cost over tasks. The held-out split then scores
-every chosen point, the overall one, the best single `threshold` and the reference; it is never
-used to choose.
+Search (`search`, every decode through `runner.evaluate`, resumable): per rule and task a walk
+from the aggressive end of the grid, each probe successive halving with exact early stopping and a
+stop once the rule is dominated by a cheaper accepted point; then one overall setting by branch
+and bound over the rules' candidates. The reference's forwards are counted apart. The choice per
+task is the cheapest accepted point (mean forwards per prompt), the reference itself when none is;
+"overall" is the one point accepted on every task with the lowest mean cost. The held-out split
+then scores every chosen point, the overall one, the best single `threshold` and the reference; it
+is never used to choose.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,20 +37,32 @@ from dllm_decode.eval.harness.grid import Setting
 from dllm_decode.eval.harness.runner import Decoder, config_key_of, evaluate
 from dllm_decode.eval.tasks.sources import TaskRun
 
-STAGES = (0.25, 0.5, 1.0)
+STAGES = (0.125, 0.25, 0.5, 1.0)
 CLEAR = 2.0
 """Standard errors by which a point must miss the budget to be dropped early."""
 
 
 @dataclass(frozen=True)
 class Budget:
-    """`kind` "within" (paired drop <= `points`) or "at-least" (accuracy >= `points`)."""
+    """`kind` "within" (paired drop <= `points`) or "at-least" (accuracy >= `points`); `z` the
+    one-sided normal quantile of the acceptance's confidence bound (0: the point estimate).
+
+    Acceptance on the calibration split is conservative: a point is accepted when a one-sided
+    Wilson score bound (Wilson 1927) at `z` meets the budget, not merely its point estimate. For
+    `within`, the bound is the Wilson upper bound on the rate of prompts the reference solves and
+    the point does not (losses), less the Wilson lower bound on the reverse (gains); for `at-least`, the
+    Wilson lower bound on the accuracy. A point with no loss on n prompts is then credited with a
+    drop of 100 z^2 / (n + z^2) points (`least_certifiable`), so a budget below that keeps the
+    reference: at small n the tuner says no setting is certified rather than pick one that loses
+    on the held-out split. The held-out check (`meets`) is the plain point estimate.
+    """
 
     kind: str
     points: float
+    z: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> Budget:
+    def parse(cls, text: str, confidence: float = 0.5) -> Budget:
         kind, _, value = text.partition(":")
         try:
             points = float(value)
@@ -57,18 +70,38 @@ class Budget:
             points = float("nan")
         if kind not in ("within", "at-least") or not math.isfinite(points) or points < 0:
             raise ValueError(f"budget must be within:POINTS or at-least:PERCENT (e.g. within:1.0), got {text!r}")
-        return cls(kind, points)
+        if not 0.5 <= confidence < 1:
+            raise ValueError(f"confidence must be in [0.5, 1) (0.5: the point estimate), got {confidence:g}")
+        return cls(kind, points, statistics.NormalDist().inv_cdf(confidence))
 
     def margin(self, scores: Sequence[float], reference: Sequence[float]) -> tuple[float, float]:
-        """(how far the point is inside the budget in points, negative when it misses; its
-        standard error)."""
+        """(how far the point estimate is inside the budget in points, negative when it misses;
+        its standard error)."""
         if self.kind == "within":
             diffs = [100 * (r - a) for r, a in zip(reference, scores)]
             return self.points - _mean(diffs), _se(diffs)
         values = [100 * a for a in scores]
         return _mean(values) - self.points, _se(values)
 
+    def bound(self, scores: Sequence[float], reference: Sequence[float]) -> float:
+        """The conservative figure in points: the drop's upper bound (`within`) or the accuracy's
+        lower bound (`at-least`), at `z`."""
+        n = len(scores)
+        if n == 0:
+            return math.inf if self.kind == "within" else -math.inf
+        if self.kind == "within":
+            losses = sum(max(0.0, r - a) for r, a in zip(reference, scores))
+            gains = sum(max(0.0, a - r) for r, a in zip(reference, scores))
+            return 100 * (wilson(losses, n, self.z) - wilson(gains, n, -self.z))
+        return 100 * wilson(sum(scores), n, -self.z)
+
+    def accepts(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
+        """The calibration acceptance: the conservative bound meets the budget."""
+        figure = self.bound(scores, reference)
+        return figure <= self.points + 1e-9 if self.kind == "within" else figure >= self.points - 1e-9
+
     def meets(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
+        """The point estimate meets the budget (the held-out check)."""
         return self.margin(scores, reference)[0] >= -1e-9
 
     def clearly_fails(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
@@ -76,19 +109,32 @@ class Budget:
         return margin < -CLEAR * se and margin < 0
 
     def cannot_meet(self, scores: Sequence[float], reference: Sequence[float]) -> bool:
-        """True when the first len(scores) prompts already miss the budget on the whole split
+        """True when the first len(scores) prompts already rule out acceptance on the whole split
         whatever the rest score (`reference` covers the whole split): an exact bound, no
-        statistics. The rest can at best score 1 each, so a paired difference r - a there is
-        at least r - 1."""
-        n, k = len(reference), len(scores)
-        if self.kind == "within":
-            seen = sum(100 * (r - a) for r, a in zip(reference, scores))
-            best_rest = sum(100 * (r - 1) for r in reference[k:])
-            return (seen + best_rest) / n > self.points + 1e-9
-        return 100 * (sum(scores) + (n - k)) / n < self.points - 1e-9
+        statistics. At best the rest lose nothing more and gain every prompt the reference
+        misses (for `at-least`: all pass)."""
+        k = len(scores)
+        rest = reference[k:]
+        best = list(scores) + ([1.0] * len(rest))
+        return not self.accepts(best, reference)
+
+    def least_certifiable(self, n: int) -> float:
+        """The smallest drop in points (`within`) the acceptance can certify on n prompts: a
+        point with no loss and no gain."""
+        return 100 * wilson(0.0, n, self.z)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.points:g}"
+
+
+def wilson(k: float, n: int, z: float) -> float:
+    """The Wilson score bound on a rate from k successes of n: upper for z > 0, lower for z < 0,
+    k / n at z = 0."""
+    if z == 0:
+        return k / n
+    centre = k + z * z / 2
+    spread = abs(z) * math.sqrt(max(0.0, k * (n - k) / n) + z * z / 4)
+    return min(1.0, max(0.0, (centre + math.copysign(spread, z)) / (n + z * z)))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -161,22 +207,42 @@ Run = Callable[[Sequence[Setting], Sequence[TaskRun], bool], None]
 
 def runner(decoder: Decoder, model: str, out: Path, ledger: Ledger, tokenizer: Any, batch_size: int,
            progress: bool) -> Run:
-    """Evaluate settings x runs into `out` (resumable) and record them in the ledger."""
+    """Evaluate settings x runs into `out` (resumable; data-parallel under torchrun, every rank
+    taking its share of the batches) and record them in the ledger. Every rank gets rank 0's
+    merged records, so all ranks take the same search decisions in step."""
     def run(settings: Sequence[Setting], runs: Sequence[TaskRun], ask: bool = True) -> None:
         if not settings or not runs:
             return
         records = evaluate(decoder, model, settings, runs, out, tokenizer=tokenizer,
                            batch_size=batch_size, progress=progress)
-        if records is None:
-            raise RuntimeError("tune runs on one process (rank 0); start it without torchrun")
-        ledger.add(records, ask)
+        ledger.add(shared(records), ask)
     return run
+
+
+def shared(records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Rank 0's records on every rank (JSON bytes broadcast over the process group; one process:
+    as given)."""
+    from dllm_decode.eval.harness import distributed
+
+    rank, world = distributed.rank_and_world()
+    if world == 1:
+        return records or []
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps(records).encode() if rank == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.long)
+    dist.broadcast(size, 0)
+    buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if rank == 0
+              else torch.empty(int(size.item()), dtype=torch.uint8))
+    dist.broadcast(buffer, 0)
+    return records if rank == 0 else json.loads(buffer.numpy().tobytes())
 
 
 @dataclass
 class Point:
-    """One evaluated configuration on one task: calibration figures at full size, or why it was
-    dropped."""
+    """One evaluated configuration on one task: calibration figures at the last stage run (full
+    size, or where it was dropped); `meets` is the conservative acceptance, `bound` its figure."""
 
     setting: Setting
     task: str
@@ -186,11 +252,15 @@ class Point:
     nfe: float
     meets: bool
     dropped: bool
+    bound: float = float("nan")
 
     def row(self) -> dict[str, Any]:
         return {"setting": self.setting.to_dict(), "label": self.setting.label(), "params": self.setting.params(),
                 "task": self.task, "stage": self.stage, "accuracy": self.accuracy, "delta": self.delta,
-                "nfe": self.nfe, "meets": self.meets, "dropped": self.dropped}
+                "bound": self.bound, "nfe": self.nfe, "meets": self.meets, "dropped": self.dropped}
+
+
+PASS, FAIL, DOMINATED = "pass", "fail", "dominated"
 
 
 def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference: Setting,
@@ -198,20 +268,25 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
     """The budgeted search over `chains` (each a rule's grid, conservative first); returns the
     last figures of every (point, task) evaluated.
 
-    Per rule and task, a walk from the aggressive (cheapest) end of the grid back towards the
-    conservative end, stopping at the first point that meets the budget: accuracy is roughly
-    monotone along the grid, so that is the fastest passing point, and every point tried before
-    it fails, usually clearly on a quarter of the prompts, while forwards grow along the walk
-    (a bisection would verify expensive conservative points in full). Each probe is successive
-    halving: a quarter of the task's calibration prompts, then half, then all, stopping at the
-    first stage where it clearly fails, or where it cannot meet the budget on the whole split
-    whatever the remaining prompts score (`Budget.cannot_meet`, exact). Then, per rule, the
-    most aggressive index that met the budget on every task is a candidate for the one overall
-    setting; candidates run on every task's full split (stepping back while one misses
-    somewhere) cheapest lower bound first, until the next bound cannot beat the cheapest overall
-    setting found (the bound takes, for a task it has not run on, the cost of the task's own,
-    more aggressive, passing point: forwards do not fall towards the conservative end). The
-    reference's own forwards are the budget's, not the search's, and are counted apart.
+    Every probe is successive halving over the task's calibration prompts (an eighth, a quarter,
+    half, all; each stage reuses the earlier stages' samples), dropped at the first stage where it
+    clearly fails (more than 2 standard errors of the paired difference) or can no longer be
+    accepted whatever the remaining prompts score (`Budget.cannot_meet`, exact).
+
+    Per task: per rule, a walk from the aggressive (cheapest) end of the grid back towards the
+    conservative end, stopping at the first accepted point (accuracy is roughly monotone along
+    the grid, so that is the rule's fastest accepted point; failing aggressive probes are cheap
+    and usually stop at the first stage). The walk also stops, as dominated, once a probe's
+    measured forwards reach the task's cheapest accepted point found by an earlier rule: forwards
+    only grow towards the conservative end, so no later point of this rule can win the task.
+
+    Overall: per rule, the most aggressive index accepted on every task walked (or not yet
+    settled) is a candidate. Candidates are verified cheapest lower bound first (a task's bound is
+    its full cost where known, else the cost of a more aggressive point of the same rule), task by
+    task with the tasks where the candidate sits at its own boundary first, stepping back on a
+    task that rejects it; a candidate is abandoned as soon as its bound reaches the cheapest
+    verified overall setting. The reference's own forwards are the budget's, not the search's,
+    and are counted apart.
     """
     run([reference], cal, False)
     sizes = {r.name: len(r.examples) for r in cal}
@@ -225,45 +300,79 @@ def search(run: Run, ledger: Ledger, chains: Sequence[list[Setting]], reference:
         ref = ref_scores[task][:n]
         dropped = budget.clearly_fails(scores, ref) or budget.cannot_meet(scores, ref_scores[task])
         point = Point(setting, task, stage, 100 * _mean(scores), 100 * _mean([r - a for r, a in zip(ref, scores)]),
-                      _mean(nfe), budget.meets(scores, ref), dropped)
+                      _mean(nfe), budget.accepts(scores, ref), dropped, budget.bound(scores, ref))
         points[(setting, task)] = point
         return point
 
-    def passes(setting: Setting, task: str) -> bool:
+    def probe(setting: Setting, task: str, ceiling: float = math.inf) -> str:
         done = points.get((setting, task))
         if done is not None and (done.stage == STAGES[-1] or done.dropped):
-            return done.meets and done.stage == STAGES[-1]
+            return PASS if done.meets and done.stage == STAGES[-1] else FAIL
         for stage in STAGES:
+            if done is not None and stage <= done.stage:
+                continue
             run([setting], [head(by_name[task], stage)], True)
             point = judge(setting, task, stage)
             if point.dropped:
-                return False
-        return point.meets
+                return FAIL
+            if stage < STAGES[-1] and point.nfe >= ceiling:
+                return DOMINATED
+        return PASS if point.meets else FAIL
 
+    cheapest: dict[str, float] = {}                    # per task: the cheapest accepted cost so far
     candidates = []
     for grid in chains:
         best: dict[str, int] = {}
         for task in sizes:
             index = len(grid) - 1                         # from the aggressive (cheap) end back
-            while index >= 0 and not passes(grid[index], task):
+            while index >= 0:
+                verdict = probe(grid[index], task, cheapest.get(task, math.inf))
+                if verdict == PASS:
+                    cheapest[task] = min(cheapest.get(task, math.inf), points[(grid[index], task)].nfe)
+                if verdict != FAIL:
+                    break
                 index -= 1
             best[task] = index
         index = min(best.values())
         if index >= 0:
-            # a lower bound on its mean cost: where it has not run in full, the task's own passing
-            # point (more aggressive, so no dearer along the grid) stands in
-            bound = _mean([_full_nfe(points, grid[index], task) or _full_nfe(points, grid[best[task]], task) or 0.0
-                           for task in sizes])
-            candidates.append((bound, grid, index))
-    verified = float("inf")
-    for bound, grid, index in sorted(candidates, key=lambda c: c[0]):
-        if bound >= verified:                             # cannot beat an overall setting found
-            break
-        while index >= 0 and not all(passes(grid[index], task) for task in sizes):
+            candidates.append((_bound(points, grid, index, best), grid, index, best))
+    verified = math.inf
+    for _, grid, index, best in sorted(candidates, key=lambda c: c[0]):
+        while index >= 0:
+            order = sorted(sizes, key=lambda t: (best[t] != index, -_task_bound(points, grid, index, best, t)))
+            rejected = False
+            for task in order:
+                if _bound(points, grid, index, best) >= verified:
+                    break
+                if probe(grid[index], task) != PASS:
+                    rejected = True
+                    break
+            else:
+                verified = min(verified, _bound(points, grid, index, best))
+                break
+            if not rejected:                              # its bound cannot beat a verified setting
+                break
             index -= 1
-        if index >= 0:
-            verified = min(verified, _mean([_full_nfe(points, grid[index], task) or 0.0 for task in sizes]))
     return list(points.values())
+
+
+def _task_bound(points: dict[tuple[Setting, str], Point], grid: list[Setting], index: int, best: dict[str, int],
+                task: str) -> float:
+    """A lower bound on grid[index]'s mean forwards on `task`: its full cost where known, else the
+    cost measured (at any stage) at the most conservative more aggressive point of the grid."""
+    full = _full_nfe(points, grid[index], task)
+    if full is not None:
+        return full
+    for j in range(index, len(grid)):
+        point = points.get((grid[j], task))
+        if point is not None:
+            return point.nfe
+    return 0.0
+
+
+def _bound(points: dict[tuple[Setting, str], Point], grid: list[Setting], index: int, best: dict[str, int]) -> float:
+    tasks = list(best)
+    return _mean([_task_bound(points, grid, index, best, t) for t in tasks])
 
 
 def _full_nfe(points: dict[tuple[Setting, str], Point], setting: Setting, task: str) -> float | None:

@@ -61,10 +61,11 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
         run(every, cal, False)
         total = sum(sum(ledger.of(s, t, len(c.examples))[1]) for s in every for t, c in zip(tasks, cal))
         outcome.sweep_forwards = total
-        full = [Point(s, t, STAGES[-1], 0.0, 0.0, sum(n) / len(n), budget.meets(sc, ledger.of(ref, t, len(sc))[0]), False)
+        full = [Point(s, t, STAGES[-1], 0.0, 0.0, sum(n) / len(n), budget.accepts(sc, ledger.of(ref, t, len(sc))[0]), False)
                 for s in every for t, c in zip(tasks, cal)
                 for sc, n in [ledger.of(s, t, len(c.examples))]]
         _, sweep_overall = choose(full, tasks)
+        _, outcome.best_threshold = choose([p for p in full if p.setting.scheduler == "threshold"], tasks)
         if sweep_overall is not None:
             cost = [p.nfe for p in full if p.setting == sweep_overall]
             outcome.sweep_best = {"setting": sweep_overall.label() + " " + str(sweep_overall.params()),

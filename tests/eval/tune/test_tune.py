@@ -93,7 +93,7 @@ def test_the_reference_is_kept_when_nothing_faster_meets_the_budget(tmp_path):
 def test_on_the_ideal_model_copy_takes_one_forward_within_budget(tmp_path):
     result = CliRunner().invoke(main, ["tune", "--model", "ideal:noise=0.01", "--tasks", "copy", "--calibration", "4",
                                        "--held-out", "4", "--gen-length", "answer", "--rules", "threshold",
-                                       "--out", str(tmp_path)])
+                                       "--budget", "within:20", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     presets = json.loads((tmp_path / "presets.json").read_text())
     copy = presets["presets"]["copy"]
@@ -119,6 +119,7 @@ def test_a_preset_tuned_on_another_model_is_refused_in_one_line(tmp_path):
     (["--budget", "half"], "within:POINTS or at-least:PERCENT"),
     (["--rules", "pc_sampler"], "no tuning knob for pc_sampler"),
     (["--caches", "prefix"], "the ideal model has no K/V"),
+    (["--confidence", "1.2"], "confidence must be in [0.5, 1)"),
 ])
 def test_bad_options_get_one_line_errors(tmp_path, args, message):
     result = CliRunner().invoke(main, ["tune", "--model", "ideal", "--tasks", "copy", "--calibration", "2",
@@ -134,3 +135,80 @@ def test_cannot_meet_is_an_exact_bound_on_the_whole_split():
     assert budget.cannot_meet([0.0, 0.0, 0.0], reference)  # three: at best 2 points over
     assert Budget("at-least", 99.0).cannot_meet([0.0, 0.0], [1.0] * 100)
     assert not Budget("at-least", 98.0).cannot_meet([0.0, 0.0], [1.0] * 100)
+
+
+def test_the_conservative_acceptance_needs_more_than_a_clean_small_sample():
+    budget = Budget.parse("within:5", confidence=0.8)
+    clean = [1.0] * 16
+    assert Budget("within", 5.0).accepts(clean, clean)            # the point estimate: no loss, accepted
+    assert budget.bound(clean, clean) == pytest.approx(budget.least_certifiable(16))
+    assert budget.accepts(clean, clean)                           # 0 of 16 lost: bound 4.2 <= 5
+    assert not budget.accepts([1.0] * 15 + [0.0], clean)          # one loss of 16: bound above 5
+    assert not Budget.parse("within:1", confidence=0.8).accepts(clean, clean)   # 1 point needs n ~ 70
+    assert Budget.parse("within:1", confidence=0.8).accepts([1.0] * 100, [1.0] * 100)
+    assert Budget.parse("at-least:90", confidence=0.8).accepts([1.0] * 40, [1.0] * 40)
+    assert not Budget.parse("at-least:90", confidence=0.8).accepts([1.0] * 37 + [0.0] * 3, [1.0] * 40)  # 92.5% seen
+    with pytest.raises(ValueError, match=r"confidence must be in \[0.5, 1\)"):
+        Budget.parse("within:1", confidence=1.0)
+
+
+def test_on_the_ideal_model_the_search_beats_the_sweep_with_a_quarter_of_its_forwards(tmp_path):
+    # the analytic ideal model: deterministic copy takes one forward at any threshold, shuffle and
+    # replace_random need the conservative end; an exhaustive sweep over the same grid runs beside
+    from dllm_decode.cli.options import model_spec
+    from dllm_decode.eval.harness.runner import decoder_for
+    from dllm_decode.eval.tasks.sources import select_tasks
+
+    spec = model_spec("ideal:noise=0.01")
+    decoder, tokenizer = decoder_for(spec)
+    runs, _ = select_tasks("copy,shuffle,replace_random", 64, 0)
+    outcome = tune(decoder, str(spec), runs, rules=["threshold", "factor", "low_confidence"], caches=["none"],
+                   budget=Budget.parse("within:10", confidence=0.9), calibration=32, salt="tune", gen_length=None,
+                   block_length=None, out=tmp_path, tokenizer=tokenizer, exhaustive=True)
+    assert outcome.search_forwards <= 0.25 * outcome.sweep_forwards
+    assert outcome.overall is not None
+    overall_cost = sum(p.nfe for p in outcome.points if p.setting == outcome.overall and p.stage == 1.0) / 3
+    assert overall_cost <= outcome.sweep_best["mean_nfe"] + 1e-9
+    assert outcome.per_task["copy"].nfe == 1.0                    # the oracle's single forward
+    for name, per in outcome.held_out.items():
+        if name != "best_threshold":
+            assert all(f["meets"] for f in per.values()), (name, per)
+
+
+TUNE_ARGS = ["tune", "--model", "ideal:noise=0.01", "--tasks", "copy,shuffle", "--calibration", "8", "--held-out", "8",
+             "--gen-length", "answer", "--rules", "threshold,factor", "--budget", "within:20", "--exhaustive",
+             "--no-progress"]
+
+
+def test_a_rerun_resumes_without_decoding_again(tmp_path):
+    args = [a if a != "copy,shuffle" else "copy" for a in TUNE_ARGS if a != "--exhaustive"]
+    first = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert first.exit_code == 0, first.output
+    sizes = {p: p.stat().st_size for p in tmp_path.rglob("samples.jsonl")}
+    again = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert again.exit_code == 0, again.output
+    assert {p: p.stat().st_size for p in tmp_path.rglob("samples.jsonl")} == sizes      # nothing decoded twice
+    assert again.output.splitlines()[-4:] == first.output.splitlines()[-4:]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_tune_as_one_process(tmp_path):
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script = shutil.which("dllm-decode")
+    one = CliRunner().invoke(main, [*TUNE_ARGS, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(port), script, *TUNE_ARGS, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=600, env={**__import__("os").environ,
+                                                                          "OMP_NUM_THREADS": "1"})
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (json.loads((tmp_path / d / "tune.json").read_text()) for d in ("one", "two"))
+    assert a["points"] == b["points"] and a["held_out"] == b["held_out"]
+    assert a["search_forwards"] == b["search_forwards"] and a["sweep_forwards"] == b["sweep_forwards"]
