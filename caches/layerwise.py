@@ -33,6 +33,11 @@ def check_model(model, cache_name: str) -> None:
             or getattr(model, "block_size", None)):
         raise ValueError(f"cache {cache_name} runs the layers itself and supports the LLaDA layout "
                          f"(bidirectional, unshifted); {name} is not one{accepted_hint(model)}")
+    if getattr(model, "tensor_parallel", None) is not None:
+        # each rank holds only its heads: their attention would drive different decisions
+        raise ValueError(f"cache {cache_name} reads every head's attention probabilities, which "
+                         f"tensor parallelism splits over the ranks; use cache none, prefix, dual "
+                         f"or suffix with tensor_parallel")
 
 
 @dataclass

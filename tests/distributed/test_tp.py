@@ -52,19 +52,30 @@ def test_tp4_logits_equal_one_process_bitwise_across_ranks(tmp_path):
     check_logits(results, 4)
 
 
+REFUSED_UNDER_TP = ("d2", "elastic")
+"""Caches that read every head's attention probabilities (rank-local under TP): refused."""
+
+
 def check_decodes(results: list[dict]) -> None:
     for name, record in results[0].items():
         whole = record["whole"]
         decoded = [k for k, v in whole.items() if not isinstance(v, str)]
-        assert len(decoded) >= 100, f"{name}: only {len(decoded)} scheduler x cache pairs decoded"
+        assert len(decoded) >= 80, f"{name}: only {len(decoded)} scheduler x cache pairs decoded"
         for key, tokens in whole.items():
             for rank in results:
-                assert rank[name]["tp"][key] == tokens, f"{name} {key}: TP differs from one process"
+                got = rank[name]["tp"][key]
+                if key.split("/")[1] in REFUSED_UNDER_TP and isinstance(got, str):
+                    assert "tensor parallelism splits" in got or isinstance(tokens, str), got
+                    continue
+                assert got == tokens, f"{name} {key}: TP differs from one process"
         # per step: 2 all_reduces per layer + 1 (embedding), one gather; nothing else
         steps, layers = record["steps"], record["layers"]
         for rank in results:
             assert rank[name]["decode_counts"] == {"all_reduce": steps * (2 * layers + 1),
                                                    "all_gather_into_tensor": steps}
+            # one host sync per step (plus one per block start) on every rank, as in one process
+            syncs = rank[name]["host_syncs"]
+            assert 0 < syncs["syncs"] <= syncs["forwards"] + syncs["blocks"], syncs
 
 
 def test_tp2_greedy_decodes_token_identical_over_the_registry(tmp_path):

@@ -119,6 +119,25 @@ def decode_all(model, schedulers, caches) -> dict:
     return out
 
 
+def host_syncs(model, config) -> dict:
+    """Host conversions inside `Decoding.step` of a TP decode (dual cache), with the steps and
+    block starts they are allowed per (`tests/test_host_syncs.py`'s counter)."""
+    import pytest
+
+    from dllm_decode.caches import CACHES
+    from dllm_decode.sampler import generate
+    from tests.test_host_syncs import SyncCounter
+
+    patch = pytest.MonkeyPatch()
+    try:
+        counter = SyncCounter(patch)
+        counting = counter.model(model)
+        generate(counting, PROMPTS, dataclasses.replace(config, cache=CACHES["dual"]()))
+    finally:
+        patch.undo()
+    return {"syncs": counter.syncs, "forwards": counter.forwards, "blocks": counter.blocks}
+
+
 def task_decode(groups, names: list[str]) -> dict:
     """The whole model decodes on TP rank 0 only (the other ranks would compute the same)."""
     from dllm_decode.caches import CACHES
@@ -137,6 +156,7 @@ def task_decode(groups, names: list[str]) -> dict:
         with CollectiveCounter() as counter:
             result = generate(sharded, PROMPTS, config)
         out[name]["decode_counts"] = dict(counter.counts)
+        out[name]["host_syncs"] = host_syncs(sharded, config)
         out[name]["steps"] = int(result.nfe.max())
         out[name]["layers"] = len(whole.parts()[1])
     return out
@@ -179,7 +199,7 @@ def task_load(groups, directory: str) -> dict:
 def main() -> None:
     out, task, *args = sys.argv[1:]
     torch.use_deterministic_algorithms(True, warn_only=True)
-    groups = init_parallel(int(os.environ["WORLD_SIZE"]))
+    groups = init_parallel(int(os.environ["WORLD_SIZE"]), timeout_s=300)   # a hang fails, not waits
     if task == "logits":
         result = task_logits(groups, args[0].split(","))
     elif task == "decode":
