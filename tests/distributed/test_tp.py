@@ -64,10 +64,12 @@ def check_decodes(results: list[dict]) -> None:
         for key, tokens in whole.items():
             for rank in results:
                 got = rank[name]["tp"][key]
-                if key.split("/")[1] in REFUSED_UNDER_TP and isinstance(got, str):
-                    assert "tensor parallelism splits" in got or isinstance(tokens, str), got
-                    continue
-                assert got == tokens, f"{name} {key}: TP differs from one process"
+                if isinstance(tokens, str):          # refused in one process: refused under TP
+                    assert isinstance(got, str) and got.startswith("refused"), (key, got)
+                elif key.split("/")[1] in REFUSED_UNDER_TP:
+                    assert "tensor parallelism splits" in got, (key, got)
+                else:
+                    assert got == tokens, f"{name} {key}: TP differs from one process"
         # per step: 2 all_reduces per layer + 1 (embedding), one gather; nothing else
         steps, layers = record["steps"], record["layers"]
         for rank in results:
