@@ -53,7 +53,7 @@ COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
 """Operator namespaces whose ops are collectives (functional, and the in-place c10d ops that
 `torch.distributed.all_reduce` and friends dispatch)."""
 
-NOT_COLLECTIVES = {"wait_tensor", "wait", "barrier", "monitored_barrier"}
+NOT_COLLECTIVES = {"wait_tensor", "wait", "barrier", "monitored_barrier", "_wrap_tensor_autograd"}
 """Ops in those namespaces that move no data (the counter skips them)."""
 
 

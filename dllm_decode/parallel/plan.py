@@ -28,8 +28,9 @@ plain local shards fuse into the per-rank [q_r | k_r | v_r] matrix with no chang
 runtime calls the same modules (the row layers reduce in their `forward`). Tied heads share the
 embedding's slice, and KV heads fewer than tp are replicated, neither of which has a DTensor
 placement. The same layout written with DTensor (`parallel.dtensor_plan`, reference runtime)
-gives bit-identical logits in the tests, and issues more collectives per forward (its
-redistributions), which is why it is not the hot path.
+gives bit-identical logits and the same collectives in the tests; it stays the cross-check and
+the interoperability route, not the path `load_model` takes, because it cannot serve the compact
+runtime, tied heads or replicated KV heads.
 
 Sizes that do not divide raise `ParallelError` naming the count and the legal sizes.
 """

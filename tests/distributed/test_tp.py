@@ -28,6 +28,7 @@ def check_logits(results: list[dict], tp: int) -> None:
         assert record["ulps"] <= TENSOR_PARALLEL_ULPS, (key, record["ulps"])
         if key.endswith("/dtensor"):      # DTensor's parallelize_module: the same layout
             assert record["ulps_explicit"] <= TENSOR_PARALLEL_ULPS, (key, record)
+            assert record["counts"] == first[key.replace("dtensor", "reference")]["counts"], key
             continue
         for other in results[1:]:
             assert other[key]["digest"] == record["digest"], f"{key}: ranks differ"
