@@ -38,6 +38,8 @@ def run_ranks(module: str, nproc: int, out: Path, *args: str, timeout: float = 3
             return [json.loads(f.read_text()) for f in files]
         if not complete or attempt == 1:
             break
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    lines = (proc.stdout + proc.stderr).splitlines()
+    first = next((i for i, line in enumerate(lines) if "Traceback" in line), len(lines))
+    tail = "\n".join(lines[first:first + 30] + ["..."] + lines[-15:])     # a rank's error, the end
     pytest.fail(f"{module} on {nproc} ranks exited {proc.returncode} "
                 f"({sum(f.is_file() for f in files)}/{nproc} result files):\n{tail}")

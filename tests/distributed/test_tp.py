@@ -65,7 +65,9 @@ def check_decodes(results: list[dict]) -> None:
         for key, tokens in whole.items():
             for rank in results:
                 got = rank[name]["tp"][key]
-                if isinstance(tokens, str):          # refused in one process: refused under TP
+                if isinstance(tokens, str) and tokens.startswith("failed"):
+                    assert got == tokens, (key, got)          # the same failure on every rank
+                elif isinstance(tokens, str):        # refused in one process: refused under TP
                     assert isinstance(got, str) and got.startswith("refused"), (key, got)
                 elif key.split("/")[1] in REFUSED_UNDER_TP:
                     assert "tensor parallelism splits" in got, (key, got)

@@ -86,7 +86,8 @@ def task_logits(groups, names: list[str]) -> dict:
                 expected = whole(ids, rows=(4, 12))
                 with CollectiveCounter() as counter:
                     got = sharded(ids, rows=(4, 12))
-            if runtime == "reference" and name in DTENSOR_FAMILIES:
+            kv_split = whole.parts()[1][0].n_kv_heads % groups.tp == 0   # DTensor cannot replicate
+            if runtime == "reference" and name in DTENSOR_FAMILIES and kv_split:
                 dtensor_model = parallelize_with_dtensor(copy.deepcopy(whole), groups)
                 with torch.inference_mode(), CollectiveCounter() as dtensor_counter:
                     via_dtensor = dtensor_model(ids, rows=(4, 12))
@@ -100,6 +101,11 @@ def task_logits(groups, names: list[str]) -> dict:
     return out
 
 
+def block_of(model) -> int:
+    """The decode block: the model's own block for block-diffusion families, else 8."""
+    return min(getattr(model, "block_size", 8), 8)
+
+
 def decode_all(model, schedulers, caches) -> dict:
     from dllm_decode.config import DecodeConfig
     from dllm_decode.sampler import generate
@@ -110,10 +116,13 @@ def decode_all(model, schedulers, caches) -> dict:
             key = f"{s_name}/{c_name}"
             try:
                 config = DecodeConfig(scheduler=s_cls(), cache=c_cls(), gen_length=16,
-                                      block_length=8, temperature=0.0)
+                                      block_length=block_of(model), temperature=0.0)
                 result = generate(model, PROMPTS, config)
             except (ValueError, TypeError) as err:
                 out[key] = f"refused: {type(err).__name__}: {err}"
+                continue
+            except RuntimeError as err:    # a loop invariant broken: recorded, must match too
+                out[key] = f"failed: {err}"
                 continue
             out[key] = [[int(t) for t in row] for row in result.tokens]
     return out
@@ -152,7 +161,8 @@ def task_decode(groups, names: list[str]) -> dict:
         out[name] = {"whole": decode_all(whole, SCHEDULERS, CACHES) if groups.tp_rank == 0 else {},
                      "tp": decode_all(sharded, SCHEDULERS, CACHES)}
         # collectives of a whole decode (no cache: one forward per step)
-        config = DecodeConfig(scheduler=ThresholdScheduler(), gen_length=16, block_length=8)
+        config = DecodeConfig(scheduler=ThresholdScheduler(), gen_length=16,
+                              block_length=block_of(whole))
         with CollectiveCounter() as counter:
             result = generate(sharded, PROMPTS, config)
         out[name]["decode_counts"] = dict(counter.counts)
