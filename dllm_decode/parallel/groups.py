@@ -49,6 +49,9 @@ class ParallelGroups:
     dp_group_name: str | None = None
     mesh: Any = None
 
+    def __deepcopy__(self, memo: dict) -> "ParallelGroups":
+        return self                 # process-wide: a copied model stays on the same groups
+
     @property
     def single(self) -> bool:
         """No tensor parallelism: the model is whole in this process."""

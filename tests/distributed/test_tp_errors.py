@@ -77,3 +77,11 @@ def test_caches_reading_attention_refuse_a_tensor_parallel_model():
         with pytest.raises(ValueError, match="tensor parallelism splits over the ranks"):
             CACHES[name]().init_state(model)
     CACHES["dual"]().init_state(model)
+
+
+def test_a_copied_sharded_model_keeps_its_groups():
+    import copy
+
+    groups = ParallelGroups(tp=2, world=2)
+    model = shard_model(tiny_llada(), groups)
+    assert copy.deepcopy(model).tensor_parallel is groups
