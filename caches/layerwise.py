@@ -33,6 +33,11 @@ def check_model(model, cache_name: str) -> None:
             or getattr(model, "block_size", None)):
         raise ValueError(f"cache {cache_name} runs the layers itself and supports the LLaDA layout "
                          f"(bidirectional, unshifted); {name} is not one{accepted_hint(model)}")
+    if getattr(model, "tensor_parallel", None) is not None:
+        # each rank holds only its heads: their attention would drive different decisions
+        raise ValueError(f"cache {cache_name} reads every head's attention probabilities, which "
+                         f"tensor parallelism splits over the ranks; use cache none, prefix, dual "
+                         f"or suffix with tensor_parallel")
 
 
 @dataclass
@@ -132,11 +137,7 @@ class Stack:
         """Last-layer hidden states (B, n, d) -> float32 logits (B, n, V)."""
         model = self.model
         if hasattr(model.model, "transformer"):                          # LLaDA layout
-            t = model.model.transformer
-            h = t["ln_f"](h)
-            tied = model.config.weight_tying
-            head = t["wte"].weight if tied else t["ff_out"].weight
-            return F.linear(h, head, None if tied else t["ff_out"].bias).float()
+            return model.head(model.model.transformer["ln_f"](h))
         return model.head(model.model.norm(h))                           # DecoderLM, unshifted
 
     def full(self, canvas: Tensor, positions: Tensor, mask: Tensor,
