@@ -132,11 +132,7 @@ class Stack:
         """Last-layer hidden states (B, n, d) -> float32 logits (B, n, V)."""
         model = self.model
         if hasattr(model.model, "transformer"):                          # LLaDA layout
-            t = model.model.transformer
-            h = t["ln_f"](h)
-            tied = model.config.weight_tying
-            head = t["wte"].weight if tied else t["ff_out"].weight
-            return F.linear(h, head, None if tied else t["ff_out"].bias).float()
+            return model.head(model.model.transformer["ln_f"](h))
         return model.head(model.model.norm(h))                           # DecoderLM, unshifted
 
     def full(self, canvas: Tensor, positions: Tensor, mask: Tensor,

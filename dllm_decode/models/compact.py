@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -154,6 +154,10 @@ class FusedBlock:
             or None.
         attn_scale, ff_scale: the norms' scales when they are not folded into `qkv` / `gate_up`
             (a block fused with `share=True`), else None.
+        out_reduce, down_reduce: under tensor parallelism, the all_reduce summing the ranks'
+            partial outputs of the row-parallel o and down projections (their modules'
+            `reduce`; `dllm_decode.parallel.layers.RowParallelLinear`), else None. The fused
+            matrices are then this rank's shards: [q_r | k_r | v_r] and [gate_r | up_r].
     """
 
     qkv: Tensor
@@ -171,12 +175,16 @@ class FusedBlock:
     qk_eps: float = 0.0
     attn_scale: Tensor | None = None
     ff_scale: Tensor | None = None
+    out_reduce: Callable[[Tensor], Tensor] | None = None
+    down_reduce: Callable[[Tensor], Tensor] | None = None
 
     @classmethod
     def fuse(cls, attn_norm: Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
              ff_norm: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, *, heads: int,
              kv_heads: int, eps: float, q_norm: RMSNorm | None = None,
-             k_norm: RMSNorm | None = None, share: bool = False) -> "FusedBlock":
+             k_norm: RMSNorm | None = None, share: bool = False,
+             out_reduce: Callable[[Tensor], Tensor] | None = None,
+             down_reduce: Callable[[Tensor], Tensor] | None = None) -> "FusedBlock":
         """From the block's modules (`attn_norm`, `ff_norm`: the norms' scales).
 
         `share=False` builds folded copies (the source can be dropped afterwards). `share=True`
@@ -184,7 +192,8 @@ class FusedBlock:
         the norms' scales are applied as the reference applies them, not folded in.
         """
         head_dim = q.weight.shape[0] // heads
-        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps)
+        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps,
+                     out_reduce=out_reduce, down_reduce=down_reduce)
         if q_norm is not None:
             shape.update(q_scale=q_norm.weight.detach(), k_scale=k_norm.weight.detach(),
                          qk_eps=q_norm.eps)
@@ -235,9 +244,13 @@ class FusedBlock:
         """`h` (B, n, d) plus the output projection of `attended` (B, H, n, D), then the MLP."""
         batch, n, d = h.shape
         o = attended.transpose(1, 2).reshape(batch * n, self.heads * self.head_dim)
-        h = h + project(o, self.out, self.out_bias).view(batch, n, d)
+        attn = project(o, self.out, self.out_bias)
+        if self.out_reduce is not None:
+            attn = self.out_reduce(attn)
+        h = h + attn.view(batch, n, d)
         gate, up = (self.normalized(h, self.ff_scale) @ self.gate_up).chunk(2, -1)
-        return h + (F.silu(gate) * up) @ self.down
+        mlp = (F.silu(gate) * up) @ self.down
+        return h + (mlp if self.down_reduce is None else self.down_reduce(mlp))
 
 
 def compact_problem(model: Any) -> str | None:
@@ -328,7 +341,9 @@ def _fuse_prenorm(block: Any) -> FusedBlock:
     q_norm, k_norm = block.qk_norms()
     return FusedBlock.fuse(attn_norm.weight, q, k, v, o, ff_norm.weight, gate, up, down,
                            heads=block.n_heads, kv_heads=block.n_kv_heads, eps=attn_norm.eps,
-                           q_norm=q_norm, k_norm=k_norm, share=True)
+                           q_norm=q_norm, k_norm=k_norm, share=True,
+                           out_reduce=getattr(o, "reduce", None),     # row-parallel under TP
+                           down_reduce=getattr(down, "reduce", None))
 
 
 def compact_stack(model: nn.Module) -> CompactStack:

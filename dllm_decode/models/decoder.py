@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import BlockStackLM, KVCache, PreNormBlock, RMSNorm, SwiGLU
+from dllm_decode.models.layers import (BlockStackLM, KVCache, PreNormBlock, RMSNorm, SwiGLU,
+                                      TiedHead)
 
 _ACCEPTED_ROPE_TYPES = {None, "default"}
 
@@ -188,8 +189,9 @@ class DecoderLM(BlockStackLM):
         super().__init__()
         self.config = config
         self.model = _Decoder(config, qkv_bias, qk_norm)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # called as a module (a parallel plan replaces it); tied: the embedding, no weights
+        self.lm_head = (TiedHead(self.model.embed_tokens) if config.tie_word_embeddings else
+                        nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.mask_token_id = config.mask_token_id
         self.eos_token_ids: tuple[int, ...] = config.eos_token_ids
         self.vocab_size = config.vocab_size
@@ -200,8 +202,7 @@ class DecoderLM(BlockStackLM):
 
     def head(self, h: Tensor) -> Tensor:
         """Final-norm hidden states (B, Lq, d) -> float32 logits (B, Lq, V)."""
-        weight = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return nn.functional.linear(h, weight).float()
+        return self.lm_head(h).float()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 positions: Tensor | None = None, kv: KVCache | None = None,

@@ -220,6 +220,19 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class TiedHead(nn.Module):
+    """The head of a checkpoint with tied embeddings: `h @ embedding.weight.T`, called as a module
+    like an untied head (so a parallel plan can replace either). Holds no parameter of its own:
+    the state dict keeps the checkpoint's names."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        self._embedding = [embedding]             # a list: not a submodule, no second state key
+
+    def forward(self, h: Tensor) -> Tensor:
+        return F.linear(h, self._embedding[0].weight)
+
+
 class PreNormBlock(nn.Module):
     """Llama-shaped block: x + attn(norm(x)), then x + down(silu(gate(norm(x))) * up(norm(x))).
 

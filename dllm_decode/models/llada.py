@@ -15,10 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import BlockStackLM, KVCache, PreNormBlock, RMSNorm
+from dllm_decode.models.layers import BlockStackLM, KVCache, PreNormBlock, RMSNorm, TiedHead
 
 _REQUIRED_STRUCTURE = {  # config values this implementation covers, as in the released checkpoints
     "block_type": {"llama"}, "activation_type": {"silu"}, "layer_norm_type": {"rms"},
@@ -118,8 +117,9 @@ class _LLaDATransformer(nn.Module):
             "blocks": nn.ModuleList(LLaDABlock(cfg) for _ in range(cfg.n_layers)),
             "ln_f": RMSNorm(cfg.d_model, cfg.rms_norm_eps),
         })
-        if not cfg.weight_tying:
-            self.transformer["ff_out"] = nn.Linear(cfg.d_model, cfg.logit_columns, bias=cfg.include_bias)
+        # the head is always called as a module (a parallel plan replaces it); tied: no weights
+        self.transformer["ff_out"] = (TiedHead(self.transformer["wte"]) if cfg.weight_tying else
+                                      nn.Linear(cfg.d_model, cfg.logit_columns, bias=cfg.include_bias))
 
 
 class LLaDAModelLM(BlockStackLM):
@@ -142,8 +142,9 @@ class LLaDAModelLM(BlockStackLM):
                 rows: tuple[int, int] | None = None) -> Tensor:
         """Logits (B, b - a, V) for canvas rows `rows = (a, b)` (default all); see `DiffusionLM`."""
         h, _, _ = self.hidden_states(input_ids, attention_mask, positions, kv, rows)
-        t = self.model.transformer
-        h = t["ln_f"](h)
-        head = t["wte"].weight if self.config.weight_tying else t["ff_out"].weight
-        logits = F.linear(h, head, t["ff_out"].bias if not self.config.weight_tying else None)
-        return logits.float()
+        return self.head(self.model.transformer["ln_f"](h))
+
+    def head(self, h: Tensor) -> Tensor:
+        """Final-norm hidden states (B, Lq, d) -> float32 logits (B, Lq, V), the head called as a
+        module (`ff_out`, or the embedding through `TiedHead`)."""
+        return self.model.transformer["ff_out"](h).float()

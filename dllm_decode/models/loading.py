@@ -5,6 +5,7 @@ The implementation is chosen from `config.json`'s `model_type`; nothing is downl
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,13 +24,19 @@ def _build_native(directory: Path, config: dict[str, Any], config_cls: type, mod
     weights), then take the checkpoint's tensors, minus the `drop` names."""
     if absent := [key for key in required if key not in config]:
         raise ModelLoadError(f"{directory / 'config.json'} lacks required key(s) {absent}")
-    check_memory(directory / "config.json", config, bytes_per_parameter=2)   # the smallest dtype read
+    sharding = _SHARDING.get()
+    check_memory(directory / "config.json", config,      # the smallest dtype read, split by TP
+                 bytes_per_parameter=2 / (sharding[0].tp if sharding else 1))
     try:
         parsed = config_cls.from_dict(config)
     except (ValueError, TypeError) as err:
         raise ModelLoadError(f"{directory / 'config.json'}: {first_line(err)}") from None
     with torch.device("meta"):
         model = model_cls(parsed)
+    if sharding is not None:               # tensor parallel: this rank's slices only
+        from dllm_decode.parallel.loading import load_sharded
+
+        return load_sharded(model, directory, sharding[0], sharding[1], drop)
     state = read_safetensors(directory)
     for name in drop:
         state.pop(name, None)
@@ -92,6 +99,10 @@ def _build_llada2(directory: Path, config: dict[str, Any]) -> nn.Module:
                          drop)
 
 
+_SHARDING: ContextVar[tuple[Any, torch.dtype | None] | None] = ContextVar("sharding", default=None)
+"""(ParallelGroups, dtype) while `load_model(tensor_parallel=N > 1)` builds a model."""
+
+
 BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {   # key: lower-case model_type
     "llada": _build_llada,
     "dream": _build_dream,
@@ -133,7 +144,7 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool = False,
-               runtime: str | None = None) -> nn.Module:
+               runtime: str | None = None, tensor_parallel: int | None = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -148,6 +159,11 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             `models.compact.DLLM_RUNTIMES` (`reference`, `compact`); None: `compact` where it
             covers the model (`models.compact.default_runtime`). Models outside the compact
             runtime's scope ignore `reference`.
+        tensor_parallel: shard the model over this many ranks (`dllm_decode.parallel`): the
+            process must run under `torchrun` with WORLD_SIZE a multiple of it (the rest is data
+            parallel). Each rank reads only its slices of the safetensors files, in the
+            checkpoint's dtype unless `dtype` is given, and places them on `device`
+            (`cuda` means `cuda:LOCAL_RANK`). None or 1: the whole model in this process.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
@@ -157,6 +173,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             causal LM included), tokenizer without a mask token for a generic masked LM, custom
             code without `trust_remote_code` (the message names `--trust-remote-code`); a
             `runtime` that is unknown or does not cover the model.
+        ParallelError: a `tensor_parallel` that does not fit the world size or the model's
+            head / MLP counts (the message lists the legal sizes).
     """
     from dllm_decode.devices import check_device, check_dtype
 
@@ -183,13 +201,28 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
                              f"toolkit loads; supported: {sorted(BUILDERS)} or any transformers "
                              f"masked LM")
     tokenizer = load_tokenizer(directory, trust_remote_code)
-    if builder is not None:
+    groups = _tensor_parallel_groups(tensor_parallel, device)
+    if groups is not None and builder is None:
+        from dllm_decode.parallel import ParallelError
+
+        raise ParallelError(f"{directory}: tensor parallelism covers this package's own model "
+                            f"families, not a generic transformers masked LM")
+    if groups is not None:
+        token = _SHARDING.set((groups, dtype))
+        try:
+            model = builder(directory, config)
+        finally:
+            _SHARDING.reset(token)
+        device = _rank_device(device)
+    elif builder is not None:
         model = builder(directory, config)
     else:                                                # generic fallback: any transformers MLM
         from dllm_decode.models.hf import load_masked_lm
 
         model = load_masked_lm(directory, tokenizer, trust_remote_code)
-    model = model.to(dtype=dtype or torch.float32, device=device or "cpu").eval()
+    if groups is None or dtype is not None:     # TP keeps the checkpoint's dtype unless told
+        model = model.to(dtype=dtype or torch.float32)
+    model = model.to(device=device or "cpu").eval()
     model.tokenizer = tokenizer
     # config.json may leave EOS to the tokenizer (Qwen-based checkpoints): take what it defines
     eos = tuple(e for e in model.eos_token_ids if e is not None)
@@ -206,6 +239,24 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
     except ValueError as err:
         raise ModelLoadError(f"{directory}: {first_line(err)}") from None
     return model
+
+
+def _tensor_parallel_groups(tensor_parallel: int | None, device: Any) -> Any:
+    """The TP groups for `load_model(tensor_parallel=...)`, or None for a whole model."""
+    from dllm_decode.parallel import check_tensor_size, init_parallel
+
+    if tensor_parallel is None or check_tensor_size(tensor_parallel) == 1:
+        return None
+    return init_parallel(tensor_parallel, device)
+
+
+def _rank_device(device: torch.device | None) -> torch.device | None:
+    """`cuda` without an index becomes this process's `cuda:LOCAL_RANK`."""
+    import os
+
+    if device is not None and device.type == "cuda" and device.index is None:
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return device
 
 
 def check_token_ids(directory: Path, model: nn.Module) -> None:
