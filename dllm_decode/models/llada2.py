@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.layers import (BlockCausal, BlockStackLM, KVCache, RMSNorm, SwiGLU,
-                                       attend)
+                                       TiedHead, attend)
 from dllm_decode.models.decoder import check_block_size, check_mask_id, checked_head_dim
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
@@ -304,11 +304,12 @@ class LLaDA2Layer(nn.Module):
             self.attention["key_layernorm"] = RMSNorm(dim, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.mlp = LLaDA2MoE(cfg) if cfg.is_moe_layer(index) else SwiGLU(d, cfg.intermediate_size)
+        self.n_heads, self.n_kv_heads = heads, kv_heads       # this rank's, under tensor parallelism
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None,
                 kv: KVCache | None, layer: int, rows: tuple[int, int]) -> Tensor:
         cfg, attn = self.cfg, self.attention
-        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        heads, kv_heads = self.n_heads, self.n_kv_heads
         qkv = attn["query_key_value"](self.input_layernorm(h)).unflatten(-1, (-1, cfg.head_dim))
         q, k, v = (t.flatten(-2) for t in qkv.split([heads, kv_heads, kv_heads], dim=-2))
         norms = (attn["query_layernorm"], attn["key_layernorm"]) if cfg.use_qk_norm else (None, None)
@@ -336,8 +337,9 @@ class LLaDA2Model(BlockCausal, BlockStackLM):
         super().__init__()
         self.config = config
         self.model = _LLaDA2Base(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # the head is called as a module (a parallel plan replaces it); tied: no weights of its own
+        self.lm_head = (TiedHead(self.model.word_embeddings) if config.tie_word_embeddings else
+                        nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
         self.eos_token_ids: tuple[int, ...] = (config.eos_token_id,)
@@ -355,6 +357,4 @@ class LLaDA2Model(BlockCausal, BlockStackLM):
                 rows: tuple[int, int] | None = None) -> Tensor:
         """Logits (B, b - a, V) for canvas rows `rows = (a, b)` (default all); see `DiffusionLM`."""
         h, _, _ = self.hidden_states(input_ids, attention_mask, positions, kv, rows)
-        h = self.model.norm(h)
-        weight = self.model.word_embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return self.lm_head(self.model.norm(h)).float()

@@ -176,6 +176,12 @@ def shard_model(model: nn.Module, groups: ParallelGroups, read: Reader | None = 
 
     if groups.single:
         return model
+    from dllm_decode.models.llada2 import LLaDA2Model
+
+    if isinstance(model, LLaDA2Model):                  # the MoE family: its own plan (EP)
+        from dllm_decode.parallel.llada2 import shard_llada2
+
+        return shard_llada2(model, groups, read, dtype)
     if not isinstance(model, BlockStackLM) or not all(
             isinstance(b, PreNormBlock) for b in model.parts()[1]):
         raise ParallelError(f"tensor parallelism covers the dense Llama-style families (LLaDA, "

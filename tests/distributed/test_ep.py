@@ -1,4 +1,5 @@
-"""Expert parallelism for the LLaDA2 MoE, and its static (dense, compilable) form.
+"""Expert parallelism for the LLaDA2 MoE, its static (dense, compilable) form, and LLaDA2 under
+tensor parallelism (attention TP + experts EP over the same two ranks).
 
 EP=2 runs in two gloo processes (one rank each, as under `torchrun`); each rank writes what it
 saw to a file and the test compares the files with a one-process run of the same seeded model.
@@ -115,6 +116,7 @@ def _ep_worker(rank: int, world: int, port: int, out: str, impl: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["loop", "static"])
 def test_two_ranks_of_experts_equal_one_process(tmp_path, impl):
     one = _model("loop")
@@ -128,5 +130,55 @@ def test_two_ranks_of_experts_equal_one_process(tmp_path, impl):
     assert ranks[0]["router"] == ranks[1]["router"] == _router_outputs(one)   # bitwise
     assert ranks[0]["logits"] == ranks[1]["logits"]                          # same bytes everywhere
     assert_logits_close(torch.tensor(ranks[0]["logits"]), expected)
+    for cache in ("none", "block"):
+        assert ranks[0][cache] == ranks[1][cache] == _decode(one, cache)
+
+
+def _tp_worker(rank: int, world: int, port: int, out: str, impl: str, checkpoint: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    from dllm_decode.models.loading import load_model
+    from dllm_decode.parallel import CollectiveCounter, init_parallel, shard_model, shutdown_parallel
+
+    try:
+        groups = init_parallel(world)
+        model = set_moe_impl(shard_model(_model(), groups), impl)
+        loaded = set_moe_impl(load_model(checkpoint, dtype=torch.float32, tensor_parallel=world),
+                              impl)
+        with torch.no_grad(), CollectiveCounter() as counter:
+            logits = model(IDS, rows=(4, 8))
+        with torch.no_grad():
+            record = {"router": _router_outputs(model), "logits": logits.tolist(), "loaded": loaded(IDS, rows=(4, 8)).tolist(),
+                      "counts": dict(counter.counts), "events": [
+                          [op, list(shape), str(dtype)] for op, shape, dtype, _ in counter.events],
+                      "qkv": list(model.model.layers[0].attention["query_key_value"].weight.shape),
+                      "none": _decode(model, "none"), "block": _decode(model, "block")}
+        Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    finally:
+        shutdown_parallel()
+
+
+@pytest.mark.parametrize("impl", [pytest.param("loop", marks=pytest.mark.slow), "static"])
+def test_tensor_and_expert_parallel_llada2_equals_one_process(tmp_path, impl):
+    """TP=2 attention (fused q|k|v split per head slot), EP=2 experts, vocabulary-parallel
+    embedding and head (V = 37 padded to 38): the window's logits and greedy decodes equal one
+    process; a checkpoint loaded with `tensor_parallel=2` equals the in-memory sharding."""
+    one = _model("loop")
+    one.save_pretrained(tmp_path / "ckpt")
+    with torch.no_grad():
+        expected = one(IDS, rows=(4, 8))
+    torch.multiprocessing.spawn(_tp_worker, args=(2, _free_port(), str(tmp_path), impl,
+                                                  str(tmp_path / "ckpt")), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    # 4 heads, 2 KV heads of width 8: each rank holds 2 q + 1 k + 1 v heads
+    assert ranks[0]["qkv"] == ranks[1]["qkv"] == [32, 32]
+    assert ranks[0]["router"] == ranks[1]["router"] == _router_outputs(one)   # bitwise
+    assert ranks[0]["logits"] == ranks[1]["logits"] == ranks[0]["loaded"]
+    assert_logits_close(torch.tensor(ranks[0]["logits"]), expected)
+    layers = 3
+    assert ranks[0]["counts"] == {"all_reduce": 2 * layers + 1, "all_gather_into_tensor": 1}
+    moe_reduces = [e for e in ranks[0]["events"] if e[0] == "all_reduce" and e[2] == "torch.float32"]
+    assert len(moe_reduces) == 2 * layers + 1        # fp32 model: every reduce in fp32
     for cache in ("none", "block"):
         assert ranks[0][cache] == ranks[1][cache] == _decode(one, cache)
