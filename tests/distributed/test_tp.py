@@ -1,0 +1,122 @@
+"""Tensor parallelism on CPU with gloo: TP logits equal one process within
+`TENSOR_PARALLEL_ULPS`, are bitwise identical across ranks, greedy float32 decodes are
+token-identical over the whole scheduler registry and every cache a family accepts, per-rank
+loading holds about 1/tp of the weights, and each forward issues exactly the collectives the plan
+names. The launches run `tests/distributed/tp_ranks.py` under torchrun (`harness.run_ranks`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dllm_decode.testing import TENSOR_PARALLEL_ULPS
+from tests.distributed.harness import run_ranks
+
+FAST_FAMILIES = "embedded,embedded-bd,llada,llada_tied,dream,dream_tied,fast_dllm,sdar"
+"""Every dense family (tied and untied heads, GQA, q/k norms, the V = 129 vocabulary padding)."""
+
+FOUR_HEAD_FAMILIES = "llada,dream,fast_dllm,sdar"
+"""Families whose tiny models split 4 ways (the embedded ones have 6 heads: TP 4 is refused);
+Dream, Fast-dLLM v2 and SDAR have 2 KV heads, so TP 4 replicates each KV head on 2 ranks."""
+
+
+def check_logits(results: list[dict], tp: int) -> None:
+    first = results[0]
+    for key, record in first.items():
+        assert record["ulps"] <= TENSOR_PARALLEL_ULPS, (key, record["ulps"])
+        for other in results[1:]:
+            assert other[key]["digest"] == record["digest"], f"{key}: ranks differ"
+        layers = record["layers"]
+        # 2 all_reduces per layer (o, down) + the vocab-parallel embedding; one gather of the window
+        assert record["counts"] == {"all_reduce": 2 * layers + 1, "all_gather_into_tensor": 1}, key
+        batch, window, vocab = record["shape"]
+        padded = -(-vocab // tp) * tp
+        assert record["bytes"]["all_gather_into_tensor"] == batch * window * padded // tp * 4, key
+
+
+def test_tp2_logits_equal_one_process_bitwise_across_ranks(tmp_path):
+    results = run_ranks("tests.distributed.tp_ranks", 2, tmp_path, "logits", FAST_FAMILIES)
+    check_logits(results, 2)
+    assert results[0]["embedded/compact"]["heads"] == 3 and results[0]["llada/reference"]["heads"] == 2
+
+
+@pytest.mark.slow
+def test_tp4_logits_equal_one_process_bitwise_across_ranks(tmp_path):
+    results = run_ranks("tests.distributed.tp_ranks", 4, tmp_path, "logits", FOUR_HEAD_FAMILIES)
+    check_logits(results, 4)
+
+
+def check_decodes(results: list[dict]) -> None:
+    for name, record in results[0].items():
+        whole = record["whole"]
+        decoded = [k for k, v in whole.items() if not isinstance(v, str)]
+        assert len(decoded) >= 100, f"{name}: only {len(decoded)} scheduler x cache pairs decoded"
+        for key, tokens in whole.items():
+            for rank in results:
+                assert rank[name]["tp"][key] == tokens, f"{name} {key}: TP differs from one process"
+        # per step: 2 all_reduces per layer + 1 (embedding), one gather; nothing else
+        steps, layers = record["steps"], record["layers"]
+        for rank in results:
+            assert rank[name]["decode_counts"] == {"all_reduce": steps * (2 * layers + 1),
+                                                   "all_gather_into_tensor": steps}
+
+
+def test_tp2_greedy_decodes_token_identical_over_the_registry(tmp_path):
+    """LLaDA layout: every scheduler x every cache it accepts (the refusals must agree too)."""
+    check_decodes(run_ranks("tests.distributed.tp_ranks", 2, tmp_path, "decode", "llada", timeout=900))
+
+
+@pytest.mark.slow
+def test_tp2_greedy_decodes_other_families(tmp_path):
+    check_decodes(run_ranks("tests.distributed.tp_ranks", 2, tmp_path, "decode",
+                            "dream,fast_dllm,sdar,embedded-bd", timeout=1800))
+
+
+@pytest.mark.slow
+def test_tp4_greedy_decodes_token_identical(tmp_path):
+    check_decodes(run_ranks("tests.distributed.tp_ranks", 4, tmp_path, "decode",
+                            "llada,fast_dllm", timeout=1800))
+
+
+def write_sharded_checkpoint(directory, shards: int = 4) -> int:
+    """A LLaDA-layout float32 checkpoint of ~134 MB in `shards` files with an index; returns its
+    weight bytes."""
+    from safetensors.torch import save_file
+
+    from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+
+    config = LLaDAConfig(d_model=512, n_heads=8, n_layers=6, mlp_hidden_size=2048,
+                         vocab_size=8192, mask_token_id=8191, eos_token_id=8190, pad_token_id=8190)
+    model = LLaDAModelLM(config)
+    generator = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(v.shape, generator=generator) * (0.05 if v.dim() > 1 else 1.0) + (
+        0 if v.dim() > 1 else 1.0) for k, v in model.state_dict().items()}
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: state[n].contiguous() for n in names[i::shards]}
+        save_file(part, str(directory / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in part})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (directory / "config.json").write_text(json.dumps(config.to_dict()))
+    return sum(t.numel() * 4 for t in state.values())
+
+
+def test_tp2_loads_only_its_slices(tmp_path):
+    """Loading a 4-shard checkpoint on 2 ranks never holds a whole copy: each rank's anonymous
+    memory grows by at most 0.6x the weights (about 0.5x expected) and it holds <= 0.55x."""
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    full = write_sharded_checkpoint(checkpoint)
+    results = run_ranks("tests.distributed.tp_ranks", 2, tmp_path / "out", "load", str(checkpoint))
+    for record in results:
+        assert record["dtype"] == "torch.float32" and record["embedded_dtype"] == "torch.bfloat16"
+        assert record["anon_growth"] <= 0.6 * full, record["anon_growth"] / full
+        assert record["resident"] <= 0.55 * record["whole_resident"]
+        assert record["ulps"] <= TENSOR_PARALLEL_ULPS
+    assert results[0]["digest"] == results[1]["digest"]
+    print(f"per-rank anon growth {[r['anon_growth'] / full for r in results]} of {full} B; "
+          f"resident {[r['resident'] / r['whole_resident'] for r in results]}")
