@@ -226,23 +226,33 @@ def paper_table(shapes: tuple[str, ...] = ("llada-8b", "llada2-flash"),
     for name in shapes:
         for rows_fed, window, keys in PAPER_STEPS.values():
             for batch in batches:
-                for link in links:
-                    for tp in sizes:
+                for tp in sizes:
+                    for link in links:
                         rows.append(predict(SHAPES[name], Step(batch, rows_fed, window, keys), tp,
                                             LINKS[link]))
     return rows
 
 
 def format_predictions(rows: list[Prediction]) -> str:
-    head = ("| shape | rows fed | batch | link | TP | all-reduces | all-reduce MB | gather MB | "
-            "compute ms | weights ms | comm ms | step ms | 1 GPU ms | speed-up | efficiency |")
-    lines = [head, "|" + "---|" * 15]
+    """One line per (shape, step, batch, TP size), the links side by side."""
+    head = ("| shape | rows fed | batch | TP | all-reduces | all-reduce MB | gather MB | "
+            "compute ms | weights ms | 1 GPU ms | " + " | ".join(
+                f"{name} comm ms | {name} speed-up" for name in _links(rows)) + " |")
+    lines = [head, "|" + "---|" * (10 + 2 * len(_links(rows)))]
+    grouped: dict[tuple[Any, ...], list[Prediction]] = {}
     for p in rows:
-        lines.append(f"| {p.shape} | {p.rows} | {p.batch} | {p.link} | {p.tp} | {p.all_reduces} | "
+        grouped.setdefault((p.shape, p.rows, p.batch, p.tp), []).append(p)
+    for (shape, rows_fed, batch, tp), group in grouped.items():
+        p = group[0]
+        links = " | ".join(f"{q.comm_ms:.2f} | {q.speedup:.2f}x ({q.efficiency:.0%})" for q in group)
+        lines.append(f"| {shape} | {rows_fed} | {batch} | {tp} | {p.all_reduces} | "
                      f"{p.all_reduce_mb:.1f} | {p.gather_mb:.1f} | {p.compute_ms:.2f} | "
-                     f"{p.weights_ms:.2f} | {p.comm_ms:.2f} | {p.step_ms:.2f} | "
-                     f"{p.one_gpu_ms:.2f} | {p.speedup:.2f}x | {p.efficiency:.0%} |")
+                     f"{p.weights_ms:.2f} | {p.one_gpu_ms:.2f} | {links} |")
     return "\n".join(lines)
+
+
+def _links(rows: list[Prediction]) -> list[str]:
+    return list(dict.fromkeys(p.link for p in rows))
 
 
 # ---- the measurement -------------------------------------------------------------------------
