@@ -30,7 +30,7 @@ from dllm_decode.parallel.collectives import all_reduce
 from dllm_decode.parallel.experts import ExpertShard, expert_range
 from dllm_decode.parallel.groups import ParallelError, ParallelGroups
 from dllm_decode.parallel.layers import RowParallelLinear, VocabParallelEmbedding, VocabParallelHead
-from dllm_decode.parallel.plan import (REPLICATED, Reader, Slice, _fill, _from_tensors,
+from dllm_decode.parallel.plan import (FAMILY_PLANS, Reader, Slice, _fill, _from_tensors,
                                        check_divisible, vocab_slice)
 
 
@@ -159,3 +159,6 @@ def _joining(read: Reader, joined: dict[str, list[Slice]]) -> Reader:
             return torch.cat([read(name, p, shape) for p in joined[name]])
         return read(name, part, shape)
     return reader
+
+
+FAMILY_PLANS[LLaDA2Model] = shard_llada2
