@@ -4,16 +4,13 @@ counter on two gloo ranks (`--quick`), and the one-process form."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
 from dllm_decode.eval.bench.tp import LINKS, SHAPES, Step, collectives, paper_table, predict
+from tests.distributed.launching import torchrun
 
 
 def test_shapes_have_the_model_cards_sizes():
@@ -55,13 +52,8 @@ def test_one_process_prints_the_paper_table_or_says_how_to_measure(monkeypatch):
 
 
 def test_quick_under_two_gloo_ranks_counts_what_the_model_plans(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(port), "-m", "dllm_decode", "bench", "tp", "--quick", "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = torchrun(["bench", "tp", "--quick", "--json", str(tmp_path / "r.json")], 2, tmp_path,
+                   lambda: (tmp_path / "r.json").is_file(), timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["tp"] == 2 and report["measured"] == report["planned"]

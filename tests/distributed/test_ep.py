@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 from dllm_decode import DecodeConfig, generate
 from dllm_decode.models.llada2 import LLaDA2MoE, set_moe_impl
 from dllm_decode.testing import assert_logits_close, tiny_block_diffusion
+from tests.distributed.launching import free_port, spawn
 
 PROMPTS = [[3, 9, 4, 11, 5], [7, 2, 20]]
 IDS = torch.tensor([[3, 9, 4, 11, 5, 8, 1, 30], [7, 2, 20, 6, 6, 14, 25, 12]])
@@ -88,12 +88,6 @@ def test_expert_counts_that_do_not_divide_are_refused():
 
 # ---- two gloo ranks ------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _ep_worker(rank: int, world: int, port: int, out: str, impl: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
@@ -122,8 +116,7 @@ def test_two_ranks_of_experts_equal_one_process(tmp_path, impl):
     one = _model("loop")
     with torch.no_grad():
         expected = one(IDS)
-    torch.multiprocessing.spawn(_ep_worker, args=(2, _free_port(), str(tmp_path), impl),
-                                nprocs=2, join=True)
+    spawn(_ep_worker, (2, free_port(), str(tmp_path), impl), 2, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["held"] for r in ranks] == [[[0, 4]] * 2, [[4, 8]] * 2]      # 2 MoE layers
     assert [r["experts"] for r in ranks] == [8, 8]            # 4 of 8 experts in each of 2 layers
@@ -131,7 +124,7 @@ def test_two_ranks_of_experts_equal_one_process(tmp_path, impl):
     assert ranks[0]["logits"] == ranks[1]["logits"]                          # same bytes everywhere
     assert_logits_close(torch.tensor(ranks[0]["logits"]), expected)
     for cache in ("none", "block"):
-        assert ranks[0][cache] == ranks[1][cache] == _decode(one, cache)
+        assert all(r[cache] == _decode(one, cache) for r in ranks)
 
 
 def _tp_worker(rank: int, world: int, port: int, out: str, impl: str, checkpoint: str) -> None:
@@ -159,26 +152,28 @@ def _tp_worker(rank: int, world: int, port: int, out: str, impl: str, checkpoint
         shutdown_parallel()
 
 
-@pytest.mark.parametrize("impl", [pytest.param("loop", marks=pytest.mark.slow), "static"])
-def test_tensor_and_expert_parallel_llada2_equals_one_process(tmp_path, impl):
-    """TP=2 attention (fused q|k|v split per head slot), EP=2 experts, vocabulary-parallel
-    embedding and head (V = 37 padded to 38): the window's logits and greedy decodes equal one
-    process; a checkpoint loaded with `tensor_parallel=2` equals the in-memory sharding."""
+@pytest.mark.parametrize("world, impl", [(2, "static"), pytest.param(2, "loop", marks=pytest.mark.slow),
+                                         pytest.param(4, "static", marks=pytest.mark.slow)])
+def test_tensor_and_expert_parallel_llada2_equals_one_process(tmp_path, world, impl):
+    """TP attention (fused q|k|v split per head slot; at TP=4 the 2 KV heads are replicated),
+    EP experts, vocabulary-parallel embedding and head (V = 37 padded to 38 or 40): the window's
+    logits and greedy decodes equal one process; a checkpoint loaded with `tensor_parallel`
+    equals the in-memory sharding."""
     one = _model("loop")
     one.save_pretrained(tmp_path / "ckpt")
     with torch.no_grad():
         expected = one(IDS, rows=(4, 8))
-    torch.multiprocessing.spawn(_tp_worker, args=(2, _free_port(), str(tmp_path), impl,
-                                                  str(tmp_path / "ckpt")), nprocs=2, join=True)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    # 4 heads, 2 KV heads of width 8: each rank holds 2 q + 1 k + 1 v heads
-    assert ranks[0]["qkv"] == ranks[1]["qkv"] == [32, 32]
-    assert ranks[0]["router"] == ranks[1]["router"] == _router_outputs(one)   # bitwise
-    assert ranks[0]["logits"] == ranks[1]["logits"] == ranks[0]["loaded"]
+    spawn(_tp_worker, (world, free_port(), str(tmp_path), impl, str(tmp_path / "ckpt")), world,
+          tmp_path)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    # 4 heads, 2 KV heads of width 8: TP=2 holds 2 q + 1 k + 1 v heads, TP=4 1 q + 1 k + 1 v
+    assert all(r["qkv"] == [(4 // world + 2) * 8, 32] for r in ranks)
+    assert all(r["router"] == _router_outputs(one) for r in ranks)            # bitwise
+    assert all(r["logits"] == ranks[0]["logits"] == r["loaded"] for r in ranks)
     assert_logits_close(torch.tensor(ranks[0]["logits"]), expected)
     layers = 3
     assert ranks[0]["counts"] == {"all_reduce": 2 * layers + 1, "all_gather_into_tensor": 1}
     moe_reduces = [e for e in ranks[0]["events"] if e[0] == "all_reduce" and e[2] == "torch.float32"]
     assert len(moe_reduces) == 2 * layers + 1        # fp32 model: every reduce in fp32
     for cache in ("none", "block"):
-        assert ranks[0][cache] == ranks[1][cache] == _decode(one, cache)
+        assert all(r[cache] == _decode(one, cache) for r in ranks)

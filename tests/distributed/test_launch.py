@@ -5,15 +5,13 @@ prints and writes."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
+from tests.distributed.launching import torchrun
 
 REQUESTS = [{"id": "a", "prompt": "w1 w2"}, {"id": "b", "prompt": "w5 w6 w7", "max_tokens": 4},
             {"id": "c", "prompt": "w9", "seed": 3, "temperature": 0.7}]
@@ -52,15 +50,8 @@ def test_tensor_parallel_of_zero_is_refused():
     assert result.exit_code == 2 and "0 is not in the range x>=1" in result.output
 
 
-def _torchrun(args: list[str], cwd) -> subprocess.CompletedProcess:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(port), "-m", "dllm_decode", "--tensor-parallel", "2", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _torchrun(args: list[str], cwd, done) -> subprocess.CompletedProcess:
+    return torchrun(["--tensor-parallel", "2", *args], 2, cwd, done, timeout=300)
 
 
 def _key(record: dict) -> tuple:
@@ -73,8 +64,9 @@ def test_batch_under_two_ranks_writes_one_process_results_once(tmp_path):
     one = CliRunner().invoke(main, [*DECODE, "--input", str(requests), "--output",
                                     str(tmp_path / "one.jsonl"), "--batch-size", "2"])
     assert one.exit_code == 0, one.output
-    run = _torchrun([*DECODE, "--input", str(requests), "--output", str(tmp_path / "two.jsonl"),
-                     "--batch-size", "2"], tmp_path)
+    two = tmp_path / "two.jsonl"
+    run = _torchrun([*DECODE, "--input", str(requests), "--output", str(two), "--batch-size", "2"],
+                    tmp_path, lambda: two.is_file() and len(two.read_text().splitlines()) == 3)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stderr.count("3 request(s) written") == 1                # rank 0 alone reports
     read = lambda name: [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]  # noqa: E731
@@ -85,7 +77,7 @@ def test_batch_under_two_ranks_writes_one_process_results_once(tmp_path):
 @pytest.mark.slow
 def test_decode_under_two_ranks_prints_the_one_process_answer_once(tmp_path):
     one = CliRunner().invoke(main, [*DECODE, "--prompt", "w1 w2 w3", "--json"])
-    run = _torchrun([*DECODE, "--prompt", "w1 w2 w3", "--json"], tmp_path)
+    run = _torchrun([*DECODE, "--prompt", "w1 w2 w3", "--json"], tmp_path, lambda: False)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1

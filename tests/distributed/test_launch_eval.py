@@ -5,15 +5,13 @@ equal a one-process run."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
 
 from dllm_decode.cli import main
+from tests.distributed.launching import torchrun
 
 EVAL = ["eval", "--model", "tiny", "--tasks", "copy,sort", "--limit", "3", "--gen-length", "8",
         "--block-length", "4", "--batch-size", "2", "--scheduler", "threshold",
@@ -28,14 +26,8 @@ def _samples(directory) -> dict[str, dict]:
 
 
 def _run(world: int, tp: int, out) -> subprocess.CompletedProcess:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-         "--master_port", str(port), "-m", "dllm_decode", *EVAL, "--tensor-parallel", str(tp),
-         "--out", str(out)], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return torchrun([*EVAL, "--tensor-parallel", str(tp), "--out", str(out)], world, out.parent,
+                    lambda: (out / "summary.json").is_file())
 
 
 def _check(tmp_path, world: int, tp: int) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dllm_decode.eval.harness.lm_eval_adapter import DllmDecodeLM
+from tests.distributed.launching import free_port, spawn
 from tests.eval.harness.answer_key import AnswerKeyModel
 
 KEY = {f"copy : {a} {b}": f"{a} {b}" for a, b in itertools.permutations(
@@ -55,10 +55,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_processes_cover_every_request_once(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, (2, free_port(), str(tmp_path)), 2, tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(r["rank"], r["world"]) for r in ranks] == [(0, 2), (1, 2)]
     docs = [d for r in ranks for d in r["docs"]]
