@@ -25,11 +25,11 @@ Why explicit collectives and not DTensor's `parallelize_module`: both runtimes r
 sharded modules. The compact runtime (the default) fuses q|k|v and gate|up from the module
 weights with `torch.cat`; a DTensor weight there raises "mixed torch.Tensor and DTensor", while
 plain local shards fuse into the per-rank [q_r | k_r | v_r] matrix with no change. The reference
-runtime calls the same modules (the row layers reduce in their `forward`). The vocabulary needs
-padding for V % tp != 0 and a gather of the window only, which the modules state directly.
-DTensor is kept as the description the tests check the explicit layout against (the TP logits
-equal one process), not as the hot path: it adds dispatch per op, and its Shard(0) of an uneven
-vocabulary pads inside its redistributions where the counter cannot name the padding.
+runtime calls the same modules (the row layers reduce in their `forward`). Tied heads share the
+embedding's slice, and KV heads fewer than tp are replicated, neither of which has a DTensor
+placement. The same layout written with DTensor (`parallel.dtensor_plan`, reference runtime)
+gives bit-identical logits in the tests, and issues more collectives per forward (its
+redistributions), which is why it is not the hot path.
 
 Sizes that do not divide raise `ParallelError` naming the count and the legal sizes.
 """

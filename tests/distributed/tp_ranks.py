@@ -26,6 +26,10 @@ import torch
 from dllm_decode.models.compact import set_runtime
 from dllm_decode.outputs import atomic_write
 from dllm_decode.parallel import CollectiveCounter, init_parallel, shard_model, shutdown_parallel
+from dllm_decode.parallel.dtensor_plan import parallelize_with_dtensor
+
+DTENSOR_FAMILIES = ("llada", "dream", "fast_dllm", "sdar", "embedded")
+"""Checked against DTensor's `parallelize_module` too (untied heads, KV heads divisible)."""
 
 PROMPTS = [[10, 11, 12, 13], [14, 15, 16, 17, 18, 19], [20]]
 
@@ -82,6 +86,13 @@ def task_logits(groups, names: list[str]) -> dict:
                 expected = whole(ids, rows=(4, 12))
                 with CollectiveCounter() as counter:
                     got = sharded(ids, rows=(4, 12))
+            if runtime == "reference" and name in DTENSOR_FAMILIES:
+                dtensor_model = parallelize_with_dtensor(copy.deepcopy(whole), groups)
+                with torch.inference_mode(), CollectiveCounter() as dtensor_counter:
+                    via_dtensor = dtensor_model(ids, rows=(4, 12))
+                out[f"{name}/dtensor"] = {"ulps": ulps(via_dtensor, expected),
+                                          "ulps_explicit": ulps(via_dtensor, got),
+                                          "counts": dict(dtensor_counter.counts)}
             out[f"{name}/{runtime}"] = {
                 "ulps": ulps(got, expected), "digest": digest(got), "shape": list(got.shape),
                 "layers": len(whole.parts()[1]), "counts": dict(counter.counts),
