@@ -41,6 +41,56 @@ def registry(kind: str) -> Mapping[str, type]:
     return getattr(importlib.import_module(module), attribute)
 
 
+def names(kind: str) -> tuple[str, ...]:
+    """The registered names of one kind of component, in registry order, without importing the
+    plugin package when it is not imported yet: the keys of the registry's dict literal, read
+    from the package's `__init__.py` source. Help texts use this, so `dllm-decode --help` lists
+    every name without waiting for torch; `tests/test_cli.py` checks it equals `registry(kind)`.
+    Falls back to the live registry when the source cannot be read that way (a zipped install,
+    a registry that is not one dict literal)."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    if kind not in HOMES:
+        raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
+    module, attribute = HOMES[kind]
+    if module not in sys.modules:
+        try:
+            origin = _source_file(module)
+            tree = ast.parse(Path(origin).read_text(encoding="utf-8")) if origin else None
+        except (ImportError, OSError, SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            if (isinstance(target, ast.Name) and target.id == attribute
+                    and isinstance(node.value, ast.Dict)
+                    and all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.value.keys)):
+                return tuple(k.value for k in node.value.keys)  # type: ignore[union-attr]
+    return tuple(registry(kind))
+
+
+def _source_file(module: str) -> str | None:
+    """The source file of a module, found without importing it or its parent packages (past the
+    first one that is not imported yet, `importlib.util.find_spec` would import them)."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    parts = module.split(".")
+    done = 1
+    while done < len(parts) and ".".join(parts[:done + 1]) in sys.modules:
+        done += 1
+    spec = importlib.util.find_spec(".".join(parts[:done + 1]))
+    for index in range(done + 1, len(parts)):
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:index + 1]),
+                                                        list(spec.submodule_search_locations))
+    return spec.origin if spec is not None else None
+
+
 def name_of(obj: Any) -> str:
     """The registry name of a component's class; its class name when it is not registered."""
     for kind in HOMES:

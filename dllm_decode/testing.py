@@ -154,3 +154,25 @@ def assert_logits_close(actual: Tensor, expected: Tensor, ulps: int = FLOAT32_UL
     """Assert logits from a different compute path equal `expected` to float rounding
     (`logits_tolerance`)."""
     torch.testing.assert_close(actual, expected, **logits_tolerance(expected, ulps))
+
+
+TINY_LOGIT_SCALE = 8.0
+"""The largest logit magnitude of the seeded tiny test models (measured up to ~6)."""
+
+PROBABILITY_ATOL = 2 * FLOAT32_ULPS * float(torch.finfo(torch.float32).eps) * TINY_LOGIT_SCALE
+"""How far a softmax probability (a step's confidence) from two DIFFERENT compute paths of a tiny
+test model may differ: a softmax moves by at most twice the largest change of its logits
+(|dp_i| <= p_i (|dz_i| + sum_j p_j |dz_j|) <= 2 max |dz|), and the logits agree to
+`FLOAT32_ULPS` ulps of their scale (`TINY_LOGIT_SCALE`): about 6.1e-5. A difference above it is
+a real one (a stale K/V, another input), not rounding."""
+
+
+def assert_probabilities_close(actual: Tensor, expected: Tensor) -> None:
+    """Assert probabilities (confidences; -inf marks an ineligible slot and must match exactly)
+    from a different compute path equal `expected` to float rounding (`PROBABILITY_ATOL`)."""
+    torch.testing.assert_close(actual, expected, atol=PROBABILITY_ATOL, rtol=0.0)
+
+
+def probabilities_differ(actual: Tensor, expected: Tensor) -> bool:
+    """True when probabilities differ by more than rounding (`PROBABILITY_ATOL`) somewhere."""
+    return not torch.allclose(actual, expected, atol=PROBABILITY_ATOL, rtol=0.0)

@@ -13,10 +13,15 @@ class ThresholdScheduler(Scheduler):
     """Commit every eligible position whose confidence is at least `threshold`.
 
     S = {argmax_i c_i} U {i : c_i >= tau}: the loop adds the most confident position when none
-    clears the bar (the Nov 2025 upstream fix, NVlabs/Fast-dLLM PR #45). Ties pass (`>=`, as in
-    Fast-dLLM v1 LLaDA); v2 and SGLang use `>`, which differs only at tau = 1.0 where `>`
-    means exactly one token per step. Positions predicted as [MASK] are never candidates
-    (dInfer's `rm_mask`). Default tau = 0.9 (paper §4.1).
+    clears the bar (the Nov 2025 upstream fix, NVlabs/Fast-dLLM PR #45).
+
+    Ties commit (`>=`), faithful to the paper this rule is from: Fast-dLLM v1's released LLaDA
+    code (`get_transfer_index`) takes the top-k and drops a position only when its confidence is
+    `< threshold`. Fast-dLLM v2's, SDAR's and LLaDA2's generate functions (and SGLang) commit only
+    above the bar (`>`). The two differ only on an exact tie, which in practice means tau = 1.0:
+    there `>` commits nothing but the forced top-1, `>=` also every saturated probability.
+    Positions predicted as [MASK] are never candidates (dInfer's `rm_mask`). Default tau = 0.9
+    (paper §4.1).
     """
 
     threshold: float = 0.9

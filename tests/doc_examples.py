@@ -10,6 +10,8 @@ A block may be preceded by a marker comment that says how the tests treat it:
                                      `with-server` blocks, then stopped with SIGTERM (exit 0)
     <!-- test: with-server -->       run while that server is up, port 8000 replaced by its port
     <!-- test: needs lm_eval -->     skipped when lm-evaluation-harness is not installed
+    <!-- test: first-hour -->        also a step of the new user's path from a fresh clone to a
+                                     served model and a plotted eval (`tests/test_first_hour.py`)
 
 Words combine (`with-server needs lm_eval`). Unmarked python blocks run in one namespace per
 page, in order; unmarked bash blocks run command by command in a scratch directory.

@@ -203,7 +203,7 @@ def test_model_paths_say_what_is_wrong(tmp_path):
 
 
 def test_causal_lm_config_and_weights_must_agree(tmp_path):
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     with pytest.raises(ModelLoadError, match="eos_token_id"):
         load_causal_lm(str(_variant(tmp_path, "ar_target", eos_token_id=500)))
@@ -308,7 +308,7 @@ def test_speculative_api_arguments():
     from dllm_decode.speculative.drafters.layerskip import layer_subset
     from dllm_decode.speculative.drafters import DraftContext, make_drafter
     from dllm_decode.speculative.loop import eos_ids_of
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
     from dllm_decode.speculative.verify import greedy_verify, speculative_verify
     from dllm_decode.testing import tiny_llada
 

@@ -79,7 +79,8 @@ def test_every_block_runs(page, tmp_path, monkeypatch):
 
 
 def test_markers_are_known():
-    known = {"gpu", "skip", "serve", "with-server", "needs", "lm_eval", "installs", "packages"}
+    known = {"gpu", "skip", "serve", "with-server", "needs", "lm_eval", "installs", "packages",
+             "first-hour"}
     for page in PAGES:
         for block in blocks(_text(page)):
             assert block.marks <= known, (page, block.marks - known)

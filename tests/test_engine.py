@@ -217,7 +217,7 @@ def test_bad_requests_are_refused_with_one_line():
 
 def test_a_causal_lm_is_served_one_request_per_group():
     from dllm_decode.speculative import LookupDrafter, Sampling, SpecConfig, speculative_generate
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     target = load_causal_lm("ar_target")
     engine = Engine(SpeculativeModel(target, LookupDrafter()), max_batch_size=2)

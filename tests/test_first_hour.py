@@ -161,3 +161,114 @@ def test_the_wheel_builds_without_warnings(tmp_path):
     assert built.returncode == 0, built.stderr
     output = built.stdout + built.stderr
     assert not re.search(r"would be ignored|is absent from the `packages`", output), output[-3000:]
+
+
+# --- the path itself: fresh clone -> served model answering -> plotted eval --------------------
+
+FIRST_HOUR_PAGE = "getting-started.md"
+FIRST_HOUR_STEPS = 5
+
+
+def _page() -> str:
+    from tests.doc_examples import ROOT
+
+    return (ROOT / "docs" / FIRST_HOUR_PAGE).read_text()
+
+
+def first_hour_blocks():
+    """The getting-started page's blocks marked `first-hour`, in page order."""
+    from tests.doc_examples import blocks
+
+    return [b for b in blocks(_page()) if "first-hour" in b.marks]
+
+
+def first_hour_commands() -> list[str]:
+    from tests.doc_examples import commands
+
+    return [line for block in first_hour_blocks() for line in commands(block.code)]
+
+
+def test_the_first_hour_is_at_most_five_documented_commands():
+    """Install + decode, serve, (ask), eval: each copied from the page, the README agreeing."""
+    import tomllib
+
+    from tests.doc_examples import ROOT
+
+    steps = first_hour_commands()
+    assert 3 <= len(steps) <= FIRST_HOUR_STEPS, steps
+    install = steps[0]
+    assert "pip install" in install and '-e ".[test]"' in install
+    assert install.split("&&")[-1].strip().startswith("dllm-decode --prompt")
+    serve = [s for s in steps if s.startswith("dllm-decode serve")]
+    evaluate = [s for s in steps if s.startswith("dllm-decode eval")]
+    assert len(serve) == 1 and len(evaluate) == 1 and " --out " in evaluate[0]
+    readme = (ROOT / "README.md").read_text()
+    for line in (install, *serve, *evaluate):                    # the README shows the same path
+        assert line in readme, line
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = lambda extra: {re.split(r"[<>=\[ ]", r)[0] for r in extras[extra]}  # noqa: E731
+    assert names("serve") | names("plot") <= names("test")      # command 1's install serves and plots
+
+
+def _run(line: str, cwd, timeout: int = 900) -> subprocess.CompletedProcess:
+    import shlex
+
+    from tests.doc_examples import venv_env
+
+    return subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=venv_env())
+
+
+@pytest.mark.slow
+def test_the_first_hour_runs_as_documented(tmp_path):
+    """Every step of the path, copied from the page, in order, in a scratch folder: the decode
+    prints the promised answer and nothing else, the server answers the documented request, the
+    eval writes its report and plots and says where. The install itself is this environment (the
+    suite runs in an install made by that line); its other half, the decode, runs here."""
+    from tests.doc_examples import server
+
+    blocks = first_hour_blocks()
+    answered = plotted = False
+    for index, block in enumerate(blocks):
+        if "serve" in block.marks:
+            asks = [c for b in blocks[index + 1:] if "with-server" in b.marks for c in _commands(b)]
+            assert asks, "the served model is never asked"
+            with server(_commands(block)[0], tmp_path) as port:
+                for line in asks:
+                    line = re.sub(r"(localhost|127\.0\.0\.1):8000", rf"\g<1>:{port}", line)
+                    done = _run(line, tmp_path, timeout=120)
+                    assert done.returncode == 0, done.stderr
+                    reply = json.loads(done.stdout)
+                    assert reply["choices"][0]["text"] == "ella hank mia" and "warning" not in reply
+                    answered = True
+            continue
+        if "with-server" in block.marks:
+            continue
+        for line in _commands(block):
+            if "pip install" in line:
+                line = line.split("&&")[-1].strip()
+                done = _run(line, tmp_path)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.strip() == "ella hank mia" and done.stderr == "", done.stderr
+                continue
+            done = _run(line, tmp_path)
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert "Traceback" not in done.stderr and "Warning" not in done.stderr, done.stderr[-2000:]
+            if line.startswith("dllm-decode eval"):
+                out = tmp_path / line.split(" --out ")[1].split()[0]
+                report = (out / "report.md").read_text()
+                plots = sorted(p.name for p in out.glob("*.png"))
+                assert plots and all(f"]({name})" in report for name in plots)
+                assert all(name in done.stdout for name in plots)        # the command says where
+                summary = json.loads((out / "summary.json").read_text())
+                assert summary["plots"] == [p for p in summary["plots"] if p in plots] and summary["plots"]
+                promised = re.search(r"This decodes (\d+) samples", _page()).group(1)
+                assert sum(1 for _ in open(out / "samples.jsonl")) == int(promised)   # as the page says
+                plotted = True
+    assert answered and plotted
+
+
+def _commands(block) -> list[str]:
+    from tests.doc_examples import commands
+
+    return commands(block.code)

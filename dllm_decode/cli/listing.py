@@ -13,7 +13,7 @@ KINDS = (("schedulers", "scheduler"), ("caches", "cache"), ("filters", "filter")
 def list_command() -> None:
     """Print every scheduler, cache, filter and drafter with each one's fields and defaults."""
     from dllm_decode.registry import describe, registry
-    from dllm_decode.speculative.drafters import DRAFT_HELP
+    from dllm_decode.speculative.drafters import draft_help
 
     for title, kind in KINDS:
         click.echo(f"{title}:")
@@ -21,4 +21,4 @@ def list_command() -> None:
             click.echo(f"  {name:<16} {doc}")
             for field_name, type_name, default in params:
                 click.echo(f"      {field_name} ({type_name}) = {default!r}")
-    click.echo(f"short --draft spellings: {DRAFT_HELP}")
+    click.echo(f"short --draft spellings: {draft_help()}")

@@ -40,10 +40,11 @@ class RegistryHelp(click.Option):
 
 
 def registry_names(kind: str) -> str:
-    """`a, b, c`: the registered names of one kind of component, in registry order."""
-    from dllm_decode.registry import registry
+    """`a, b, c`: the registered names of one kind of component, in registry order (read without
+    importing the plugins, so help stays torch-free)."""
+    from dllm_decode.registry import names
 
-    return ", ".join(registry(kind))
+    return ", ".join(names(kind))
 
 
 def natural_gen_length(model: Any) -> int | None:

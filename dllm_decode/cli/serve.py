@@ -192,7 +192,7 @@ def _causal(spec: Any, device: Any, max_draft: int) -> Any:
     from dllm_decode.cli.spec import _quiet_transformers
     from dllm_decode.engine import SpeculativeModel
     from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     _quiet_transformers()
     with usage_errors("--model"):

@@ -6,31 +6,31 @@ import json
 
 import click
 
-from dllm_decode.cli.options import FloatRange, key_values
-
-RUNTIME_CHOICES = ("hf", "compact")
+from dllm_decode.cli.options import FloatRange, RegistryHelp, key_values, registry_names
+from dllm_decode.modelspec import RUNTIMES as RUNTIME_CHOICES   # torch-free; = speculative.compact.RUNTIMES
 
 
 @click.command("spec")
 @click.option("--target", default="ar_target", show_default=True,
               help="Causal LM: `ar_target`, `smollm2`, a directory, a .gguf or an HF cache id.")
-@click.option("--draft", "draft_spec", default="ar_draft", show_default=True,
-              help="A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf), `lookup[:MAX_NGRAM]`, "
-                   "`layerskip:N` or `layerskip:0,2,3`, `dllm[:MODEL]`, `staged:FIRST>SECOND` "
-                   "(FIRST's own drafting speculated by SECOND, e.g. `staged:ar_draft>lookup`), "
-                   "or `none` (plain AR); or a `DRAFTERS` name with --draft-opt.")
+@click.option("--draft", "draft_spec", default="ar_draft", show_default=True, cls=RegistryHelp,
+              help=lambda: f"A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf) or a "
+                           f"drafter: {registry_names('drafter')}, as NAME[:ARG] "
+                           f"(`lookup:3`, `layerskip:2`, `dllm:MODEL`, `staged:FIRST>SECOND`; "
+                           f"`dllm-decode list` shows every spelling and option).")
 @click.option("-d", "--draft-opt", "draft_opts", multiple=True, metavar="KEY=VALUE",
               callback=key_values, help="Override a drafter option (`dllm-decode list`), dotted "
               "for a staged draft's stages (`second.max_ngram=3`); repeatable.")
-@click.option("--scheduler", default="heuristic", show_default=True,
-              help="Decides each round's draft length: `heuristic`, `bild` (BiLD: -o fallback=0.6 "
-                   "-o rollback=5|none -o max_small=10; rollback is lossy, greedy only) or any "
-                   "diffusion scheduler (see `dllm_decode.speculative.schedule`).")
+@click.option("--scheduler", default="heuristic", show_default=True, cls=RegistryHelp,
+              help=lambda: f"Decides each round's draft length: an AR rule "
+                           f"({registry_names('draft_length')}) or a diffusion commit rule "
+                           f"({registry_names('scheduler')}); `dllm-decode list` shows their "
+                           f"fields (BiLD's rollback is lossy, greedy only).")
 @click.option("-o", "--scheduler-opt", "scheduler_opts", multiple=True, metavar="KEY=VALUE",
               callback=key_values, help="Override a scheduler field; repeatable.")
 @click.option("--tree-branch", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Token tree: candidates per expanded node and nodes expanded per depth "
-                   "(1: a chain). For model, layerskip, lookup and staged drafts.")
+                   "(1: a chain). Only for drafts that draft trees (an error names them).")
 @click.option("--tree-budget", type=click.IntRange(1, 512), default=16, show_default=True,
               help="Most tree nodes the target verifies per round (the chain first).")
 @click.option("--tree-min-prob", type=FloatRange(0, 1, max_open=True), default=0.0,
@@ -43,8 +43,8 @@ RUNTIME_CHOICES = ("hf", "compact")
 @click.option("--top-k", type=click.IntRange(1), default=None)
 @click.option("--top-p", type=FloatRange(0, 1, min_open=True), default=None)
 @click.option("--seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
-@click.option("--dllm-scheduler", default="threshold", show_default=True,
-              help="Unmasking scheduler of a `dllm` drafter.")
+@click.option("--dllm-scheduler", default="threshold", show_default=True, cls=RegistryHelp,
+              help=lambda: f"Unmasking scheduler of a `dllm` drafter: {registry_names('scheduler')}.")
 @click.option("--dllm-opt", "dllm_opts", multiple=True, metavar="KEY=VALUE", callback=key_values,
               help="Override a field of the dLLM's unmasking scheduler; repeatable.")
 @click.option("--dllm-drop", default="", help="Text whose tokens are removed from the context "
@@ -78,6 +78,7 @@ def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], sched
     from dllm_decode.speculative import (DiffusionDrafter, DraftContext, Sampling, SpecConfig,
                                          TreeShape, draft_spec as read_draft,
                                          speculative_generate, with_runtime)
+    from dllm_decode.speculative.drafters import tree_drafters
     from dllm_decode.speculative.schedule import draft_length_rule
 
     with usage_errors("--scheduler / -o"):
@@ -103,7 +104,7 @@ def spec_command(target: str, draft_spec: str, draft_opts: dict[str, str], sched
                                                  tree))
     if tree is not None and (drafter is None or isinstance(drafter, DiffusionDrafter)):
         raise click.UsageError(f"--tree-branch {tree_branch}: the draft {draft_spec!r} cannot draft "
-                               f"a token tree (use a model, layerskip, lookup or staged draft)")
+                               f"a token tree (drafts that can: {', '.join(tree_drafters())})")
     with usage_errors("--runtime"):
         target_model = with_runtime(loaded, runtime)
     with usage_errors():

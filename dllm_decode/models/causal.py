@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from dllm_decode.models.checkpoint import (EMBEDDED_DIR, ModelLoadError, custom_code, load_tokenizer,
-                                           read_config, require_bool, resolve_model_dir,
+from dllm_decode.models.checkpoint import (EMBEDDED_AR, EMBEDDED_DIR, ModelLoadError, custom_code,
+                                           load_tokenizer, read_config, require_bool, resolve_model_dir,
                                            untrusted_code_error)
 from dllm_decode.models.gguf import WHEEL_MODELS, FetchError, gguf_path, load_gguf
 
-EMBEDDED_AR = ("ar_target", "ar_draft")
-"""Shipped AR models, in `dllm_decode/embedded/<name>/` (same tokenizer as the embedded dLLM)."""
+# EMBEDDED_AR: the shipped AR models, in `dllm_decode/embedded/<name>/` (same tokenizer as the
+# embedded dLLM); declared beside the shipped dLLM names in `models.checkpoint`.
 
 
 def resolve_causal_dir(name: str) -> Path:

@@ -28,6 +28,8 @@ from torch import nn
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
 EMBEDDED_NAMES = {"embedded": "dllm", "embedded-bd": "bd", "embedded-dparallel": "dparallel"}   # CLI names of the shipped models -> directory
+EMBEDDED_AR = ("ar_target", "ar_draft")
+"""The shipped causal (AR) models (`dllm_decode.models.causal` loads them)."""
 
 
 class ModelLoadError(ValueError):
@@ -51,7 +53,7 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
     if path.exists():
         raise ModelLoadError(f"model {text!r} is a file, not a directory (a checkpoint directory "
                              f"holds config.json and the weights)")
-    if text in ("ar_target", "ar_draft"):
+    if text in EMBEDDED_AR:
         raise ModelLoadError(f"{text!r} is a shipped causal (AR) model, not a diffusion LM; use it "
                              f"as `ar:{text}` (eval) or with `dllm-decode spec --target/--draft`")
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
@@ -61,7 +63,8 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
             return snapshot(text)
         except ValueError as err:
             raise ModelLoadError(str(err)) from None
-    raise ModelLoadError(f"model directory {text!r} does not exist")
+    raise ModelLoadError(f"model directory {text!r} does not exist (shipped models: "
+                         f"{', '.join(EMBEDDED_NAMES)}; a Hub id is ORG/NAME)")
 
 
 def read_config(directory: Path) -> dict[str, Any]:

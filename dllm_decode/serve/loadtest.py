@@ -1,7 +1,7 @@
 """Load-test clients: N concurrent HTTP clients sending a list of request bodies to a server.
 
-Standard library only, so it runs in its own process (the benchmark starts it that way, keeping
-the clients off the server's interpreter lock):
+The standard library and click only (no torch), so it starts at once in its own process (the
+benchmark starts it that way, keeping the clients off the server's interpreter lock):
 
     python -m dllm_decode.serve.loadtest http://127.0.0.1:8000 --clients 64 < bodies.json > results.json
 
@@ -12,7 +12,6 @@ Each client keeps one HTTP/1.1 connection and takes the next body when its reply
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import sys
@@ -20,6 +19,8 @@ import threading
 import time
 import urllib.parse
 from typing import Any
+
+import click
 
 
 def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
@@ -71,14 +72,24 @@ def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
             "results": [r if r is not None else {"status": 0, "error": "no reply"} for r in results]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--path", default="/v1/completions")
-    args = parser.parse_args(argv)
-    bodies = json.load(sys.stdin)
-    json.dump(run_clients(args.url, bodies, args.clients, args.path), sys.stdout)
+@click.command("loadtest", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("url")
+@click.option("--clients", type=click.IntRange(1), default=64, show_default=True,
+              help="Concurrent clients, one HTTP/1.1 connection each.")
+@click.option("--path", default="/v1/completions", show_default=True, help="The route every body is POSTed to.")
+def main(url: str, clients: int, path: str) -> None:
+    """Send the JSON list of request bodies on standard input to the server at URL, CLIENTS at a
+    time; print the replies and latencies as one JSON object."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise click.BadParameter(f"expected http://HOST:PORT, got {url!r}", param_hint="URL")
+    try:
+        bodies = json.load(sys.stdin)
+    except ValueError as err:
+        raise click.UsageError(f"standard input is not a JSON list of request bodies: {err}") from None
+    if not isinstance(bodies, list) or not all(isinstance(b, dict) for b in bodies):
+        raise click.UsageError("standard input must be a JSON list of request bodies (objects)")
+    json.dump(run_clients(url, bodies, clients, path), sys.stdout)
 
 
 if __name__ == "__main__":

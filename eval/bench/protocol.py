@@ -38,6 +38,8 @@ class Option:
         low, high: the bounds of a number (None: unbounded); `low_open`: `low` itself refused.
         multiple: repeatable (the value is a tuple).
         default: None (and () when repeatable): the benchmark's own default.
+        registry: a registry kind (`cache`, ...) whose names the value takes as NAME[:K=V,...];
+            the help then lists them, read from the registry when it is shown.
     """
 
     flags: tuple[str, ...]
@@ -50,6 +52,7 @@ class Option:
     multiple: bool = False
     default: Any = None
     metavar: str | None = None
+    registry: str = ""
 
     def but(self, **changes: Any) -> Option:
         return dataclasses.replace(self, **changes)

@@ -25,6 +25,7 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import click
 import torch
 from torch import Tensor
 
@@ -345,21 +346,31 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
                    "seconds": sum(r[3] for r in rs) / len(rs)} for name, rs in rows.items()}
 
 
-if __name__ == "__main__":
-    import argparse
+@click.command("filter", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_name", default="embedded", show_default=True, help="The diffusion model.")
+@click.option("--weights", default="embedded", show_default=True,
+              help="The filter's safetensors file; `embedded` is the shipped one.")
+@click.option("--per-task", type=click.IntRange(1), default=10, show_default=True,
+              help="Test-split prompts per task.")
+@click.option("--gen-length", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="torch threads (batch-1 decoding of a small model).")
+def main(model_name: str, weights: str, per_task: int, gen_length: int, threads: int) -> None:
+    """Learn2PD comparison table on the test split (batch 1): one token per step, threshold 0.9,
+    the learned filter alone, with EoTP, with the dual cache, and the oracle. Prints JSON."""
     import json
-    import sys
 
-    parser = argparse.ArgumentParser(description="Learn2PD comparison table on the test split (batch 1).")
-    parser.add_argument("--model", default="embedded")
-    parser.add_argument("--weights", default="embedded")
-    parser.add_argument("--per-task", type=int, default=10)
-    parser.add_argument("--gen-length", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (batch-1 decoding of a small model)")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    from dllm_decode.models.loading import load_model
+    from dllm_decode.eval.training.side_by_side import command_model
 
-    table = compare(load_model(args.model), args.per_task, gen_length=args.gen_length,
-                    weights=args.weights, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(json.dumps(table, indent=1))
+    torch.set_num_threads(threads)
+    model = command_model(model_name)
+    try:
+        table = compare(model, per_task, gen_length=gen_length, weights=weights,
+                        progress=lambda line: click.echo(line, err=True))
+    except ValueError as err:                          # a weights file that does not load
+        raise click.BadParameter(str(err).splitlines()[0], param_hint="--weights") from None
+    click.echo(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 import torch
 
 from dllm_decode.config import DecodeConfig
@@ -156,28 +157,38 @@ def compare_filters(model: Any, weights: dict[str, str], *, per_task: int = 4, g
     return side_by_side({"model": model}, configs, suite_examples(per_task, seed), progress=progress)
 
 
-if __name__ == "__main__":
-    import argparse
+@click.command("onpolicy", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_name", default="embedded", show_default=True, help="The diffusion model.")
+@click.option("--weights", multiple=True, required=True, metavar="NAME=PATH",
+              help="A filter to compare (repeatable); PATH `embedded` is the shipped one.")
+@click.option("--per-task", type=click.IntRange(1), default=4, show_default=True,
+              help="Test-split prompts per task.")
+@click.option("--gen-length", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="torch threads (batch-1 decoding of a small model).")
+def main(model_name: str, weights: tuple[str, ...], per_task: int, gen_length: int, threads: int) -> None:
+    """Learn2PD filters side by side: one token per step vs learned + eotp under each --weights
+    NAME=PATH (test split, batch 1). Prints the table, then the same as JSON."""
     import json
-    import sys
 
-    parser = argparse.ArgumentParser(description="Learn2PD filters side by side: one token per step vs "
-                                                 "learned + eotp under each --weights NAME=PATH (test split, batch 1).")
-    parser.add_argument("--model", default="embedded")
-    parser.add_argument("--weights", action="append", default=[], metavar="NAME=PATH",
-                        help="a filter to compare (repeatable); PATH `embedded` is the shipped one")
-    parser.add_argument("--per-task", type=int, default=4)
-    parser.add_argument("--gen-length", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    if not args.weights or any("=" not in w for w in args.weights):
-        parser.error("give at least one --weights NAME=PATH")
-    torch.set_num_threads(args.threads)
-    from dllm_decode.eval.training.side_by_side import format_table
-    from dllm_decode.models.loading import load_model
+    from dllm_decode.eval.training.side_by_side import command_model, format_table
 
-    table = compare_filters(load_model(args.model), dict(w.split("=", 1) for w in args.weights),
-                            per_task=args.per_task, gen_length=args.gen_length,
-                            progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(format_table(table))
-    print(json.dumps(table, indent=1))
+    named: dict[str, str] = {}
+    for item in weights:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise click.BadParameter(f"expected NAME=PATH, got {item!r}", param_hint="--weights")
+        named[name.strip()] = path.strip()
+    torch.set_num_threads(threads)
+    model = command_model(model_name)
+    try:
+        table = compare_filters(model, named, per_task=per_task, gen_length=gen_length,
+                                progress=lambda line: click.echo(line, err=True))
+    except ValueError as err:                          # a weights file that does not load
+        raise click.BadParameter(str(err).splitlines()[0], param_hint="--weights") from None
+    click.echo(format_table(table))
+    click.echo(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()

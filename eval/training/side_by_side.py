@@ -70,3 +70,16 @@ def format_table(table: Mapping[str, Mapping[str, float]]) -> str:
         lines.append(f"{key:<{width}}  {row['accuracy']:5.1f}  {row['nfe']:5.2f}  "
                      f"{row['tokens_per_step']:8.1f}  {1000 * row['seconds']:9.1f}")
     return "\n".join(lines)
+
+
+def command_model(name: str) -> Any:
+    """The `--model` of the comparison commands (`python -m dllm_decode.eval.training.filter`,
+    `... .onpolicy`), loaded; a name that does not load is a one-line usage error (exit 2)."""
+    import click
+
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+
+    try:
+        return load_diffusion(ModelSpec.parse(name))
+    except ValueError as err:
+        raise click.BadParameter(str(err).splitlines()[0], param_hint="--model") from None

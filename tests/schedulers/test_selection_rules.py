@@ -27,6 +27,22 @@ def test_threshold_ties_pass_and_tau_one_takes_only_certain_tokens():
     assert committed(ThresholdScheduler(1.0), with_confidence([[0.99, 0.999]])) == [[]]  # loop forces one
 
 
+def test_threshold_on_an_exact_tie_follows_fast_dllm_v1():
+    """Fast-dLLM v1 (LLaDA): top-k by confidence, then drop a position whose confidence is
+    `< threshold` (the top-1 always stays). Written here from that rule: an exact tie commits;
+    the `>` of Fast-dLLM v2 / SDAR / LLaDA2 would not."""
+    conf = torch.tensor([[0.5, 0.25, 0.75, 0.5]])                  # exact binary fractions
+
+    def v1(c: torch.Tensor, tau: float) -> list[int]:
+        order = torch.argsort(c[0], descending=True, stable=True).tolist()
+        return sorted([order[0]] + [i for i in order[1:] if not c[0, i] < tau])
+
+    for tau in (0.5, 0.75, 0.25):
+        assert committed(ThresholdScheduler(tau), with_confidence(conf)) == [v1(conf, tau)]
+    assert committed(ThresholdScheduler(0.5), with_confidence(conf)) == [[0, 2, 3]]
+    assert (conf > 0.5).nonzero()[:, 1].tolist() == [2]            # the strict rule differs here
+
+
 # -- factor: (n + 1)(1 - c_(n)) <= f on the sorted prefix --
 def test_factor_boundary_passes_and_the_last_failure_is_not_committed():
     # f = 1: bars 1 - 1/(n+1) = 0.5 (forced), 0.667, 0.75, 0.8. 0.75 sits on its bar and passes;

@@ -224,7 +224,7 @@ def test_a_causal_lm_is_served_the_same_way():
     from dllm_decode.serve.protocol import Settings
     from dllm_decode.serve.worker import EngineWorker
     from dllm_decode.speculative import LookupDrafter, SpecConfig, speculative_generate
-    from dllm_decode.speculative.models import load_causal_lm
+    from dllm_decode.models.causal import load_causal_lm
 
     target = load_causal_lm("ar_target")
     config = default_config(gen_length=16, block_length=16)

@@ -23,13 +23,10 @@ def test_load_directory_roundtrip(tmp_path):
 
 def test_causal_builder_takes_a_family_builders_arguments(tmp_path):
     """`build_causal(directory, config)` is called like a `models.loading.BUILDERS` entry."""
-    import dllm_decode.speculative.models as old_path
-
     model = tiny_llama(0)
     model.save_pretrained(tmp_path)
     built = build_causal(tmp_path, read_config(tmp_path))
     assert type(built) is type(model) and built.tokenizer is None
-    assert old_path.load_causal_lm is load_causal_lm      # the old import path still works
 
 
 def test_masked_lm_directory_is_refused(tmp_path):

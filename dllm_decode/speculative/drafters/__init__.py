@@ -13,7 +13,7 @@ from dllm_decode.speculative.drafters.layerskip import (LayerSkipDraft, layer_su
 from dllm_decode.speculative.drafters.lookup import LookupDraft, LookupDrafter
 from dllm_decode.speculative.drafters.model import ModelDraft, ModelDrafter
 from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec, NoDraft
-from dllm_decode.speculative.drafters.spelling import DRAFT_HELP, draft_spec, make_drafter, parse_draft
+from dllm_decode.speculative.drafters.spelling import draft_help, draft_spec, make_drafter, parse_draft
 from dllm_decode.speculative.drafters.staged import StagedDraft, StagedDrafter
 
 DRAFTERS: dict[str, type[DraftSpec]] = {
@@ -25,7 +25,19 @@ DRAFTERS: dict[str, type[DraftSpec]] = {
     "staged": StagedDraft,        # a draft sped up by a cheaper drafter (Spector & Ré 2023, stage 2)
 }
 
-__all__ = ["DRAFTERS", "DRAFT_HELP", "Built", "DiffusionDraft", "DiffusionDrafter", "Draft",
+__all__ = ["DRAFTERS", "Built", "DiffusionDraft", "DiffusionDrafter", "Draft",
            "DraftContext", "DraftSpec", "Drafter", "LayerSkipDraft", "LookupDraft", "LookupDrafter",
            "ModelDraft", "ModelDrafter", "NoDraft", "StagedDraft", "StagedDrafter", "draft_spec",
-           "layer_subset", "layerskip_drafter", "make_drafter", "parse_draft", "parse_layers"]
+           "draft_help", "layer_subset", "layerskip_drafter", "make_drafter", "parse_draft",
+           "parse_layers", "tree_drafters"]
+
+
+def tree_drafters() -> tuple[str, ...]:
+    """The `DRAFTERS` entries that can draft a token tree (`DraftSpec.drafts_trees`)."""
+    return tuple(name for name, spec in DRAFTERS.items() if spec.drafts_trees)
+
+
+def __getattr__(name: str) -> str:
+    if name == "DRAFT_HELP":          # the old constant, now computed from the registry
+        return draft_help()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 
@@ -101,6 +102,8 @@ class LayerSkipDraft(DraftSpec):
         layers: `N` keeps the first N layers (early exit), `0,2,3` keeps those layers (Draft &
             Verify); layer 0 always stays, and at least one layer must be skipped.
     """
+
+    drafts_trees: ClassVar[bool] = True
 
     layers: str = ""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -108,6 +108,8 @@ class LookupDraft(DraftSpec):
         max_ngram: longest n-gram matched (HF `max_matching_ngram_size`, default 2).
         min_ngram: shortest n-gram tried.
     """
+
+    drafts_trees: ClassVar[bool] = True
 
     max_ngram: int = 2
     min_ngram: int = 1

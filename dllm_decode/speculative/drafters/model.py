@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -198,6 +198,8 @@ class ModelDraft(DraftSpec):
         model: a `load_causal_lm` name: `ar_draft` (shipped), `smollm2` (fetched GGUF), a
             checkpoint directory, a `.gguf` file or a repo id in the local HF cache.
     """
+
+    drafts_trees: ClassVar[bool] = True
 
     model: str = "ar_draft"
 

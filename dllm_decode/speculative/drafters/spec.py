@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from dllm_decode.fields import Checked
 from dllm_decode.interfaces import Scheduler
@@ -54,7 +54,10 @@ class Built(NamedTuple):
 
 class DraftSpec(Checked, abc.ABC):
     """A `DRAFTERS` entry: a frozen dataclass whose fields are the drafter's options, every field
-    defaulted and type-checked (`dllm_decode.fields`), ranges checked in `__post_init__`."""
+    defaulted and type-checked (`dllm_decode.fields`), ranges checked in `__post_init__`.
+    `drafts_trees`: whether the built drafter can draft a token tree (`DraftContext.tree`)."""
+
+    drafts_trees: ClassVar[bool] = False
 
     @abc.abstractmethod
     def build(self, context: DraftContext) -> Built:

@@ -19,11 +19,23 @@ from typing import Any
 
 from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec
 
-DRAFT_HELP = ("A causal LM (`ar_draft`, `smollm2`, a directory, a .gguf), `lookup[:MAX_NGRAM]`, "
-              "`layerskip:N` (first N target layers) or `layerskip:0,2,3`, `dllm[:MODEL]` "
-              "(a diffusion LM drafting a block), `staged:FIRST>SECOND` (FIRST, a model or "
-              "layerskip draft, itself sped up by SECOND, e.g. `staged:ar_draft>lookup`), or "
-              "`none` (plain AR).")
+SPELLINGS = {
+    "none": "`none` (plain AR)",
+    "lookup": "`lookup[:MAX_NGRAM]`",
+    "layerskip": "`layerskip:N` (first N target layers) or `layerskip:0,2,3`",
+    "dllm": "`dllm[:MODEL]` (a diffusion LM drafting a block)",
+    "model": "a causal LM (`ar_draft`, `smollm2`, a directory, a .gguf)",
+    "staged": "`staged:FIRST>SECOND` (FIRST, a model or layerskip draft, itself sped up by SECOND, "
+              "e.g. `staged:ar_draft>lookup`)",
+}
+"""The short spelling of each `DRAFTERS` entry; an entry without one is shown as its name."""
+
+
+def draft_help() -> str:
+    """The accepted `--draft` spellings, one per `DRAFTERS` entry in registry order."""
+    from dllm_decode.speculative.drafters import DRAFTERS
+
+    return "A draft: " + "; ".join(SPELLINGS.get(name, f"`{name}`") for name in DRAFTERS) + "."
 
 MAIN_OPTION = {"lookup": "max_ngram", "layerskip": "layers", "dllm": "model", "model": "model"}
 """The option `NAME:ARG` sets, per entry that takes one."""
@@ -40,7 +52,7 @@ def parse_draft(text: str) -> dict[str, Any]:
 
     text = text.strip()
     if not text:
-        raise ValueError(f"the draft is empty. {DRAFT_HELP}")
+        raise ValueError(f"the draft is empty. {draft_help()}")
     name, colon, arg = text.partition(":")
     if name not in DRAFTERS:
         return {"name": "model", "model": text}
@@ -81,7 +93,7 @@ def draft_spec(spec: str | Mapping[str, Any] | DraftSpec,
     try:
         return component("drafter", spec)
     except ValueError as err:
-        raise ValueError(f"{err}. {DRAFT_HELP}" if "unknown drafter" in str(err) else str(err)) from None
+        raise ValueError(f"{err}. {draft_help()}" if "unknown drafter" in str(err) else str(err)) from None
 
 
 def make_drafter(spec: str | Mapping[str, Any] | DraftSpec, context: DraftContext,

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -143,6 +143,8 @@ class StagedDraft(DraftSpec):
         first: a `model` or `layerskip` draft (its model verifies the second stage).
         second: any drafter but `none`.
     """
+
+    drafts_trees: ClassVar[bool] = True
 
     first: DraftSpec = field(default_factory=ModelDraft)
     second: DraftSpec = field(default_factory=LookupDraft)

@@ -33,7 +33,8 @@ BENCHMARK = Benchmark(
         Option(("--stop-at-eos/--no-stop-at-eos",), "stop_at_eos", bool,
                "Stop a row after the block holding its end-of-text [stop]."),
         Option(("--variant",), "variants", str, "Also compare this configured cache (e.g. "
-               "dual:prefix_look=1024); repeatable.", multiple=True, metavar="NAME[:KEY=VALUE,...]"),
+               "dual:prefix_look=1024); repeatable.", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+               registry="cache"),
         Option(("--new-caches/--no-new-caches",), "new_caches", bool,
                "Also compare d2, elastic, suffix and suffix:mode=dpad at their defaults [on]."),
     ),

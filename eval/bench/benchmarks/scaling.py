@@ -29,7 +29,8 @@ BENCHMARK = Benchmark(
     tuple(GEN_LENGTHS if o is GEN_LENGTH else o for o in SHARED) + (
         count("--batch", "batch", "Prompts per decode call."),
         Option(("--cache",), "caches", str, "Also time the default decode under this cache (e.g. "
-               "suffix); repeatable.", multiple=True, metavar="NAME[:KEY=VALUE,...]"),
+               "suffix); repeatable.", multiple=True, metavar="NAME[:KEY=VALUE,...]",
+               registry="cache"),
     ),
     run, later("dllm_decode.eval.bench.report", "format_scaling"),
     quick=dict(gen_lengths=(16, 32, 64), block_length=16, batch=4, per_task=1, repeats=1))
