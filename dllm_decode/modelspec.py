@@ -98,9 +98,11 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
-                   trust_remote_code: bool = False, runtime: str | None = None) -> Any:
+                   trust_remote_code: bool = False, runtime: str | None = None,
+                   tensor_parallel: int | None = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code` and `runtime` as `dllm_decode.models.load_model`.
+    `trust_remote_code`, `runtime` and `tensor_parallel` as `dllm_decode.models.load_model`
+    (`tiny` is built whole, then sharded in memory).
 
     Raises:
         ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
@@ -111,11 +113,16 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
 
         from dllm_decode.models.compact import set_runtime
 
-        model = tiny_llada_with_tokenizer().to(device or "cpu")
+        model = tiny_llada_with_tokenizer()
+        if tensor_parallel and tensor_parallel > 1:
+            from dllm_decode.parallel import init_parallel, shard_model
+
+            model = shard_model(model, init_parallel(tensor_parallel, device))
+        model = model.to(device or "cpu")
         return model if runtime is None else set_runtime(model, runtime)
     if spec.kind != "diffusion":
         raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
     from dllm_decode.models.loading import load_model
 
     return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                      runtime=runtime)
+                      runtime=runtime, tensor_parallel=tensor_parallel)

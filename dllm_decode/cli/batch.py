@@ -59,7 +59,7 @@ def read_requests(input_path: str, output_path: str) -> list[tuple[str, dict[str
     target = writable_file(output_path, "--output")
     try:
         with _owned(target):
-            return _pending(_read_lines(input_path), target)
+            return _pending(read_lines(input_path), target)
     except OutputError as err:
         raise click.BadParameter(str(err), param_hint="--output") from None
 
@@ -70,7 +70,7 @@ def _owned(target: Any) -> Any:
     return output_lock(target, "--output file", hint="wait for that run to finish or choose another --output")
 
 
-def _read_lines(input_path: str) -> list[tuple[str, dict[str, Any]]]:
+def read_lines(input_path: str) -> list[tuple[str, dict[str, Any]]]:
     """Every request line of the input (a regular file or a pipe; a device such as /dev/zero
     never ends and is refused)."""
     import os
@@ -145,26 +145,44 @@ def _same_request(record: dict[str, Any], body: dict[str, Any]) -> bool:
 
 
 def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
-                 chat_template: bool, batch_size: int, model_name: str) -> None:
+                 chat_template: bool, batch_size: int, model_name: str, groups: Any = None) -> None:
     """Decode the requests with the engine and append each result when it finishes, holding the
     output's writer lock throughout; requests another run finished since `read_requests` are
     skipped.
+
+    Under tensor parallelism (`groups` of a world > 1) every rank calls this with the requests of
+    the same file: TP rank 0 takes the lock, finds what is left to do and publishes those ids;
+    the other ranks decode exactly those, in the same order, and write nothing.
 
     Raises:
         click.ClickException: another run holds the output, or a result cannot be written.
     """
     from dllm_decode.outputs import OutputError
 
+    channel = None
+    if groups is not None and groups.world > 1:
+        from dllm_decode.parallel.control import ControlChannel
+
+        channel = ControlChannel(groups)
+        if not channel.leads:
+            ids = set(channel.receive())
+            _run(model, config, [(i, body) for i, body in requests if i in ids], None,
+                 chat_template, batch_size, model_name)
+            return
     try:
         with _owned(output_path):
             todo = _pending(list(requests), output_path)
+            if channel is not None:
+                channel.publish([i for i, _ in todo])
             _run(model, config, todo, output_path, chat_template, batch_size, model_name)
     except OutputError as err:
         raise click.ClickException(str(err)) from None
 
 
-def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
+def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str | None,
          chat_template: bool, batch_size: int, model_name: str) -> None:
+    """Decode `requests`; append each result to `output_path` (None: a follower rank, which
+    decodes the same steps and writes nothing)."""
     from dllm_decode.engine import Engine, Request
     from dllm_decode.eval.harness.records import append_records, repair
     from dllm_decode.outputs import describe
@@ -192,7 +210,12 @@ def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], ou
         hashes[request_id] = request_hash(body)
         if job.warning:
             warnings[request_id] = job.warning
-            click.echo(f"warning: request {request_id!r}: {job.warning}", err=True)
+            if output_path is not None:
+                click.echo(f"warning: request {request_id!r}: {job.warning}", err=True)
+    if output_path is None:
+        while engine.has_work:
+            engine.step()
+        return
     try:
         repair(output_path)
     except OSError as err:

@@ -81,6 +81,8 @@ def command(bench: Benchmark) -> click.Command:
             raise click.UsageError(str(err)) from None
         except NonFiniteLogits as err:                    # a model problem: exit 1, one line
             raise click.ClickException(str(err)) from None
+        if report is None:                                # a distributed run's other ranks
+            return
         click.echo(bench.format(report))
         if json_path:                                     # whole or not at all (outputs.py)
             from dllm_decode.outputs import atomic_write

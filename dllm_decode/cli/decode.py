@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
                                      trust_option)
 
@@ -91,6 +93,7 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="With --input: append one JSON result a line; a re-run skips ids already there."),
         click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True,
                      help="With --input: requests decoded at once (continuous batching)."),
+        tensor_parallel_option,
     ])
 
 
@@ -163,15 +166,15 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
                dtype: str | None, as_json: bool, stream: bool, input_path: str | None,
                output_path: str | None, batch_size: int, trust_remote_code: bool = False,
                runtime: str | None = None, cuda_graphs: bool = False, compile_step: bool = False,
-               **record: Any) -> None:
-    """Decode one prompt and print the answer (or one JSON object); or run a requests file."""
-    import torch
+               tensor_parallel: int = 1, **record: Any) -> None:
+    """Decode one prompt and print the answer (or one JSON object); or run a requests file.
 
-    from dllm_decode.cli import batch
-    from dllm_decode.cli.options import (device_option, load_diffusion_model, model_spec,
-                                         read_prompt, usage_errors)
-    from dllm_decode.prompts import chat_prompt
-    from dllm_decode.sampler import generate
+    Under `torchrun` with `--tensor-parallel N` (world size N) every rank runs this; TP rank 0
+    prints and writes the output file, the others decode the same requests silently.
+    """
+    from dllm_decode.cli import batch, launch
+    from dllm_decode.cli.options import (capture_mode, device_option, load_diffusion_model,
+                                         model_spec, read_prompt)
 
     if (input_path is None) != (output_path is None):
         raise click.UsageError("--input and --output go together")
@@ -182,24 +185,50 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     spec = model_spec(model_name)
     preset = record_preset(record.pop("preset", None), spec)
     config = decode_record(**record, preset=preset)
+    if launch.check_world(tensor_parallel, "dllm-decode") > 1 and input_path is None and prompt is None:
+        raise click.UsageError("under torchrun give the prompt with --prompt (standard input "
+                               "reaches one process only)")
+    leader = os.environ.get("RANK", "0") == "0"
     if input_path is not None:
-        requests = batch.read_requests(input_path, output_path)
+        requests = batch.read_requests(input_path, output_path) if leader else \
+            batch.read_lines(input_path)
         text = None
     else:
         text = read_prompt(prompt)
     where = device_option(device)
-    from dllm_decode.cli.options import capture_mode
     capture = capture_mode(cuda_graphs, compile_step, where)
     if capture != "off" and (input_path is not None or stream):
         raise click.UsageError("--cuda-graphs / --compile apply to a single --prompt decode "
                                "(not --input or --stream)")
-    model = load_diffusion_model(spec, where, dtype, config.gen_length,
-                                 trust_remote_code=trust_remote_code, runtime=runtime)
+    block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
+    groups = launch.start(tensor_parallel, where, "dllm-decode")
+    try:
+        model = load_diffusion_model(spec, where, dtype, config.gen_length,
+                                     trust_remote_code=trust_remote_code, runtime=runtime,
+                                     tensor_parallel=tensor_parallel)
+        with launch.leader_speaks(groups):
+            _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
+                           output_path, chat_template, batch_size, stream, as_json, where, groups,
+                           capture)
+    finally:
+        launch.finish(groups)
+
+
+def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: str | None,
+                   requests: Any, output_path: str | None, chat_template: bool, batch_size: int,
+                   stream: bool, as_json: bool, where: Any, groups: Any, capture: str) -> None:
+    import torch
+
+    from dllm_decode.cli import batch
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.prompts import chat_prompt
+    from dllm_decode.sampler import generate
+
     tokenizer = getattr(model, "tokenizer", None)
-    config = for_model(config, model, block_given=record["block_length"] is not None
-                       or (preset is not None and "block_length" in preset.parts))
-    if input_path is not None:
-        batch.run_requests(model, config, requests, output_path, chat_template, batch_size, str(spec))
+    config = for_model(config, model, block_given=block_given)
+    if requests is not None:
+        batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
+                           str(spec), groups=groups)
         return
     with usage_errors("--prompt"):
         wrapped = chat_prompt(tokenizer, text, chat_template)

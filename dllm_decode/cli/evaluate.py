@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
+from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
                                      trust_option)
 
@@ -78,6 +80,7 @@ def command_line() -> str:
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@tensor_parallel_option
 def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tuple[str, ...],
                  scheduler_specs: tuple[str, ...],
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
@@ -86,16 +89,15 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                  data_seed: int, sort_by: str, released_scoring: str, batch_size: int, out_dir: str,
                  chat_template: bool,
                  progress: bool, plots: bool, device: str | None, dtype: str | None,
-                 trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool) -> None:
+                 trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool,
+                 tensor_parallel: int = 1) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
-    plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0)."""
-    from dllm_decode.cli.options import (device_option, model_spec, parse_spec, torch_dtype,
-                                         usage_errors, writable_dir)
+    plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0); with
+    --tensor-parallel T on a world of T x D processes, D data-parallel groups of T ranks."""
+    from dllm_decode.cli import launch
+    from dllm_decode.cli.options import device_option, model_spec, parse_spec, usage_errors, writable_dir
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep
-    from dllm_decode.eval.harness.records import combined_records
-    from dllm_decode.eval.harness.report import write_outputs
-    from dllm_decode.eval.harness.runner import decoder_for, evaluate
     from dllm_decode.eval.tasks.sources import select_tasks
 
     spec = model_spec(model_name)
@@ -136,11 +138,34 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                 check_prompts(run.name, (example.prompt for example in run.examples))
     writable_dir(out_dir, "--out")
     where = device_option(device)
-    rank, _ = distributed.init_from_env(str(where))
+    if tensor_parallel == 1:
+        rank, _ = distributed.init_from_env(str(where))
+        _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
+                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json)
+        return
+    groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
+    try:
+        _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
+                  groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
+                  plots, as_json)
+    finally:
+        launch.finish(groups)
+
+
+def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
+              trust_remote_code: bool, runtime: str | None, tensor_parallel: int, rank: int,
+              skipped: Any, settings: Any, runs: Any, out_dir: str, batch_size: int,
+              progress: bool, combine: bool, plots: bool, as_json: bool) -> None:
+    from dllm_decode.cli.options import torch_dtype, usage_errors
+    from dllm_decode.eval.harness import distributed
+    from dllm_decode.eval.harness.records import combined_records
+    from dllm_decode.eval.harness.report import write_outputs
+    from dllm_decode.eval.harness.runner import decoder_for, evaluate
+
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
                                          chat_template, trust_remote_code=trust_remote_code,
-                                         runtime=runtime)
+                                         runtime=runtime, tensor_parallel=tensor_parallel)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)

@@ -214,13 +214,17 @@ def torch_dtype(name: str | None) -> Any:
 
 def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
                          gen_length: int = 128, hint: str = "--model",
-                         trust_remote_code: bool = False, runtime: str | None = None) -> Any:
+                         trust_remote_code: bool = False, runtime: str | None = None,
+                         tensor_parallel: int = 1) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
     suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
     tokenizer code run; `runtime` (`--runtime`) as `load_model` takes it.
     """
+    if tensor_parallel > 1 and spec.kind not in ("diffusion", "tiny"):
+        raise click.BadParameter(f"--tensor-parallel shards a diffusion LM checkpoint; "
+                                 f"{str(spec)!r} is not one", param_hint=hint)
     if spec.kind == "ideal":
         from dllm_decode.eval.theory.ideal import ideal_model
 
@@ -238,7 +242,8 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
 
     with usage_errors(hint):
         return load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
-                              trust_remote_code=trust_remote_code, runtime=runtime)
+                              trust_remote_code=trust_remote_code, runtime=runtime,
+                              tensor_parallel=tensor_parallel)
 
 
 def read_prompt(prompt: str | None) -> str:

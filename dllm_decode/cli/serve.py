@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
+from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.options import FloatRange
 
 
@@ -57,34 +59,43 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
                    "here, at start-up.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
+@tensor_parallel_option
 def serve_command(model_name: str, chat_template: bool, device: str | None, dtype: str | None,
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
                   max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None,
                   presets_path: str | None, log_level: str, trust_remote_code: bool = False,
-                  runtime: str | None = None, **record: Any) -> None:
+                  runtime: str | None = None, tensor_parallel: int = 1, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
-    components and values (anything that loads a file is set here, at start-up)."""
+    components and values (anything that loads a file is set here, at start-up).
+
+    Tensor parallel: `torchrun --nproc_per_node N -m dllm_decode serve --tensor-parallel N ...`;
+    rank 0 owns HTTP, the other ranks follow its engine (`dllm_decode.serve.worker.follow`)."""
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise click.ClickException("serving needs FastAPI and uvicorn: pip install 'dllm-decode[serve]'") \
             from None
-    from dllm_decode.cli.decode import decode_record, for_model, record_preset
-    from dllm_decode.cli.options import device_option, load_diffusion_model, model_spec, usage_errors
-    from dllm_decode.engine import Engine
-    from dllm_decode.serve.app import Limits, ServerState, serve
-    from dllm_decode.serve.protocol import Settings
-    from dllm_decode.serve.worker import EngineWorker, startup_check
+    from dllm_decode.cli.decode import decode_record, record_preset
+    from dllm_decode.cli.options import device_option, model_spec, usage_errors
+    from dllm_decode.serve.app import Limits
 
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
+    from dllm_decode.cli import launch
+
     spec = model_spec(model_name)
     where = device_option(device)
-    _check_address(host, port)
+    world = launch.check_world(tensor_parallel, "serve")
+    if spec.kind == "ar" and tensor_parallel > 1:
+        raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
+                                 "one process", param_hint="--tensor-parallel")
+    leader = world == 1 or os.environ.get("RANK", "0") == "0"
+    if leader:
+        _check_address(host, port)
     if spec.kind == "ar":
         if record.get("cache_name") not in (None, "none") or record.get("cache_opts"):
             raise click.BadParameter(f"--cache {record.get('cache_name')} does not apply to `ar:` models: a "
@@ -100,11 +111,37 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
                         body_timeout=body_timeout)
+    groups = launch.start(tensor_parallel, where, "serve")
+    try:
+        block_given = record["block_length"] is not None or (
+            preset is not None and "block_length" in preset.parts)
+        _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
+               trust_remote_code, runtime,
+               tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
+               threads, host, port, log_level, groups)
+    finally:
+        launch.finish(groups)
+
+
+def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: bool,
+           presets_path: str | None, limits: Any, max_draft: int, trust_remote_code: bool,
+           runtime: str | None,
+           tensor_parallel: int, served_model_name: str | None, max_tokens: int,
+           chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
+           log_level: str, groups: Any) -> None:
+    from dllm_decode.cli.decode import for_model
+    from dllm_decode.cli.options import load_diffusion_model, usage_errors
+    from dllm_decode.engine import Engine
+    from dllm_decode.serve.app import ServerState, serve
+    from dllm_decode.serve.protocol import Settings
+    from dllm_decode.serve.worker import EngineWorker, follow, startup_check
+
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
-                                     trust_remote_code=trust_remote_code, runtime=runtime)
+                                     trust_remote_code=trust_remote_code, runtime=runtime,
+                                     tensor_parallel=tensor_parallel)
         kinds = ("scheduler",)
     if spec.kind != "ar":
         from dllm_decode.engine import check_cache
@@ -112,17 +149,34 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         with usage_errors("--cache / -c"):
             check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
-    block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
     settings = Settings(model_id=served_model_name or str(spec),
                         config=for_model(config, model, block_given),
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
                         presets=_request_presets(presets_path, spec, config, model))
     engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
-    problem = startup_check(engine, settings.config)
+    problem = startup_check(engine, settings.config)        # every rank: the same steps
     if problem is not None:
         raise click.UsageError(f"this model cannot decode with these options: {problem}")
-    state = ServerState(EngineWorker(engine, threads), settings, limits)
+    control = None
+    if groups.world > 1:
+        from dllm_decode.parallel.control import ControlChannel
+
+        control = ControlChannel(groups)
+        if not control.leads:
+            import signal
+
+            # torchrun forwards SIGINT / SIGTERM to every rank; rank 0 drains its requests and
+            # then publishes the stop, so a follower must keep stepping until it comes
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if threads is not None:
+                import torch
+
+                torch.set_num_threads(threads)
+            follow(engine, control)                          # no sockets: rank 0 answers
+            return
+    state = ServerState(EngineWorker(engine, threads, control=control), settings, limits)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)
 

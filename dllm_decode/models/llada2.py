@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.layers import (BlockCausal, BlockStackLM, KVCache, RMSNorm, SwiGLU,
-                                       attend)
+                                       TiedHead, attend)
 from dllm_decode.models.decoder import check_block_size, check_mask_id, checked_head_dim
 
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
@@ -178,8 +178,25 @@ class LLaDA2Router(nn.Module):
         return experts, weights * cfg.routed_scaling_factor
 
 
+MOE_IMPLS = ("loop", "static")
+"""How `LLaDA2MoE` runs its routed experts: `loop` (eager: only the experts that got tokens run, on
+their tokens; one host sync per layer to list them) or `static` (every held expert runs on every
+token as one batched matmul, weighted by an (N, E_held) routing matrix that is zero where a token
+did not choose the expert: no host sync, no data-dependent shape, so it compiles with
+`fullgraph=True` and can be captured). In float32 the two agree to float rounding."""
+
+
 class LLaDA2MoE(nn.Module):
-    """Routed experts (weighted sum in float32) plus the shared experts."""
+    """Routed experts (weighted sum in float32) plus the shared experts.
+
+    `moe_impl` (one of `MOE_IMPLS`, default `loop`) picks how the routed experts run.
+    `expert_range = (lo, hi)` are the global ids of the experts this module holds (all of them
+    unless expert parallelism sharded it, `dllm_decode.parallel.experts`); `combine`, when set,
+    turns this module's float32 partial sum into the sum over every holder (one all-reduce).
+    The static form keeps the held experts' weights stacked ((E_held, 2F, d) gate|up and
+    (E_held, d, F) down) with each expert's weights rebound as views of them, so there is one copy;
+    `.to()` and friends drop the stack and the next static forward rebuilds it.
+    """
 
     def __init__(self, cfg: LLaDA2Config):
         super().__init__()
@@ -189,19 +206,85 @@ class LLaDA2MoE(nn.Module):
         if cfg.num_shared_experts:
             self.shared_experts = SwiGLU(cfg.hidden_size,
                                          cfg.moe_intermediate_size * cfg.num_shared_experts)
+        self.moe_impl = "loop"
+        self.expert_range = (0, cfg.num_experts)
+        self.combine: Callable[[Tensor], Tensor] | None = None
+        self._stacked: tuple[Tensor, Tensor] | None = None
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self._stacked = None                   # the moved weights are no longer views of the stack
+        return super()._apply(fn, *args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())    # a copy stacks its own weights
+        state["_stacked"] = None
+        return state
 
     def forward(self, h: Tensor) -> Tensor:
         x = h.reshape(-1, h.shape[-1])                                      # (N, d)
         experts, weights = self.gate(x)                                     # (N, k) each
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in experts.unique().tolist():        # one host sync: only experts that got tokens run
-            token, slot = (experts == e).nonzero(as_tuple=True)
-            y = self.experts[e](x[token]).float() * weights[token, slot].unsqueeze(-1)
-            out.index_add_(0, token, y)
+        if self.moe_impl == "static":
+            out = self._static(x, experts, weights)
+        else:
+            out = self._loop(x, experts, weights)
+        if self.combine is not None:
+            out = self.combine(out)
         out = out.to(h.dtype).view(h.shape)
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(h)
         return out
+
+    def _loop(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+        lo, hi = self.expert_range
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in experts.unique().tolist():        # one host sync: only experts that got tokens run
+            if not lo <= e < hi:
+                continue
+            token, slot = (experts == e).nonzero(as_tuple=True)
+            y = self.experts[e - lo](x[token]).float() * weights[token, slot].unsqueeze(-1)
+            out.index_add_(0, token, y)
+        return out
+
+    def _static(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+        lo, hi = self.expert_range
+        if self._stacked is None:
+            self._stacked = self._stack()
+        gate_up, down = self._stacked
+        route = torch.zeros(x.shape[0], self.gate.cfg.num_experts, dtype=torch.float32,
+                            device=x.device).scatter_(1, experts, weights)[:, lo:hi]   # (N, E_held)
+        gate, up = torch.matmul(x, gate_up.transpose(1, 2)).chunk(2, dim=-1)        # (E_held, N, F)
+        y = torch.bmm(F.silu(gate) * up, down.transpose(1, 2))                      # (E_held, N, d)
+        return torch.einsum("end,ne->nd", y.float(), route)
+
+    def _stack(self) -> tuple[Tensor, Tensor]:
+        """Stack the held experts' weights once and rebind each expert's weights as views."""
+        experts = list(self.experts)
+        with torch.no_grad(), torch.inference_mode(experts[0].gate_proj.weight.is_inference()):
+            gate_up = torch.stack([torch.cat([e.gate_proj.weight.detach(), e.up_proj.weight.detach()])
+                                   for e in experts])
+            down = torch.stack([e.down_proj.weight.detach() for e in experts])
+            width = experts[0].gate_proj.weight.shape[0]
+            for i, e in enumerate(experts):
+                e.gate_proj.weight.data = gate_up[i, :width]
+                e.up_proj.weight.data = gate_up[i, width:]
+                e.down_proj.weight.data = down[i]
+        return gate_up, down
+
+
+def set_moe_impl(model: nn.Module, impl: str) -> nn.Module:
+    """Run every `LLaDA2MoE` of `model` as `impl` (one of `MOE_IMPLS`); returns `model`.
+
+    `static` stacks the experts' weights now, so that a compiled forward finds them stacked (a
+    stack built while tracing would break the graph); after `.to()` the next forward restacks.
+    """
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"moe_impl {impl!r} is not supported; accepted: {list(MOE_IMPLS)}")
+    for module in model.modules():
+        if isinstance(module, LLaDA2MoE):
+            module.moe_impl = impl
+            if impl == "static" and module._stacked is None:
+                module._stacked = module._stack()
+    return model
 
 
 class LLaDA2Layer(nn.Module):
@@ -221,11 +304,12 @@ class LLaDA2Layer(nn.Module):
             self.attention["key_layernorm"] = RMSNorm(dim, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
         self.mlp = LLaDA2MoE(cfg) if cfg.is_moe_layer(index) else SwiGLU(d, cfg.intermediate_size)
+        self.n_heads, self.n_kv_heads = heads, kv_heads       # this rank's, under tensor parallelism
 
     def forward(self, h: Tensor, cos: Tensor, sin: Tensor, key_mask: Tensor | None,
                 kv: KVCache | None, layer: int, rows: tuple[int, int]) -> Tensor:
         cfg, attn = self.cfg, self.attention
-        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        heads, kv_heads = self.n_heads, self.n_kv_heads
         qkv = attn["query_key_value"](self.input_layernorm(h)).unflatten(-1, (-1, cfg.head_dim))
         q, k, v = (t.flatten(-2) for t in qkv.split([heads, kv_heads, kv_heads], dim=-2))
         norms = (attn["query_layernorm"], attn["key_layernorm"]) if cfg.use_qk_norm else (None, None)
@@ -253,8 +337,9 @@ class LLaDA2Model(BlockCausal, BlockStackLM):
         super().__init__()
         self.config = config
         self.model = _LLaDA2Base(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # the head is called as a module (a parallel plan replaces it); tied: no weights of its own
+        self.lm_head = (TiedHead(self.model.word_embeddings) if config.tie_word_embeddings else
+                        nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
         self.eos_token_ids: tuple[int, ...] = (config.eos_token_id,)
@@ -272,6 +357,4 @@ class LLaDA2Model(BlockCausal, BlockStackLM):
                 rows: tuple[int, int] | None = None) -> Tensor:
         """Logits (B, b - a, V) for canvas rows `rows = (a, b)` (default all); see `DiffusionLM`."""
         h, _, _ = self.hidden_states(input_ids, attention_mask, positions, kv, rows)
-        h = self.model.norm(h)
-        weight = self.model.word_embeddings.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        return F.linear(h, weight).float()
+        return self.lm_head(self.model.norm(h)).float()

@@ -16,6 +16,7 @@ from dllm_decode.parallel.groups import (ParallelError, ParallelGroups, check_te
                                          check_tensor_size, current_groups, init_parallel,
                                          shutdown_parallel)
 from dllm_decode.parallel.plan import shard_model
+from dllm_decode.parallel import llada2 as _llada2  # noqa: F401  (registers LLaDA2's TP + EP plan)
 
 __all__ = ["CollectiveCounter", "ParallelError", "ParallelGroups", "check_tensor_parallel",
            "check_tensor_size", "current_groups", "init_parallel", "shard_model",

@@ -160,6 +160,11 @@ def head_of(model: nn.Module) -> tuple[str, nn.Module]:
 Reader = Callable[[str, Slice, tuple[int, ...]], Tensor]
 """(state-dict name, slice, full shape) -> this rank's tensor of the slice's local shape."""
 
+FAMILY_PLANS: dict[type, Callable[..., nn.Module]] = {}
+"""Model class -> its own sharding (`shard_model`'s signature), for families outside the table
+above (LLaDA2's mixture of experts: `parallel.llada2`, registered when `dllm_decode.parallel`
+is imported)."""
+
 
 def shard_model(model: nn.Module, groups: ParallelGroups, read: Reader | None = None,
                 dtype: torch.dtype | None = None) -> nn.Module:
@@ -177,6 +182,9 @@ def shard_model(model: nn.Module, groups: ParallelGroups, read: Reader | None = 
 
     if groups.single:
         return model
+    for family, plan in FAMILY_PLANS.items():          # families with a plan of their own
+        if isinstance(model, family):
+            return plan(model, groups, read, dtype)
     if not isinstance(model, BlockStackLM) or not all(
             isinstance(b, PreNormBlock) for b in model.parts()[1]):
         raise ParallelError(f"tensor parallelism covers the dense Llama-style families (LLaDA, "

@@ -30,6 +30,14 @@ tasks `dllm_sort_mc` and `dllm_copy_mc` (the answer among three other orders of 
 models only in its own registry; the package also declares the `lm_eval.models` entry point for
 releases that discover model plugins.
 
+Data-parallel under `torchrun --nproc_per_node N -m dllm_decode.eval.harness.lm_eval_adapter ...`
+or `accelerate launch`: the model joins the process group the launcher describes (`WORLD_SIZE`,
+`RANK`; gloo on CPUs, NCCL on GPUs, each rank on `cuda:LOCAL_RANK`) and reports `rank` and
+`world_size`, so lm-eval gives each process every N-th document and gathers the scores on rank 0
+(without them every process would evaluate everything). The two `Accelerator` calls lm-eval's
+evaluator makes when `world_size > 1` (`gather`, `wait_for_everyone`) are answered by
+`torch.distributed`, so `accelerate` itself is not needed.
+
 `lm_eval` is optional (`pip install lm_eval`); without it this module still imports, and
 `DllmDecodeLM` works on any object with lm-eval's `Instance.args`.
 """
@@ -89,6 +97,24 @@ def _load(model: Any, device: str | None, dtype: str | None, trust_remote_code: 
                           trust_remote_code=trust_remote_code)
 
 
+class Collectives:
+    """What lm-eval's evaluator asks of `lm.accelerator` when `world_size > 1`, on
+    `torch.distributed`'s default group (as `accelerate.Accelerator` answers it)."""
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's `tensor` concatenated along dim 0 in rank order (0-d tensors stacked)."""
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def wait_for_everyone(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
 def _as_bool(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).lower() in {"1", "true", "yes"}
 
@@ -114,6 +140,9 @@ class DllmDecodeLM(_LMBase):
             `DreamTokenizer`); `trust_remote_code=True` in `--model_args`. Off by default.
         mc_num, mc_batch, cfg: the log-likelihood estimator (`dllm_decode.likelihood`): noisy
             copies per (context, continuation), copies per forward, classifier-free guidance.
+    Attributes:
+        rank, world_size: this process's place among the launcher's processes (0 of 1 when not
+            launched by `torchrun` / `accelerate launch`): lm-eval shards its documents by them.
     Raises:
         ValueError: unknown names or options, bad values.
     """
@@ -143,6 +172,13 @@ class DllmDecodeLM(_LMBase):
             "temperature": float(temperature), "seed": int(seed)})
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        from dllm_decode.eval.harness import distributed
+
+        self._rank, self._world_size = distributed.init_from_env(device)
+        if self._world_size > 1:
+            self.accelerator = Collectives()
+            device = distributed.local_device("cuda" if str(device or "").startswith("cuda")
+                                              else device)
         self.model = _load(model, device, dtype, _as_bool(trust_remote_code))
         self.tokenizer = getattr(self.model, "tokenizer", None)
         self.batch_size = int(batch_size)
@@ -154,6 +190,21 @@ class DllmDecodeLM(_LMBase):
             raise ValueError(f"mc_num ({mc_num}) must be a positive multiple of mc_batch ({mc_batch})")
         if not self.cfg >= 0:
             raise ValueError(f"cfg must be >= 0, got {cfg}")
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are (lm-eval puts its gather tensors there)."""
+        weights = next(iter(self.model.parameters()), None) if hasattr(self.model, "parameters") \
+            else None
+        return weights.device if weights is not None else torch.device("cpu")
 
     def _canvas(self, max_tokens: Any) -> DecodeConfig:
         """A request's decode record: its `max_gen_toks` rounded up to whole blocks (the

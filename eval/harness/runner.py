@@ -59,11 +59,12 @@ answer_tokens_per_step; seconds for the batch)."""
 
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
                 chat_template: bool = True, trust_remote_code: bool = False,
-                runtime: str | None = None) -> tuple[Decoder, Any]:
+                runtime: str | None = None, tensor_parallel: int | None = None) -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
     `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default);
-    `runtime` is the diffusion model's (`load_model`; the AR baseline names its own, `@compact`).
+    `runtime` is the diffusion model's (`load_model`; the AR baseline names its own, `@compact`);
+    `tensor_parallel` shards a diffusion model over this process's TP group (`load_model`).
 
     Raises:
         ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
@@ -71,6 +72,8 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
     if runtime == "compact" and spec.kind in ("ideal", "ar"):
         raise ValueError(f"--runtime compact applies to the plain-torch diffusion models, not to "
                          f"{str(spec)!r}" + (" (use `@compact` on the AR target)" if spec.kind == "ar" else ""))
+    if (tensor_parallel or 1) > 1 and spec.kind not in ("diffusion", "tiny"):
+        raise ValueError(f"--tensor-parallel shards a diffusion LM checkpoint, not {str(spec)!r}")
     if spec.kind == "ideal":
         from dllm_decode.eval.tasks.tokenizer import load_tokenizer
         from dllm_decode.eval.theory.ideal import ideal_options
@@ -85,7 +88,7 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
             target.tokenizer
     model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                           runtime=runtime)
+                           runtime=runtime, tensor_parallel=tensor_parallel)
     return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
 
 
@@ -236,7 +239,7 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.rank_and_world()
-    with exclusive(out, rank):
+    with exclusive(out, rank) if distributed.writes() else contextlib.nullcontext():
         return _evaluate(decoder, model_name, settings, runs, out, tokenizer, batch_size, progress,
                          rank, world)
 
@@ -245,24 +248,29 @@ def _evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting], ru
               out: Path, tokenizer: Any, batch_size: int, progress: bool, rank: int,
               world: int) -> list[dict[str, Any]] | None:
     mine = out / (SAMPLES if world == 1 else f"samples.rank{rank}.jsonl")
-    if rank == 0:                   # shards left by a killed run (of any world size) come first
+    writer = distributed.writes()   # under TP: rank 0 of each TP group; the others decode only
+    if rank == 0 and writer:        # shards left by a killed run (of any world size) come first
         distributed.merge_shards(out, SAMPLES)
     distributed.barrier()
-    repair(mine)
-    done = {r["key"] for r in read_records(out / SAMPLES)} | {r["key"] for r in read_records(mine)}
     batches = [b for i, b in enumerate(plan(settings, runs, tokenizer, model_name, batch_size))
                if i % world == rank]
-    pending = [(b, [i for i in b.indices if _key(b, i) not in done]) for b in batches]
-    pending = [(b, rows) for b, rows in pending if rows]
+    todo: list[list[int]] | None = None
+    if writer:
+        repair(mine)
+        done = {r["key"] for r in read_records(out / SAMPLES)} | {r["key"] for r in read_records(mine)}
+        todo = [[i for i in b.indices if _key(b, i) not in done] for b in batches]
+    todo = distributed.from_group_leader(todo)       # the TP group decodes the same rows
+    pending = [(b, rows) for b, rows in zip(batches, todo) if rows]
     bar = Progress(sum(len(rows) for _, rows in pending), label=f"eval {model_name}",
-                   enabled=progress and rank == 0)
+                   enabled=progress and rank == 0 and writer)
     for batch, rows in pending:
         records = _decode(batch, rows, decoder, model_name)
-        append_records(mine, records)
+        if writer:
+            append_records(mine, records)
         bar.update([r["score"] for r in records])
     bar.close()
     distributed.barrier()
-    if rank != 0:
+    if rank != 0 or not writer:
         return None
     if world > 1:
         distributed.merge_shards(out, SAMPLES)

@@ -3,8 +3,8 @@ suite and its sections): `BENCHMARKS` maps each name to its `protocol.Benchmark`
 package loads no torch; each record loads its machinery when it runs."""
 
 from dllm_decode.eval.bench.benchmarks import (bd, cache, runtime, scaling, serving, shaped, spec, suite,
-                                               tree)
+                                               tp, tree)
 
 BENCHMARKS = {b.name: b for b in (*suite.BENCHMARKS, runtime.BENCHMARK, cache.BENCHMARK, scaling.BENCHMARK,
                                   spec.BENCHMARK, bd.BENCHMARK, serving.BENCHMARK, tree.BENCHMARK,
-                                  shaped.BENCHMARK)}
+                                  shaped.BENCHMARK, tp.BENCHMARK)}
