@@ -138,9 +138,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
         with usage_errors("--model"):
             for run in runs:
                 check_prompts(run.name, (example.prompt for example in run.examples))
-    writable_dir(out_dir, "--out")
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
+    writable_dir(out_dir, "--out")
     if tensor_parallel == 1:
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
