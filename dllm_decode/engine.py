@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.capture import GraphCache, graph_cache
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
 from dllm_decode.models.checkpoint import first_line
@@ -49,18 +50,31 @@ class Engine:
         tokenizer: decodes answers (default `model.tokenizer`; None: token ids only).
         max_batch_size: rows decoded at once across all groups; waiting requests are admitted
             in arrival order as rows free up.
+        capture: how each running batch's model forward runs (`Decoding`'s `capture`: one of
+            `dllm_decode.capture.CAPTURE_MODES`, or a `GraphCache` to start from). Each batch
+            running at once holds a `GraphCache` of its own (its K/V lives in the cache's
+            buffers); a finished batch hands its cache to the next one, so graphs are compiled
+            or recorded once per bucket, not once per batch.
     Raises:
-        ValueError: `max_batch_size` < 1.
+        ValueError: `max_batch_size` < 1; an unknown capture mode, `cuda-graphs` without CUDA,
+            or a capture mode for a causal LM.
     """
 
-    def __init__(self, model: Any, tokenizer: Any = None, max_batch_size: int = 8):
+    def __init__(self, model: Any, tokenizer: Any = None, max_batch_size: int = 8,
+                 capture: Any = "off"):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        graphs = graph_cache(capture)
+        self.capture = "off" if graphs is None else graphs.mode
+        """The step runtime: "off" (the eager forward) or the capture mode of every batch."""
+        if graphs is not None and isinstance(model, SpeculativeModel):
+            raise ValueError(f"capture {self.capture!r} runs a diffusion model's step; a causal "
+                             f"LM decodes eagerly (use capture 'off')")
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.max_batch_size = max_batch_size
         self.backend: Backend = CausalBackend(model, self.tokenizer) if isinstance(model, SpeculativeModel) \
-            else DiffusionBackend(model, self.tokenizer)
+            else DiffusionBackend(model, self.tokenizer, graphs)
         self.eos_ids = self.backend.eos_ids
         self.waiting: collections.deque[Live] = collections.deque()
         self.lives: dict[str, Live] = {}
@@ -210,10 +224,15 @@ def check_cache(model: Any, config: Any) -> None:
 
 class DiffusionBackend(Backend):
     """Every running diffusion request: one `Decoding` per cache configuration (a batch shares
-    its cache), each request a member with its own record and generator (`config.seed`)."""
+    its cache), each request a member with its own record and generator (`config.seed`).
+    `graphs` (None: eager) is the first `GraphCache` of the pool the running batches draw
+    from, one each, and give back when they finish."""
 
-    def __init__(self, model: Any, tokenizer: Any):
+    def __init__(self, model: Any, tokenizer: Any, graphs: GraphCache | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.mode = None if graphs is None else graphs.mode
+        self.idle: list[GraphCache] = [] if graphs is None else [graphs]
+        self.held: dict[Any, GraphCache] = {}        # a running batch's cache -> its graphs
         self.eos_ids = tuple(model.eos_token_ids)
         self.vocab_size = vocab_size_of(model)
         self.decodings: dict[Any, Decoding] = {}
@@ -233,12 +252,29 @@ class DiffusionBackend(Backend):
 
     def add(self, live: Live) -> None:
         config = live.request.config
-        decoding = self.decodings.get(config.cache) or Decoding(self.model, config.cache)
+        decoding = self.decodings.get(config.cache) or self._start(config.cache)
         decoding.add([list(live.request.prompt)], config, key=live.request.id,
                      tokenizer=self.tokenizer)
         self.decodings[config.cache] = decoding
         self.where[live.request.id] = config.cache
         self.lives.append(live)
+
+    def _start(self, cache: Any) -> Decoding:
+        """A new running batch for `cache`, with a free `GraphCache` of the pool (a new one when
+        every one is held)."""
+        if self.mode is None:
+            return Decoding(self.model, cache)
+        graphs = self.idle.pop() if self.idle else GraphCache(self.mode)
+        self.held[cache] = graphs
+        return Decoding(self.model, cache, capture=graphs)
+
+    def _end(self, cache: Any, failed: bool = False) -> None:
+        """The batch of `cache` is over: its `GraphCache` goes back to the pool (a failed batch's
+        is dropped: its buffers may hold a half-written step)."""
+        del self.decodings[cache]
+        graphs = self.held.pop(cache, None)
+        if graphs is not None and not failed:
+            self.idle.append(graphs)
 
     def drop(self, live: Live) -> None:
         if live in self.lives:
@@ -257,10 +293,10 @@ class DiffusionBackend(Backend):
                 log.exception("a running batch failed")
                 self.failed.update({key: first_line(err) for key, where in self.where.items()
                                     if where == cache})
-                del self.decodings[cache]
+                self._end(cache, failed=True)
                 continue
             if decoding.finished:
-                del self.decodings[cache]
+                self._end(cache)
         return self._poll()
 
     def _poll(self) -> list[Event]:
@@ -303,5 +339,6 @@ class DiffusionBackend(Backend):
 
     def fail(self) -> list[Live]:
         self.decodings.clear()
+        self.held.clear()
         self.where.clear()
         return super().fail()

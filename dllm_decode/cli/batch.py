@@ -145,10 +145,12 @@ def _same_request(record: dict[str, Any], body: dict[str, Any]) -> bool:
 
 
 def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
-                 chat_template: bool, batch_size: int, model_name: str, groups: Any = None) -> None:
+                 chat_template: bool, batch_size: int, model_name: str, groups: Any = None,
+                 capture: str = "off") -> None:
     """Decode the requests with the engine and append each result when it finishes, holding the
     output's writer lock throughout; requests another run finished since `read_requests` are
-    skipped.
+    skipped. `capture` (`--compile` / `--cuda-graphs`) is the engine's step runtime: its graphs
+    are made once per bucket and reused by every batch of the file.
 
     Under tensor parallelism (`groups` of a world > 1) every rank calls this with the requests of
     the same file: TP rank 0 takes the lock, finds what is left to do and publishes those ids;
@@ -167,20 +169,20 @@ def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, An
         if not channel.leads:
             ids = set(channel.receive())
             _run(model, config, [(i, body) for i, body in requests if i in ids], None,
-                 chat_template, batch_size, model_name)
+                 chat_template, batch_size, model_name, capture)
             return
     try:
         with _owned(output_path):
             todo = _pending(list(requests), output_path)
             if channel is not None:
                 channel.publish([i for i, _ in todo])
-            _run(model, config, todo, output_path, chat_template, batch_size, model_name)
+            _run(model, config, todo, output_path, chat_template, batch_size, model_name, capture)
     except OutputError as err:
         raise click.ClickException(str(err)) from None
 
 
 def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str | None,
-         chat_template: bool, batch_size: int, model_name: str) -> None:
+         chat_template: bool, batch_size: int, model_name: str, capture: str = "off") -> None:
     """Decode `requests`; append each result to `output_path` (None: a follower rank, which
     decodes the same steps and writes nothing)."""
     from dllm_decode.engine import Engine, Request
@@ -191,7 +193,7 @@ def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], ou
     tokenizer = getattr(model, "tokenizer", None)
     settings = Settings(model_id=model_name, config=config, max_tokens=sys.maxsize,
                         chat_template=chat_template)
-    engine = Engine(model, tokenizer, max_batch_size=batch_size)
+    engine = Engine(model, tokenizer, max_batch_size=batch_size, capture=capture)
     prompts: dict[str, str] = {}
     configs: dict[str, Any] = {}
     hashes: dict[str, str] = {}
@@ -247,14 +249,14 @@ def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], ou
     click.echo(f"{finished} request(s) written to {output_path}", err=True)
 
 
-def stream_one(model: Any, config: Any, prompt: str) -> None:
-    """Decode one prompt and print its answer as it becomes final."""
+def stream_one(model: Any, config: Any, prompt: str, capture: str = "off") -> None:
+    """Decode one prompt and print its answer as it becomes final (`capture`: the step runtime)."""
     from dllm_decode.engine import Engine, Request
     from dllm_decode.cli.options import usage_errors
     from dllm_decode.prompts import encode_prompts
 
     tokenizer = getattr(model, "tokenizer", None)
-    engine = Engine(model, tokenizer, max_batch_size=1)
+    engine = Engine(model, tokenizer, max_batch_size=1, capture=capture)
     with usage_errors():
         (ids,) = encode_prompts([prompt], tokenizer)
         request = Request("stream", ids, config)

@@ -196,10 +196,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     else:
         text = read_prompt(prompt)
     where = device_option(device)
-    capture = capture_mode(cuda_graphs, compile_step, where)
-    if capture != "off" and (input_path is not None or stream):
-        raise click.UsageError("--cuda-graphs / --compile apply to a single --prompt decode "
-                               "(not --input or --stream)")
+    capture = capture_mode(cuda_graphs, compile_step, where, spec)
     block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
     groups = launch.start(tensor_parallel, where, "dllm-decode")
     try:
@@ -228,12 +225,12 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
     config = for_model(config, model, block_given=block_given)
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
-                           str(spec), groups=groups)
+                           str(spec), groups=groups, capture=capture)
         return
     with usage_errors("--prompt"):
         wrapped = chat_prompt(tokenizer, text, chat_template)
     if stream:
-        batch.stream_one(model, config, wrapped)
+        batch.stream_one(model, config, wrapped, capture=capture)
         return
     with usage_errors():
         result = generate(model, [wrapped], config, capture=capture,

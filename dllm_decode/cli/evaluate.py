@@ -10,8 +10,8 @@ import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
-from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, registry_names, runtime_option,
-                                     trust_option)
+from dllm_decode.cli.options import (DTYPES, RegistryHelp, capture_options, key_values, registry_names,
+                                     runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -76,6 +76,7 @@ def command_line() -> str:
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 @trust_option
 @runtime_option
+@capture_options
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
                    "same tasks), not only this command's; labels then name their model.")
@@ -90,12 +91,13 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                  chat_template: bool,
                  progress: bool, plots: bool, device: str | None, dtype: str | None,
                  trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool,
-                 tensor_parallel: int = 1) -> None:
+                 tensor_parallel: int = 1, cuda_graphs: bool = False, compile_step: bool = False) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0); with
     --tensor-parallel T on a world of T x D processes, D data-parallel groups of T ranks."""
     from dllm_decode.cli import launch
-    from dllm_decode.cli.options import device_option, model_spec, parse_spec, usage_errors, writable_dir
+    from dllm_decode.cli.options import (capture_mode, device_option, model_spec, parse_spec, usage_errors,
+                                         writable_dir)
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep
     from dllm_decode.eval.tasks.sources import select_tasks
@@ -136,18 +138,19 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
         with usage_errors("--model"):
             for run in runs:
                 check_prompts(run.name, (example.prompt for example in run.examples))
-    writable_dir(out_dir, "--out")
     where = device_option(device)
+    capture = capture_mode(cuda_graphs, compile_step, where, spec)
+    writable_dir(out_dir, "--out")
     if tensor_parallel == 1:
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
-                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json)
+                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture)
         return
     groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
     try:
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
-                  plots, as_json)
+                  plots, as_json, capture)
     finally:
         launch.finish(groups)
 
@@ -155,7 +158,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
 def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
               trust_remote_code: bool, runtime: str | None, tensor_parallel: int, rank: int,
               skipped: Any, settings: Any, runs: Any, out_dir: str, batch_size: int,
-              progress: bool, combine: bool, plots: bool, as_json: bool) -> None:
+              progress: bool, combine: bool, plots: bool, as_json: bool, capture: str = "off") -> None:
     from dllm_decode.cli.options import torch_dtype, usage_errors
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.records import combined_records
@@ -165,7 +168,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
                                          chat_template, trust_remote_code=trust_remote_code,
-                                         runtime=runtime, tensor_parallel=tensor_parallel)
+                                         runtime=runtime, tensor_parallel=tensor_parallel, capture=capture)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)

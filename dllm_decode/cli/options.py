@@ -94,11 +94,12 @@ RUNTIME_HELP = ("How a plain-torch diffusion model (LLaDA, Dream, Fast-dLLM v2, 
 
 CAPTURE_HELP = {
     "cuda_graphs": "Run each step's model forward as a CUDA graph recorded per bucket (batch, "
-                   "canvas, window) and replayed (CUDA only). Off by default: no GPU measurement "
-                   "has shown it faster yet.",
+                   "canvas, window) and replayed (CUDA only; diffusion models). Off by default: no "
+                   "GPU measurement has shown it faster yet.",
     "compile": "Run each step's model forward through torch.compile (inductor, fullgraph, one "
-               "graph per bucket). Off by default: on this project's CPU measurement it was not "
-               "faster everywhere.",
+               "graph per bucket, compiled on first use and reused by later batches; diffusion "
+               "models). Off by default: on this project's CPU measurement it was not faster "
+               "everywhere.",
 }
 
 
@@ -110,14 +111,19 @@ def capture_options(command: Any) -> Any:
                         help=CAPTURE_HELP["cuda_graphs"])(command)
 
 
-def capture_mode(cuda_graphs: bool, compile_step: bool, device: Any) -> str:
-    """The `capture` keyword of `generate` for the two flags (usage errors when they clash or
-    the device has no CUDA)."""
+def capture_mode(cuda_graphs: bool, compile_step: bool, device: Any, spec: Any = None) -> str:
+    """The `capture` keyword of `generate` / `Decoding` / `Engine` for the two flags, checked
+    the same way by every command that decodes (usage errors when they clash, the device has no
+    CUDA, or the model `spec` names is a causal LM)."""
     if cuda_graphs and compile_step:
         raise click.UsageError("--cuda-graphs and --compile are alternatives; give one")
     if cuda_graphs and getattr(device, "type", str(device)) != "cuda":
         raise click.UsageError(f"--cuda-graphs needs a CUDA device (--device cuda), got {device}")
-    return "cuda-graphs" if cuda_graphs else "compile" if compile_step else "off"
+    mode = "cuda-graphs" if cuda_graphs else "compile" if compile_step else "off"
+    if mode != "off" and getattr(spec, "kind", None) == "ar":
+        raise click.UsageError(f"--{'cuda-graphs' if cuda_graphs else 'compile'} captures a diffusion "
+                               f"model's step; {str(spec)!r} is a causal LM (leave the flag out)")
+    return mode
 
 
 def runtime_option(command: Any) -> Any:

@@ -10,7 +10,7 @@ import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
 from dllm_decode.cli.launch import tensor_parallel_option
-from dllm_decode.cli.options import FloatRange
+from dllm_decode.cli.options import FloatRange, capture_options
 
 
 class Seconds(FloatRange):
@@ -31,6 +31,7 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
 
 @click.command("serve")
 @lambda command: record_options(command, SERVE_MODEL_HELP)
+@capture_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", default=None, help="The model id clients send [--model].")
@@ -65,7 +66,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
                   max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None,
                   presets_path: str | None, log_level: str, trust_remote_code: bool = False,
-                  runtime: str | None = None, tensor_parallel: int = 1, **record: Any) -> None:
+                  runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
+                  compile_step: bool = False, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -80,7 +82,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         raise click.ClickException("serving needs FastAPI and uvicorn: pip install 'dllm-decode[serve]'") \
             from None
     from dllm_decode.cli.decode import decode_record, record_preset
-    from dllm_decode.cli.options import device_option, model_spec, usage_errors
+    from dllm_decode.cli.options import capture_mode, device_option, model_spec, usage_errors
     from dllm_decode.serve.app import Limits
 
     if served_model_name is not None and not served_model_name.strip():
@@ -89,6 +91,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
 
     spec = model_spec(model_name)
     where = device_option(device)
+    capture = capture_mode(cuda_graphs, compile_step, where, spec)
     world = launch.check_world(tensor_parallel, "serve")
     if spec.kind == "ar" and tensor_parallel > 1:
         raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
@@ -118,7 +121,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
-               threads, host, port, log_level, groups)
+               threads, host, port, log_level, groups, capture)
     finally:
         launch.finish(groups)
 
@@ -128,7 +131,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            runtime: str | None,
            tensor_parallel: int, served_model_name: str | None, max_tokens: int,
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
-           log_level: str, groups: Any) -> None:
+           log_level: str, groups: Any, capture: str = "off") -> None:
     from dllm_decode.cli.decode import for_model
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -154,7 +157,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
                         presets=_request_presets(presets_path, spec, config, model))
-    engine = Engine(model, tokenizer, max_batch_size=max_concurrent)
+    engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
     problem = startup_check(engine, settings.config)        # every rank: the same steps
     if problem is not None:
         raise click.UsageError(f"this model cannot decode with these options: {problem}")
@@ -177,8 +180,20 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
             follow(engine, control)                          # no sockets: rank 0 answers
             return
     state = ServerState(EngineWorker(engine, threads, control=control), settings, limits)
-    click.echo(f"serving {settings.model_id} on http://{host}:{port} (Ctrl-C to stop)", err=True)
+    click.echo(f"serving {settings.model_id} on http://{host}:{port} (step: "
+               f"{step_runtime(engine, settings.config)}; Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)
+
+
+def step_runtime(engine: Any, config: Any) -> str:
+    """How the engine runs a step of the server's default record: `eager`, the capture mode
+    (`compile`, `cuda-graphs`), or `eager (REASON)` when that record cannot be captured."""
+    if engine.capture == "off":
+        return "eager"
+    from dllm_decode.capture import capture_problem
+
+    problem = capture_problem(config, engine.model)
+    return engine.capture if problem is None else f"eager ({problem})"
 
 
 def _request_presets(path: str | None, spec: Any, config: Any, model: Any) -> dict[str, Any]:

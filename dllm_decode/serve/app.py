@@ -121,6 +121,13 @@ class ServerState:
         timer.start()
 
 
+def step_name(worker: Any) -> str:
+    """How the worker's engine runs a model step: "eager", or its capture mode ("compile",
+    "cuda-graphs"; a record that cannot be captured still runs eagerly)."""
+    mode = getattr(getattr(worker, "engine", None), "capture", "off")
+    return "eager" if mode == "off" else mode
+
+
 def create_app(state: ServerState) -> Any:
     """The FastAPI application (the worker starts and stops with the app's lifespan)."""
     from fastapi import FastAPI
@@ -190,7 +197,8 @@ def create_app(state: ServerState) -> Any:
         ok = state.worker.alive and not state.draining
         body = {"status": "ok" if ok else ("draining" if state.draining else "failed"),
                 "model": state.settings.model_id, "in_flight": state.in_flight,
-                "served": state.served, "uptime_seconds": round(time.time() - state.started, 3)}
+                "served": state.served, "uptime_seconds": round(time.time() - state.started, 3),
+                "step": step_name(state.worker)}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", response_model=None)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.capture import graph_cache
 from dllm_decode.config import DecodeConfig
 from dllm_decode.modelspec import ModelSpec, load_diffusion
 from dllm_decode.prompts import chat_prompt
@@ -59,26 +60,32 @@ answer_tokens_per_step; seconds for the batch)."""
 
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
                 chat_template: bool = True, trust_remote_code: bool = False,
-                runtime: str | None = None, tensor_parallel: int | None = None) -> tuple[Decoder, Any]:
+                runtime: str | None = None, tensor_parallel: int | None = None,
+                capture: str = "off") -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
     `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default);
     `runtime` is the diffusion model's (`load_model`; the AR baseline names its own, `@compact`);
-    `tensor_parallel` shards a diffusion model over this process's TP group (`load_model`).
+    `tensor_parallel` shards a diffusion model over this process's TP group (`load_model`);
+    `capture` is the diffusion decodes' step runtime (`generate`'s; one `GraphCache` for the run).
 
     Raises:
-        ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad.
+        ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad; a
+            capture mode for the AR baseline.
     """
     if runtime == "compact" and spec.kind in ("ideal", "ar"):
         raise ValueError(f"--runtime compact applies to the plain-torch diffusion models, not to "
                          f"{str(spec)!r}" + (" (use `@compact` on the AR target)" if spec.kind == "ar" else ""))
     if (tensor_parallel or 1) > 1 and spec.kind not in ("diffusion", "tiny"):
         raise ValueError(f"--tensor-parallel shards a diffusion LM checkpoint, not {str(spec)!r}")
+    if capture != "off" and spec.kind == "ar":
+        raise ValueError(f"capture {capture!r} runs a diffusion model's step; {str(spec)!r} is "
+                         f"the AR baseline (use capture 'off')")
     if spec.kind == "ideal":
         from dllm_decode.eval.tasks.tokenizer import load_tokenizer
         from dllm_decode.eval.theory.ideal import ideal_options
 
-        return ideal_decoder(**ideal_options(dict(spec.options))), load_tokenizer()
+        return ideal_decoder(**ideal_options(dict(spec.options)), capture=capture), load_tokenizer()
     if spec.kind == "ar":
         from dllm_decode.speculative import DraftContext, make_drafter, with_runtime
         from dllm_decode.models.causal import load_causal_lm
@@ -89,23 +96,26 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
             target.tokenizer
     model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                            runtime=runtime, tensor_parallel=tensor_parallel)
-    return diffusion_decoder(model, chat_template), getattr(model, "tokenizer", None)
+    return diffusion_decoder(model, chat_template, capture), getattr(model, "tokenizer", None)
 
 
-def diffusion_decoder(model: Any, chat_template: bool = True) -> Decoder:
+def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "off") -> Decoder:
     """Decode with the one denoising loop; prompts go through the tokenizer's chat template
-    when it has one (instruction-tuned checkpoints) and `chat_template` is set."""
+    when it has one (instruction-tuned checkpoints) and `chat_template` is set. `capture`
+    (`generate`'s) runs every batch through one `GraphCache`, so each bucket's graph is compiled
+    or recorded once per run."""
     tokenizer = getattr(model, "tokenizer", None)
+    capture = graph_cache(capture) or "off"
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
         config = setting.decode_config(gen_length, getattr(model, "block_size", None))
-        return generate_rows(model, prompts, config, generator, tokenizer)
+        return generate_rows(model, prompts, config, generator, tokenizer, capture)
     return decode
 
 
-def ideal_decoder(noise: float = 1e-3) -> Decoder:
+def ideal_decoder(noise: float = 1e-3, capture: str = "off") -> Decoder:
     """Decode with ParallelBench's ideal model (`dllm_decode.eval.theory.ideal.IdealModel`, built
     per canvas length).
 
@@ -113,15 +123,18 @@ def ideal_decoder(noise: float = 1e-3) -> Decoder:
         noise: std of the zero-mean logit noise (l_ideal + eps); a small value breaks the exact ties
             of uniform marginals at random, as the closed forms for greedy decoding assume. Its
             generator is drawn from the batch's, so runs repeat.
+        capture: `generate`'s step runtime (one `GraphCache` for the run).
     """
     from dllm_decode.eval.theory.ideal import ideal_model
+
+    capture = graph_cache(capture) or "off"
 
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         seed = int(torch.randint(2 ** 62, (1,), generator=generator))
         model = ideal_model(gen_length, {"noise": str(noise)}, torch.Generator().manual_seed(seed))
         return generate_rows(model, prompts, setting.decode_config(gen_length), generator,
-                             model.tokenizer)
+                             model.tokenizer, capture)
     return decode
 
 
@@ -161,11 +174,12 @@ def ar_decoder(target: Any, drafter: Any = None, max_draft: int = 8,
 
 
 def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generator: torch.Generator,
-                  tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
-    """One `generate` call: per row the text and speed figures, and the seconds."""
+                  tokenizer: Any, capture: Any = "off") -> tuple[list[dict[str, Any]], float]:
+    """One `generate` call (`capture`: its step runtime): per row the text and speed figures,
+    and the seconds."""
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` as the CLI does.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
-    result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer)
+    result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, capture=capture)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
     used = config.to_dict()                  # the exact record each sample was decoded under
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
