@@ -107,7 +107,7 @@ class D2Cache(Cache):
         batch, length = canvas.shape
         positions, mask, masked = stack.inputs(canvas, attention_mask, e, self.suffix_window)
         if state is None or (self.refresh_k is not None and state.since_refresh + 1 >= self.refresh_k):
-            rollout = _Rollout(torch.ones(batch, length, device=canvas.device), None)
+            rollout = _Rollout(torch.ones(batch, length, device=canvas.device), None, stack)
             h, layers = stack.full(canvas, positions, mask, rollout.add)
             conf = confidence(stack.head(h), model.mask_token_id)
             full = torch.full((batch,), stack.depth, dtype=torch.long, device=canvas.device)
@@ -116,7 +116,7 @@ class D2Cache(Cache):
         a = min(state.fed_from, s)
         cut = None if self.suffix_window is None else e + self.suffix_window
         index, valid = self._select(state, masked, mask[:, 0, 0], (a, e), e - s - block_step, cut)
-        rollout = _Rollout(torch.ones(batch, length, device=canvas.device), (index, valid))
+        rollout = _Rollout(torch.ones(batch, length, device=canvas.device), (index, valid), stack)
         h = stack.rows(state.layers, canvas, positions, mask, index, rollout.add)
         logits = stack.head(h[:, s - a:])                          # the block and the chosen columns
         conf = confidence(logits, model.mask_token_id)
@@ -184,17 +184,24 @@ class D2Cache(Cache):
 class _Rollout:
     """Attention rollout accumulated layer by layer: importance = 1^T M_{L-1} ... M_0 with
     M_l = rownorm(mean_h A_l + I) on the query rows and identity elsewhere (Abnar & Zuidema,
-    2020), as a vector-matrix product, from the last layer down."""
+    2020), as a vector-matrix product, from the last layer down.
 
-    def __init__(self, ones: Tensor, rows: tuple[Tensor, Tensor] | None):
+    Under tensor parallelism each layer keeps its local heads' sum, and `importance` all-reduces
+    every layer's at once: one all_reduce of (layers, B, n, L) float32 per step."""
+
+    def __init__(self, ones: Tensor, rows: tuple[Tensor, Tensor] | None, stack: Stack | None = None):
         self.ones, self.rows, self.layers = ones, rows, []
+        self.stack = stack if stack is not None and stack.group_name is not None else None
 
     def add(self, layer: int, p: Tensor) -> None:
-        self.layers.append(p.mean(1))                               # (B, n, L)
+        self.heads = p.shape[1]
+        self.layers.append(p.mean(1) if self.stack is None else p.sum(1))   # (B, n, L)
 
     def importance(self) -> Tensor:
-        u = self.ones
-        for a in reversed(self.layers):
+        u, layers = self.ones, self.layers
+        if self.stack is not None and layers:
+            layers = list((self.stack.head_sum(torch.stack(layers)) / (self.heads * self.stack.tp)).unbind(0))
+        for a in reversed(layers):
             if self.rows is None:                                   # every row is a query row
                 eye = torch.eye(a.shape[-1], device=a.device)
                 m = a + eye

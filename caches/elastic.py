@@ -101,7 +101,7 @@ class ElasticCache(Cache):
         stack, (s, e) = Stack(model), block
         batch, length = canvas.shape
         positions, mask, masked = stack.inputs(canvas, attention_mask, e, self.suffix_window)
-        chosen = lambda p, rows: self._track(p, rows, s, e, masked, mask)   # noqa: E731
+        chosen = lambda p, rows: self._track(stack, p, rows, s, e, masked, mask)   # noqa: E731
         if state is None:
             tracked, reference = [], []
 
@@ -138,10 +138,11 @@ class ElasticCache(Cache):
     def trim(self, state: Any, width: int) -> Any:
         return None                                      # the next step is a full forward
 
-    def _track(self, p: Tensor, rows_from: int, s: int, e: int, masked: Tensor, mask: Tensor) -> Tensor:
+    def _track(self, stack: Stack, p: Tensor, rows_from: int, s: int, e: int, masked: Tensor,
+               mask: Tensor) -> Tensor:
         """(B, T) committed columns most attended by the block's masked rows, given those rows'
         (B, H, n, L) probabilities starting at canvas column `rows_from`."""
-        rows = p[:, :, s - rows_from:e - rows_from].mean(1)                # (B, e - s, L)
+        rows = stack.head_mean(p[:, :, s - rows_from:e - rows_from])     # (B, e - s, L)
         weight = masked[:, s:e].float()
         received = (rows * weight[..., None]).sum(1)                      # (B, L)
         received = received.masked_fill(masked | ~mask[:, 0, 0], -1.0)
@@ -168,20 +169,30 @@ class ElasticCache(Cache):
             old, new = state.tracked[layer], chosen(p, a)
             both = self._attention(stack, layers, positions, mask, layer, torch.cat([old, new], 1))
             now, reference = both.split(old.shape[1], dim=2)      # one attention for both sets
-            similarity = self._similarity(now, state.reference[layer], mask)
+            similarity = self._similarity(stack, now, state.reference[layer], mask)
             start = torch.where((similarity < self.gamma) & (start == depth), layer, start)
             state.tracked[layer], state.reference[layer] = new, reference
             h = stack.finish(layer, h, p, layers.values[layer])
         return h, start
 
-    def _similarity(self, now: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
+    def _similarity(self, stack: Stack, now: Tensor, reference: Tensor, mask: Tensor) -> Tensor:
         """(B,) mean cosine similarity of (B, H, T, L) attention now and when chosen: over the key
         axis per head (`drift="keys"`), or over the head axis per attended key (`"heads"`, the
-        reference's `dim=1`)."""
+        reference's `dim=1`). Under tensor parallelism the per-head cosines' sum (keys), or the
+        dot products and squared norms over the local heads (heads), are all-reduced first (one
+        all_reduce)."""
         if self.drift == "keys":
-            return F.cosine_similarity(now, reference, dim=-1).mean((1, 2))
+            if stack.group_name is None:
+                return F.cosine_similarity(now, reference, dim=-1).mean((1, 2))
+            cosines = F.cosine_similarity(now, reference, dim=-1)           # (B, H_local, T)
+            return stack.head_sum(cosines.sum((1, 2))) / (cosines.shape[1] * stack.tp * cosines.shape[2])
         keys = mask[:, 0].float()                                          # (B, 1, L)
-        per_key = F.cosine_similarity(now, reference, dim=1)               # (B, T, L)
+        if stack.group_name is None:
+            per_key = F.cosine_similarity(now, reference, dim=1)           # (B, T, L)
+        else:                                                              # F.cosine_similarity's rule
+            dot, nn_, rr = stack.head_sum(torch.stack(
+                [(now * reference).sum(1), (now * now).sum(1), (reference * reference).sum(1)]))
+            per_key = dot / (nn_ * rr).clamp_min(1e-16).sqrt()
         return ((per_key * keys).sum(-1) / keys.sum(-1)).mean(-1)
 
     @staticmethod

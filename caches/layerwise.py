@@ -8,6 +8,10 @@ LLaDA layout (the embedded model) and unshifted `DecoderLM`s; Dream (token shift
 block-causal families get a one-line error. Attention is written out (scores, softmax, weighted
 sum) to expose the probabilities, in float32, like the references' `attn_implementation=eager`;
 its logits equal the fused SDPA forward's to float rounding (tested against `none`).
+
+Under tensor parallelism each rank holds only its heads' probabilities; every statistic a cache
+takes over heads goes through `Stack.head_mean` / `Stack.head_sum` (the local sum, then one
+all_reduce over the tensor-parallel group), so every rank decides on the same bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import Tensor
 
 from dllm_decode.compat import accepted_hint
 from dllm_decode.models.layers import BlockStackLM, apply_rope, default_positions, rope_tables
+from dllm_decode.parallel.collectives import all_reduce
 
 
 def check_model(model, cache_name: str) -> None:
@@ -33,11 +38,6 @@ def check_model(model, cache_name: str) -> None:
             or getattr(model, "block_size", None)):
         raise ValueError(f"cache {cache_name} runs the layers itself and supports the LLaDA layout "
                          f"(bidirectional, unshifted); {name} is not one{accepted_hint(model)}")
-    if getattr(model, "tensor_parallel", None) is not None:
-        # each rank holds only its heads: their attention would drive different decisions
-        raise ValueError(f"cache {cache_name} reads every head's attention probabilities, which "
-                         f"tensor parallelism splits over the ranks; use cache none, prefix, dual "
-                         f"or suffix with tensor_parallel")
 
 
 @dataclass
@@ -76,6 +76,21 @@ class Stack:
     def __init__(self, model: BlockStackLM):
         self.model = model
         self.embed, self.blocks = model.parts()
+        groups = getattr(model, "tensor_parallel", None)
+        tp = 1 if groups is None else groups.tp
+        self.group_name, self.tp = (None, 1) if tp == 1 else (groups.tp_group_name, tp)
+
+    def head_mean(self, p: Tensor) -> Tensor:
+        """(B, H, ...) -> (B, ...) mean over every head of the model: `p.mean(1)` in one process;
+        under tensor parallelism the local heads' sum, all-reduced, over the global head count
+        (one all_reduce)."""
+        if self.group_name is None:
+            return p.mean(1)
+        return all_reduce(p.sum(1), self.group_name) / (p.shape[1] * self.tp)
+
+    def head_sum(self, x: Tensor) -> Tensor:
+        """`x` summed over the tensor-parallel group (one all_reduce); `x` in one process."""
+        return all_reduce(x, self.group_name)
 
     @property
     def depth(self) -> int:

@@ -82,6 +82,12 @@ class Limits:
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def tensor_parallel_size(model: Any) -> int:
+    """The tensor-parallel world size the served model is split over (1: one process holds it)."""
+    groups = getattr(model, "tensor_parallel", None)
+    return 1 if groups is None else groups.tp
+
+
 class ServerState:
     """The worker, the settings, and the counters the routes share (event-loop side only)."""
 
@@ -198,7 +204,8 @@ def create_app(state: ServerState) -> Any:
         body = {"status": "ok" if ok else ("draining" if state.draining else "failed"),
                 "model": state.settings.model_id, "in_flight": state.in_flight,
                 "served": state.served, "uptime_seconds": round(time.time() - state.started, 3),
-                "step": step_name(state.worker)}
+                "step": step_name(state.worker),
+                "tensor_parallel": tensor_parallel_size(state.worker.engine.model)}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", response_model=None)

@@ -4,6 +4,7 @@ and SIGTERM to the server (rank 0) ends both ranks cleanly (torchrun exits 0).""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -78,6 +79,8 @@ def _serve_and_ask(clients: int) -> None:
                 return False
         assert wait_until(up, timeout=180), process.stdout.read1().decode() if process.poll() \
             else "no answer"
+        with urllib.request.urlopen(url + "/health", timeout=5) as response:
+            assert json.loads(response.read())["tensor_parallel"] == 2
         bodies = _requests(clients)
         with ThreadPoolExecutor(clients) as pool:
             answers = list(pool.map(lambda b: post(url, "/v1/completions", b, timeout=120), bodies))

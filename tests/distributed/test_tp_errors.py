@@ -68,18 +68,6 @@ def test_vocab_padding_rows():
     assert (last.start, last.stop, last.local) == (5, 5, 2)          # all padding
 
 
-def test_caches_reading_attention_refuse_a_tensor_parallel_model():
-    """d2 and Elastic-Cache decide from every head's attention; each rank holds only its heads,
-    so the ranks would decide differently (and wait forever in a collective): refused."""
-    from dllm_decode.caches import CACHES
-
-    model = shard_model(tiny_llada(), ParallelGroups(tp=2, world=2))
-    for name in ("d2", "elastic"):
-        with pytest.raises(ValueError, match="tensor parallelism splits over the ranks"):
-            CACHES[name]().init_state(model)
-    CACHES["dual"]().init_state(model)
-
-
 def test_a_copied_sharded_model_keeps_its_groups():
     import copy
 

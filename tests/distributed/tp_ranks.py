@@ -9,6 +9,10 @@ Tasks:
                     family accepts: tokens of the TP model and of the whole model
   load DIR          load_model(DIR, tensor_parallel=world) from disk: anonymous-memory growth,
                     resident weight bytes, logits vs the whole model
+  bf16 N            the embedded model in bfloat16 under TP vs in one process, both against the
+                    float32 run: greedy token and masked top-1 agreement over N prompts per task
+  layerwise FAMILIES  the attention-reading caches (d2, elastic variants): greedy fp32 decodes of
+                    the TP and the whole model, and the collectives of a full and a cheap step
 """
 
 from __future__ import annotations
@@ -172,6 +176,104 @@ def task_decode(groups, names: list[str]) -> dict:
     return out
 
 
+LAYERWISE = {"d2": ("d2", {}), "d2_refresh": ("d2", {"refresh_k": 1}),
+             "elastic": ("elastic", {}), "elastic_heads": ("elastic", {"drift": "heads"}),
+             "elastic_always": ("elastic", {"gamma": 2.0}), "elastic_never": ("elastic", {"gamma": 0.0})}
+"""The d2 and Elastic-Cache variants run under TP: each statistic over heads takes another path."""
+
+
+def layerwise_steps(model, cache) -> dict:
+    """A full step then a cheap step (two tokens committed) of `cache`, called directly: the
+    collectives of each, the logits' digest, the layers refreshed."""
+    mask_id = model.mask_token_id
+    canvas = torch.randint(0, 30, (2, 20), generator=torch.Generator().manual_seed(3))
+    canvas[:, 4:] = mask_id
+    steps, state = [], cache.init_state(model)
+    with torch.inference_mode():
+        for block_step in (0, 2):
+            if block_step:
+                canvas[:, 4:6] = torch.tensor([[21, 22], [23, 24]])
+            with CollectiveCounter() as counter:
+                logits, _, state = cache.logits(model, canvas, None, (4, 12), block_step, state)
+            report = cache.report(state)
+            steps.append({"counts": dict(counter.counts), "digest": digest(logits), "logits": logits,
+                          "refreshed": int(report["refreshed_layers"].max())})
+    return steps
+
+
+def task_layerwise(groups, names: list[str]) -> dict:
+    from dllm_decode.caches import CACHES
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.sampler import generate
+    from dllm_decode.schedulers import SCHEDULERS
+
+    out = {}
+    for name in names:
+        whole = family(name)
+        sharded = shard_model(copy.deepcopy(whole), groups)
+        record = {"layers": len(whole.parts()[1]), "decodes": {}, "steps": {}}
+        for key, (cache_name, options) in LAYERWISE.items():
+            for s_name in ("low_confidence", "threshold") if key in ("d2", "elastic") else ("low_confidence",):
+                config = DecodeConfig(scheduler=SCHEDULERS[s_name](), cache=CACHES[cache_name](**options),
+                                      gen_length=16, block_length=8, temperature=0.0)
+                tokens = lambda m: [[int(t) for t in row] for row in generate(m, PROMPTS, config).tokens]  # noqa: E731
+                record["decodes"][f"{s_name}/{key}"] = {"tp": tokens(sharded), "whole": tokens(whole)}
+            got = layerwise_steps(sharded, CACHES[cache_name](**options))
+            expected = layerwise_steps(whole, CACHES[cache_name](**options))
+            for step, reference in zip(got, expected):
+                step["ulps"] = ulps(step.pop("logits"), reference["logits"])
+                step["whole_refreshed"] = reference["refreshed"]
+            record["steps"][key] = got
+        out[name] = record
+    return out
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """[agreeing, compared] positions."""
+    return [int((a == b).sum()), a.numel()]
+
+
+def task_bf16(groups, per_task: str) -> dict:
+    """Greedy decodes (low_confidence, 16 tokens, blocks of 8) of `per_task` prompts of each
+    Waiting Line task, by the float32 model, the bfloat16 model and the bfloat16 model under TP;
+    and the top-1 token at a seeded half of the float32 answers' positions masked (one forward
+    per prompt). Returns the agreement counts with float32 and the TP tokens' digest."""
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.eval.tasks import TASKS, WAITING_LINE
+    from dllm_decode.models.loading import load_model
+    from dllm_decode.sampler import generate
+    from dllm_decode.schedulers import SCHEDULERS
+
+    fp32 = load_model("embedded", dtype="float32")
+    bf16 = load_model("embedded", dtype="bfloat16")
+    sharded = shard_model(copy.deepcopy(bf16), groups)
+    tokenize = lambda text: fp32.tokenizer(text, add_special_tokens=False)["input_ids"]   # noqa: E731
+    prompts = [tokenize(example.prompt) for op in WAITING_LINE
+               for example in TASKS[op].examples("test", int(per_task), seed=0)]
+    config = DecodeConfig(scheduler=SCHEDULERS["low_confidence"](), gen_length=16, block_length=8,
+                          temperature=0.0)
+    decoded = {name: generate(model, prompts, config).tokens
+               for name, model in (("fp32", fp32), ("bf16", bf16), ("tp", sharded))}
+    generator = torch.Generator().manual_seed(4)
+    top1 = {"bf16": [], "tp": [], "fp32": []}
+    with torch.inference_mode():
+        for prompt, answer in zip(prompts, decoded["fp32"]):
+            ids = torch.tensor([prompt + answer.tolist()])
+            hidden = torch.rand(answer.shape, generator=generator) < 0.5
+            ids[0, len(prompt):][hidden] = fp32.mask_token_id
+            for name, model in (("fp32", fp32), ("bf16", bf16), ("tp", sharded)):
+                logits = model(ids, rows=(len(prompt), ids.shape[1]))[0]
+                top1[name].append(logits.float().argmax(-1)[hidden])
+    top1 = {name: torch.cat(values) for name, values in top1.items()}
+    return {"prompts": len(prompts), "digest": digest(decoded["tp"]),
+            "tokens": {name: agreement(decoded[name], decoded["fp32"]) for name in ("bf16", "tp")},
+            "sequences": {name: agreement((decoded[name] == decoded["fp32"]).all(-1),
+                                          torch.ones(len(prompts), dtype=torch.bool))
+                          for name in ("bf16", "tp")},
+            "top1": {name: agreement(top1[name], top1["fp32"]) for name in ("bf16", "tp")},
+            "tp_dtype": str(next(sharded.parameters()).dtype)}
+
+
 def anonymous_bytes() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssAnon:"):
@@ -214,6 +316,10 @@ def main() -> None:
         result = task_logits(groups, args[0].split(","))
     elif task == "decode":
         result = task_decode(groups, args[0].split(","))
+    elif task == "bf16":
+        result = task_bf16(groups, args[0])
+    elif task == "layerwise":
+        result = task_layerwise(groups, args[0].split(","))
     else:
         result = task_load(groups, args[0])
     atomic_write(Path(out) / f"result.rank{groups.rank}.json", json.dumps(result), "rank result")

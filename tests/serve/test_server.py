@@ -35,7 +35,8 @@ def test_models_and_health(server):
     url, _ = server
     assert [m.id for m in client(url).models.list().data] == ["embedded"]
     with urllib.request.urlopen(url + "/health") as response:
-        assert json.loads(response.read())["status"] == "ok"
+        body = json.loads(response.read())
+    assert body["status"] == "ok" and body["tensor_parallel"] == 1
 
 
 def test_completion_equals_offline_generate(server, embedded):
