@@ -4,7 +4,7 @@ and Grover, NeurIPS 2025, arXiv 2506.00413; reference `danielmisrael/apd`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -57,7 +57,7 @@ class APDScheduler(Scheduler):
 
     mixture: float = 0.7
     lookahead: int = 0
-    verifier: str = "auto"
+    verifier: str = field(default="auto", metadata={"loads_file": True})   # start-up only: loads a model
     published_target: bool = True
 
     def __post_init__(self) -> None:

@@ -56,6 +56,21 @@ def test_a_request_may_use_the_start_up_filter(embedded):
     assert [type(f).__name__ for f in job.config.filters] == ["LearnedFilter", "EoTPFilter"]
 
 
+@pytest.mark.parametrize("verifier", ["ar_draft", "embedded-bd", "embedded", "relative-name"])
+def test_a_request_cannot_choose_a_model_to_load(embedded, verifier):
+    # apd's guide is a causal model loaded from a name or a directory: a start-up option
+    err = _refusal(embedded, {"scheduler": {"name": "apd", "verifier": verifier}})
+    assert err.status == 400 and err.param == "dllm.scheduler.verifier"
+
+
+def test_a_request_may_use_apd_with_the_start_up_guide(embedded):
+    from dllm_decode.serve.protocol import parse_job
+
+    job = parse_job("completion", {"prompt": "sort : bob amy", "dllm": {"scheduler": {
+        "name": "apd", "verifier": "auto"}}}, _settings(), embedded.tokenizer)
+    assert type(job.config.scheduler).__name__ == "APDScheduler" and job.config.scheduler.verifier == "auto"
+
+
 @pytest.mark.parametrize("dllm, param", [
     ({"filters": [{"name": "eotp", "mode": "../../etc"}]}, "dllm.filters[0].mode"),
     ({"cache": {"name": "suffix", "mode": "/tmp/x"}}, "dllm.cache.mode"),

@@ -68,6 +68,12 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     canvas = None if gen_length == "answer" else int(gen_length)
     block = None if canvas is None else block_length
     names = [r.strip() for r in rules.split(",") if r.strip()]
+    if not names:
+        raise click.BadParameter(f"no rules given; searchable rules: {', '.join(sorted(SPACE))}",
+                                 param_hint="--rules")
+    if not 0.5 <= confidence < 1:
+        raise click.BadParameter(f"confidence must be in [0.5, 1) (0.5: the point estimate), got {confidence:g}",
+                                 param_hint="--confidence")
     with usage_errors("--budget"):
         parsed = Budget.parse(budget, confidence)
     with usage_errors("--rules"):

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from dllm_decode.eval.bench.outcome import ours
+from dllm_decode.eval.bench.protocol import OptionError
 from dllm_decode.eval.bench.timing import check_counts, interleave
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -228,7 +229,9 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     peaks = device_peaks(name)
     say(f"{options.shape} on {name}: {len(plans)} configurations x {options.repeats} repeats")
     if not plans:
-        raise ValueError("nothing to run: no configuration is available on this build and device")
+        why = sorted({s.missing for s in subjects if s.missing})
+        raise OptionError(None, "nothing to run: no configuration is available on this build and "
+                                "device" + (f" ({'; '.join(why)})" if why else ""))
     runs = interleave(plans, options.repeats, lambda lab, index, chunk: (lambda: by_label[lab].decode(chunk)))
 
     def row(s: Subject, b: int) -> dict[str, Any]:

@@ -68,8 +68,10 @@ class Budget:
             points = float(value)
         except ValueError:
             points = float("nan")
-        if kind not in ("within", "at-least") or not math.isfinite(points) or points < 0:
-            raise ValueError(f"budget must be within:POINTS or at-least:PERCENT (e.g. within:1.0), got {text!r}")
+        if kind not in ("within", "at-least") or not math.isfinite(points) or points < 0 \
+                or (kind == "at-least" and points > 100):
+            raise ValueError(f"budget must be within:POINTS or at-least:PERCENT (a percentage <= 100; "
+                             f"e.g. within:1.0), got {text!r}")
         if not 0.5 <= confidence < 1:
             raise ValueError(f"confidence must be in [0.5, 1) (0.5: the point estimate), got {confidence:g}")
         return cls(kind, points, statistics.NormalDist().inv_cdf(confidence))

@@ -121,3 +121,12 @@ def test_random_weights_give_spread_logits(family):
     with torch.inference_mode():
         logits = model(prompt)
     assert logits.std() > 0.1 and len(set(logits.argmax(-1)[0].tolist())) > 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA graphs can run on this machine")
+def test_a_selection_with_nothing_to_run_is_a_usage_error():
+    # only captured rows asked for, with a capture this device cannot run: one line, exit 2
+    result = CliRunner().invoke(main, ["bench", "shaped", "--quick", "--layers", "1", "--cache", "none",
+                                       "--capture", "cuda-graphs", "--step", "captured"])
+    assert result.exit_code == 2 and "nothing to run" in result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)

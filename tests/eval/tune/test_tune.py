@@ -119,7 +119,10 @@ def test_a_preset_tuned_on_another_model_is_refused_in_one_line(tmp_path):
     (["--budget", "half"], "within:POINTS or at-least:PERCENT"),
     (["--rules", "pc_sampler"], "no tuning knob for pc_sampler"),
     (["--caches", "prefix"], "the ideal model has no K/V"),
-    (["--confidence", "1.2"], "confidence must be in [0.5, 1)"),
+    (["--confidence", "1.2"], "Invalid value for --confidence"),
+    (["--confidence", "nan"], "Invalid value for --confidence"),
+    (["--budget", "at-least:150"], "a percentage <= 100"),
+    (["--rules", " , "], "no rules given; searchable rules:"),
 ])
 def test_bad_options_get_one_line_errors(tmp_path, args, message):
     result = CliRunner().invoke(main, ["tune", "--model", "ideal", "--tasks", "copy", "--calibration", "2",
