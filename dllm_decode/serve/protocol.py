@@ -192,8 +192,9 @@ def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
                        param="dllm.preset")
     name = given if given is not None else tag
     if name is not None and name not in settings.presets:
-        known = ", ".join(sorted(settings.presets)) or "none (start the server with --presets FILE)"
-        raise APIError(400, f"unknown preset {name[:80]!r}; this server has: {known}",
+        known = ", ".join(sorted(settings.presets)) or \
+            "none (`serve --presets FILE` loads them; a requests file takes the command's --preset)"
+        raise APIError(400, f"unknown preset {name[:80]!r}; presets loaded: {known}",
                        param="dllm.preset" if given is not None else "model")
     return name
 
