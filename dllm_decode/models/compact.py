@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import RUNTIME_STATE, KVCache, RMSNorm, rms_norm, rms_normalize
+from dllm_decode.models.layers import RUNTIME_STATE, KVCache, RMSNorm, rms_norm, rms_normalize, sdpa
 
 DLLM_RUNTIMES = ("reference", "compact")
 """How a diffusion model (`BlockStackLM`) runs its blocks: `reference` (the modules as written in
@@ -330,8 +330,7 @@ class CompactStack:
                 q, h = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]]
                 if mask is not None and mask.shape[2] > 1:          # per-query (block-causal)
                     mask = mask[:, :, keep[0]:keep[1]]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                               enable_gqa=block.heads != block.kv_heads)
+            o = sdpa(q, k, v, mask)
             h = block.finish(h, o)
         return h
 

@@ -179,9 +179,26 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, co
     k = apply_rope(k, cos, sin, rope_full_precision)
     if kv is not None:
         k, v = kv.update(layer, k, v, rows)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                         enable_gqa=n_heads != n_kv_heads)
+    out = sdpa(q, k, v, key_mask)
     return rearrange(out, "b h l d -> b l (h d)")
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, expand_kv: bool | None = None) -> Tensor:
+    """`F.scaled_dot_product_attention` for (B, H, Lq, D) queries over (B, Hkv, L, D) keys, the
+    one attention call of every runtime (reference, compact, captured).
+
+    With grouped-query heads (Hkv < H) and a mask, CUDA has no fused kernel for `enable_gqa`
+    (flash attention takes no mask, the memory-efficient kernel no GQA), so SDPA falls back to
+    the math kernel, which materialises the (Lq, L) scores per head. There the K/V heads are
+    repeated instead (`expand_kv`, default: a masked GQA call on CUDA), which the
+    memory-efficient kernel runs; on the CPU `enable_gqa` is kept (no copy, same kernel).
+    """
+    groups = q.shape[1] // k.shape[1]
+    if expand_kv is None:
+        expand_kv = groups > 1 and mask is not None and q.is_cuda
+    if expand_kv and groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def key_mask_of(attention_mask: Tensor | None) -> Tensor | None:

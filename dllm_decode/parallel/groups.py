@@ -138,6 +138,9 @@ def init_parallel(tensor_parallel: int = 1, device: str | torch.device | None = 
                             f"{current.tp}; one process serves one TP size")
     kind = torch.device(device).type if device is not None else "cpu"
     cuda = kind == "cuda" and torch.cuda.is_available()
+    if cuda:       # NCCL binds each rank to the current device: set it before the group forms
+        torch.cuda.set_device(torch.device(device).index if torch.device(device).index is not None
+                              else int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         options = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
         dist.init_process_group(backend="nccl" if cuda else "gloo", **options)

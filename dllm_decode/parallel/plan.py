@@ -272,11 +272,12 @@ def take(full: Any, part: Slice, rank: int) -> Tensor | None:
     return full[part.start:part.stop] if part.dim == 0 else full[:, part.start:part.stop]
 
 
-def placed(values: Tensor | None, part: Slice, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """An owned tensor of the slice's local shape: `values` copied in, the rest zeros."""
-    out = torch.zeros(part.local_shape(shape), dtype=dtype) if (
+def placed(values: Tensor | None, part: Slice, shape: tuple[int, ...], dtype: torch.dtype,
+           device: torch.device | str = "cpu") -> Tensor:
+    """An owned tensor of the slice's local shape on `device`: `values` copied in, the rest zeros."""
+    out = torch.zeros(part.local_shape(shape), dtype=dtype, device=device) if (
         values is None or part.dim is not None and part.stop - part.start < part.local) else \
-        torch.empty(part.local_shape(shape), dtype=dtype)
+        torch.empty(part.local_shape(shape), dtype=dtype, device=device)
     if values is not None:
         target = out if part.dim is None else out.narrow(part.dim, 0, part.stop - part.start)
         target.copy_(values)
@@ -285,7 +286,7 @@ def placed(values: Tensor | None, part: Slice, shape: tuple[int, ...], dtype: to
 
 def _from_tensors(whole: dict[str, Tensor], rank: int) -> Reader:
     def read(name: str, part: Slice, shape: tuple[int, ...]) -> Tensor:
-        full = whole[name]
-        return placed(take(full, part, rank), part, shape, full.dtype)
+        full = whole[name]           # the shard stays where the whole model was (a GPU's model on its GPU)
+        return placed(take(full, part, rank), part, shape, full.dtype, full.device)
 
     return read

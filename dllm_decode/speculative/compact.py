@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dllm_decode.models.compact import FusedBlock, RotaryTable, transposed
-from dllm_decode.models.layers import rms_normalize
+from dllm_decode.models.layers import rms_normalize, sdpa
 
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 """Rotary types whose frequencies do not depend on the sequence length (computed once here)."""
@@ -172,8 +172,7 @@ class CompactCausalLM:
             keys, values = cache.keys[i], cache.values[i]
             keys[:, :, start:total] = k
             values[:, :, start:total] = v
-            o = F.scaled_dot_product_attention(q, keys[:, :, :total], values[:, :, :total],
-                                               attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+            o = sdpa(q, keys[:, :, :total], values[:, :, :total], mask)
             h = layer.finish(h, o)
         cache.length = total if use_cache else start
         if logits_to_keep:

@@ -74,3 +74,15 @@ def test_a_copied_sharded_model_keeps_its_groups():
     groups = ParallelGroups(tp=2, world=2)
     model = shard_model(tiny_llada(), groups)
     assert copy.deepcopy(model).tensor_parallel is groups
+
+
+def test_shards_stay_on_the_whole_models_device():
+    """`shard_model` without a reader slices the model's own weights where they are (a GPU's
+    model keeps its shards on that GPU; here: the meta device), never on the CPU by default."""
+    with torch.device("meta"):
+        model = tiny_llada()
+    groups = ParallelGroups(tp=2, dp=1, rank=1, world=2, tp_rank=1, dp_rank=0,
+                            tp_group_name="unused", dp_group_name="unused", mesh=None)
+    shard_model(model, groups)
+    devices = {t.device.type for t in [*model.parameters(), *model.buffers()]}
+    assert devices == {"meta"}, devices
