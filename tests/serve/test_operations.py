@@ -72,17 +72,35 @@ def test_metrics_count_requests_tokens_and_nfe(server):
     assert "# TYPE dllm_request_seconds histogram" in text
 
 
-def test_one_access_line_per_request_at_info(server, caplog):
-    url, _ = server
-    def lines(route):
-        return [r.getMessage() for r in caplog.records
-                if r.name == "dllm_decode.serve.access" and f'"GET {route}"' in r.getMessage()]
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
 
-    with caplog.at_level(logging.INFO, logger="dllm_decode.serve.access"):
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_one_access_line_per_request_at_info(server):
+    """A handler on the access logger itself: the server's log config stops `dllm_decode`'s
+    records at its own handler (propagate off), so the root logger (caplog's) never sees them."""
+    url, _ = server
+    access = logging.getLogger("dllm_decode.serve.access")
+    seen, level = _Records(), access.level
+
+    def lines(route):
+        return [r.getMessage() for r in seen.records if f'"GET {route}"' in r.getMessage()]
+
+    access.addHandler(seen)
+    access.setLevel(logging.INFO)
+    try:
         get(url, "/health")
         get(url, "/v1/models")
-        assert wait_until(lambda: lines("/health") and lines("/v1/models"), 5)   # logged once sent
+        assert wait_until(lambda: lines("/health") and lines("/v1/models"), 30)   # logged once sent
         time.sleep(0.1)
+    finally:
+        access.removeHandler(seen)
+        access.setLevel(level)
     assert len(lines("/health")) == 1 and " 200 " in lines("/health")[0]
     assert len(lines("/v1/models")) == 1
 
