@@ -15,3 +15,19 @@ def require_namespaced(name: str) -> None:
     if not name.startswith("dllm_decode."):
         raise ImportError(f"import {name!r} as 'dllm_decode.{name}' (the bare name is not "
                           f"dllm-decode's: it belongs to other packages and to your own code)")
+
+
+def import_from_checkout() -> None:
+    """In an uninstalled checkout (a copy on a device machine, `python -m pytest` from the root),
+    make `dllm_decode.eval`, `.schedulers`, `.caches` and `.filters` resolve to the root folders,
+    as the installed package maps them; a no-op where they already import."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    package = importlib.import_module("dllm_decode")
+    if importlib.util.find_spec("dllm_decode.eval") is not None:
+        return
+    root = Path(package.__file__).resolve().parents[1]
+    if (root / "eval" / "__init__.py").is_file() and str(root) not in package.__path__:
+        package.__path__.append(str(root))

@@ -21,11 +21,7 @@ def _importable() -> None:
     `filters`) importable from this checkout when the package is not installed."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    package = importlib.import_module("dllm_decode")
-    try:
-        importlib.import_module("dllm_decode.eval.bench.device")
-    except ModuleNotFoundError:
-        package.__path__.append(str(ROOT))          # dllm_decode.eval -> ROOT/eval, and so on
+    importlib.import_module("dllm_decode._namespace").import_from_checkout()
 
 
 def _preflight() -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_decode._namespace import import_from_checkout
+
+import_from_checkout()      # a checkout copied to a device machine runs its tests uninstalled
+
 # One intra-op thread: the tiny test models gain nothing from more, and on a 2-core machine
 # shared with other jobs extra threads only thrash.
 torch.set_num_threads(1)

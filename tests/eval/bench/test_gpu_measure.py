@@ -112,3 +112,20 @@ def test_quick_script_runs_every_stage_with_torch_only_under_a_minute(tmp_path):
     assert report["elapsed_seconds"] < 60 and time.perf_counter() - started < 120
     for stage in ("batch1", "large_batch", "block"):
         assert any(r["available"] for r in report["stages"][stage]["rows"]) and report["tables"][stage]
+
+
+UNINSTALLED_PYTEST = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]   # not installed
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]))
+"""
+
+
+def test_gpu_tests_collect_from_an_uninstalled_checkout():
+    """The device machine runs the GPU tests from a copied checkout with no install: the root
+    folders resolve as `dllm_decode.eval` and the rest (tests/conftest.py)."""
+    done = subprocess.run([sys.executable, "-c", UNINSTALLED_PYTEST], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "tests/test_gpu.py::test_cuda_graph_replay_equals_eager_tokens" in done.stdout
