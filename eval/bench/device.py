@@ -12,13 +12,17 @@ of a real model's shape (no download, no checkpoint), or a check:
    `--peer`): the step against its weight-read floor, captured against eager, loop overhead.
 3. `sanity`: one captured decode with `torch.cuda.set_sync_debug_mode("error")` around every graph
    replay (a replay that syncs with the host fails the check), the graph pool's memory, the
-   device's peak memory, and the loop overhead of a captured decode from replay-timed steps.
-4. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
-5. `engine`: the serving engine under load on the device: requests queued at once and arriving
+   device's peak memory, the loop overhead of a captured decode from replay-timed steps, and the
+   **cached step's replay time against its own weight-read floor** (the dual cache's block-only
+   step, not a decode's average forward, half of which are full-canvas refreshes).
+4. `identity`: float32 at the shape's width (4 layers): the captured step's tokens equal eager's
+   exactly (bf16 rows report agreement as a fraction: random weights have near-ties).
+5. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B, grouped-query attention)
+   under the block cache: the per-step captured path, batch 1 and 32, eager and captured.
+6. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
+7. `engine`: the serving engine under load on the device: requests queued at once and arriving
    one per step, continuous batching up to its max batch (`dllm_decode.engine.Engine`).
-6. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B) under the block cache,
-   batch 1 and 32, eager and captured.
-7. `block_peer`: Fast-dLLM v2's `batch_sample` beside this project's block loop at one token per
+8. `block_peer`: Fast-dLLM v2's `batch_sample` beside this project's block loop at one token per
    step (the only fixed-count policy it has), batch 1 (with `--peer`).
 
 A time budget (`--budget` seconds, default 420 so the whole call stays under 8 minutes with room
@@ -78,8 +82,8 @@ class DeviceOptions:
             raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {list(STAGE_COST)}")
 
 
-STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "large_batch": 150.0, "engine": 40.0, "block": 90.0,
-              "block_peer": 45.0}
+STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "block": 90.0, "large_batch": 150.0,
+              "engine": 40.0, "block_peer": 45.0}
 """Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates), in the order they
 run (most wanted first); a stage starts only when the budget left covers it. `--quick` scales them
 down 100x."""
@@ -147,6 +151,8 @@ def shaped_stages(o: DeviceOptions) -> dict[str, dict[str, Any]]:
                       variants=("eager", "captured"), repeats=1, prompts=b_large[0]),
         "block_peer": dict(base, batch_sizes=(1,), caches=("block",), runtimes=("compact",), variants=("eager",),
                            repeats=1, prompts=2, steps_per_block=base["block_length"], peers=peers),
+        "identity": dict(base, dtype="float32", layers=4, batch_sizes=(1,), caches=("none", "dual"),
+                         runtimes=("compact",), variants=("eager", "captured"), repeats=1, prompts=2),
     }
 
 
@@ -221,6 +227,7 @@ def sanity(o: DeviceOptions) -> dict[str, Any]:
                          ("FAILED" if error else "not run (CUDA only)")}
     if cuda and error is None:
         out.update(replay_overhead(graphs, decode, prompt))
+        out.update(cached_step_floor(model, options, out["replay_ms"]))
     if cuda:
         out.update(max_allocated_bytes=torch.cuda.max_memory_allocated(), reserved_bytes=torch.cuda.memory_reserved())
     return out
@@ -260,6 +267,27 @@ def replay_overhead(graphs: Any, decode: Callable[[list[list[int]]], Any], promp
     device_seconds = sum(calls[key] * replay_ms[repr(key)] / 1000 for key in calls)
     return {"decode_seconds": wall, "steps": sum(calls.values()), "replay_ms": replay_ms,
             "loop_overhead": 1 - device_seconds / wall if wall > 0 else None}
+
+
+def cached_step_floor(model: Any, options: Any, replay_ms: dict[str, float], peaks: Any = None) -> dict[str, Any]:
+    """The dual cache's cached step (the block's rows fed, every key attended: the step a decode
+    repeats between refreshes) replayed alone, against its own weight-read floor. Its bucket is
+    the one with the shortest replay (a refresh feeds the whole canvas)."""
+    from dllm_decode.devices import device_name, device_peaks
+    from dllm_decode.eval.bench.roofline import Forward, ModelShape, floor
+
+    if not replay_ms:
+        return {"cached_step": None}
+    device = next(model.parameters()).device
+    total = options.prompt_length + options.gen_length
+    step = Forward(options.block_length, options.block_length, total)
+    peaks = peaks or device_peaks(device_name(device))
+    bound = floor(ModelShape.of(model), [step], 1, peaks, options.dtype)
+    bucket = min(replay_ms, key=replay_ms.get)
+    read_ms = 1000 * bound.read_seconds if bound else None
+    return {"cached_step": {"bucket": bucket, "replay_ms": replay_ms[bucket], "read_floor_ms": read_ms,
+                            "floor_ms": bound.ms_per_forward if bound else None,
+                            "x_read_floor": replay_ms[bucket] / read_ms if read_ms else None}}
 
 
 def engine_load(o: DeviceOptions) -> dict[str, Any]:
@@ -379,10 +407,12 @@ def run_device(o: DeviceOptions, say: Callable[[str], None] = print) -> tuple[di
 
 
 def targets(report: dict[str, Any]) -> dict[str, Any]:
-    """The captured-step targets read off the rows (None where a row is missing): batch-1
-    captured step against the weight-read floor (target <= 1.5x) and against eager tokens/s
-    (>= 2x), loop overhead at batch 1 (<= 2%), batch 32-64 captured against eager (>= 1x), this
-    project against Fast-dLLM v1's loop (>= 1.5x, identical tokens)."""
+    """The captured-step targets read off the rows (None where a row is missing): the batch-1
+    cached step's replay against its own weight-read floor (target <= 1.5x; the decode's average
+    forward, refreshes included, is kept beside it as `batch1_captured_x_read_floor`), captured
+    against eager tokens/s (>= 2x), float32 token identity and bf16 agreement, loop overhead at
+    batch 1 (<= 2%), batch 32-64 captured against eager (>= 1x), this project against Fast-dLLM
+    v1's loop (>= 1.5x, identical tokens)."""
     def rows(stage: str) -> list[dict[str, Any]]:
         return [r for r in report["stages"].get(stage, {}).get("rows", []) if r.get("available")]
 
@@ -390,10 +420,18 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         return next((r for r in rows(stage) if all(r.get(k) == v for k, v in keys.items())), None)
 
     captured = pick("batch1", runtime="compact", variant="captured", cache="dual", batch=1)
+    cached = report["stages"].get("sanity", {}).get("cached_step") or {}
+    identity = [r for r in rows("identity") if r["variant"] == "captured"]
     eager = pick("batch1", runtime="compact", variant="eager", cache="dual", batch=1)
     peer = next((r for r in rows("batch1") if r["runtime"].startswith("peer:fast-dllm-v1")), None)
     large = [r for r in rows("large_batch") if r["variant"] == "captured"]
     return {
+        "batch1_cached_step_replay_ms": cached.get("replay_ms"),
+        "batch1_cached_step_read_floor_ms": cached.get("read_floor_ms"),
+        "batch1_cached_step_x_read_floor": cached.get("x_read_floor"),
+        "fp32_captured_identical_tokens": ({f"{r['cache']}@B{r['batch']}": r["identical_tokens"] for r in identity}
+                                           or None),
+        "batch1_bf16_token_agreement": captured and captured.get("token_agreement"),
         "batch1_captured_ms_per_forward": captured and captured["ms_per_forward"],
         "batch1_read_floor_ms": captured and captured["read_floor_ms"],
         "batch1_captured_x_read_floor": (captured["ms_per_forward"] / captured["read_floor_ms"]

@@ -18,15 +18,21 @@ this project's. Each row's floor (`dllm_decode.eval.bench.roofline`) is the larg
 forwards' bytes over the device's memory bandwidth and FLOPs over its dense peak; a device
 without datasheet peaks says "unknown device".
 
-Loop overhead is the share of wall-clock outside the model's forward; on CUDA the forward timer
-synchronises around every forward, so that share is real GPU idle time, not launch latency. A
-captured step or a peer's loop does not run its forwards through `model.forward`: its overhead
-is not measured here (the device script times replays instead).
+Every timed run, eager or captured, runs as a user's decode does: no extra device sync. Loop
+overhead (the share of wall-clock outside the model's forward) comes from one more, untimed decode
+per eager row whose forward timer synchronises around every forward (on CUDA that share is real
+GPU idle time, not launch latency). A captured step or a peer's loop does not run its forwards
+through `model.forward`: its overhead is not measured here (the device script times replays
+instead). A captured row records its graphs in the warm-up, at every batch size it runs, never
+inside a timed run. Rows report `token_agreement` with this project's first eager row: in bf16 a
+random-weight model has near-ties that flip between kernels (a fraction, not a bug); in float32
+the captured step is token-identical.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -169,6 +175,7 @@ class Subject:
     missing: str | None = None
     batch_limit: int | None = None
     commit: str | None = None
+    profile: Callable[[list[list[int]]], Any] | None = None
 
 
 def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
@@ -203,9 +210,10 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
                 subjects += [Subject(runtime, v, cache, family, None, str(err)) for v in options.variants]
                 continue
             for variant in options.variants:
-                if variant == "eager":
+                if variant == "eager":          # timed unsynced; `profile` syncs per forward for the overhead
                     subjects.append(Subject(runtime, variant, cache, family,
-                                            lambda chunk, v=view, c=configs[cache]: ours(v, chunk, c, sync)))
+                                            lambda chunk, v=view, c=configs[cache]: ours(v, chunk, c, None),
+                                            profile=lambda chunk, v=view, c=configs[cache]: ours(v, chunk, c, sync)))
                 elif runtime == "reference":
                     subjects.append(Subject(runtime, variant, cache, family, None,
                                             "not available: the captured step runs the compact runtime's "
@@ -221,9 +229,10 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
              for s in subjects if s.decode is not None for b in options.batch_sizes
              if s.batch_limit is None or b <= s.batch_limit]
     by_label = {f"{label[id(s)]}@B{b}": s for s in subjects for b in options.batch_sizes}
-    for s in subjects:                                                               # warm-up
+    for s in subjects:        # warm-up; a captured step records its graphs here, at every batch size
         if s.decode is not None and not s.runtime.startswith("peer:"):
-            s.decode(prompts[s.family][:1])
+            for b in (options.batch_sizes if s.variant == "captured" else (1,)):
+                s.decode(prompts[s.family][:b])
     shapes = {family: ModelShape.of(model) for family, model in models.items()}
     name = device_name(device)
     peaks = device_peaks(name)
@@ -248,10 +257,7 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
         plan = forward_plan(s.cache, options.prompt_length, options.gen_length, options.block_length,
                             options.steps_per_block)
         bound = floor(shapes[s.family], plan, b, peaks, options.dtype)
-        timed_forwards = all(o.forward_seconds is not None for o in outcomes)
-        overhead = statistics.median(
-            1 - sum(t.value.forward_seconds for t in rep) / max(sum(t.seconds for t in rep), 1e-12)
-            for rep in measured.runs) if timed_forwards else None
+        overhead = _overhead(s.profile, prompts[s.family][:b], sync) if s.profile else None
         return {**base, "available": True, "seconds": spent,
                 "tokens_per_second": options.gen_length * options.prompt_count / spent,
                 "overhead": overhead, "nfe": statistics.fmean(n for o in outcomes for n in o.nfe),
@@ -273,6 +279,21 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
             "prompts": options.prompt_count, "rows": rows,
             "graph_pools": {key: {"mode": g.mode, "captures": g.captures, "pool_bytes": g.pool_bytes}
                             for key, g in pools.items() if g is not None}}
+
+
+def _overhead(profile: Callable[[list[list[int]]], Any], chunk: list[list[int]],
+              sync: Callable[[], None] | None) -> float | None:
+    """Share of one decode's wall-clock outside its forwards, the forwards timed with a device
+    sync around each (an untimed run beside the timed ones, which never sync per forward)."""
+    sync = sync or (lambda: None)
+    sync()
+    started = time.perf_counter()
+    outcome = profile(chunk)
+    sync()
+    wall = time.perf_counter() - started
+    if outcome.forward_seconds is None or wall <= 0:
+        return None
+    return max(0.0, 1 - outcome.forward_seconds / wall)
 
 
 def _peer_subjects(options: ShapedOptions, models: dict[str, Any], configs: dict[str, Any]) -> list[Subject]:
@@ -338,6 +359,7 @@ def _compare(rows: list[dict[str, Any]]) -> None:
                          and b["cache"] == r["cache"] and b["batch"] == r["batch"]), None)
         r["same_tokens_as"] = None if baseline is None or baseline is r else f"{baseline['runtime']} eager"
         r["identical_tokens"] = (None if r["same_tokens_as"] is None else r["tokens"] == baseline["tokens"])
+        r["token_agreement"] = None if r["same_tokens_as"] is None else _agreement(r["tokens"], baseline["tokens"])
         if peer:
             ours_rows = [b for b in ready if not b["runtime"].startswith("peer:") and b["cache"] == r["cache"]
                          and b["batch"] == r["batch"]]
@@ -346,6 +368,14 @@ def _compare(rows: list[dict[str, Any]]) -> None:
             r["ours_best"] = f"{best['runtime']} {best['variant']}" if best else None
     for r in rows:
         r.pop("tokens", None)
+
+
+def _agreement(tokens: list[list[int]], baseline: list[list[int]]) -> float | None:
+    """Fraction of equal tokens, position by position (None when the shapes differ)."""
+    if len(tokens) != len(baseline) or any(len(a) != len(b) for a, b in zip(tokens, baseline)):
+        return None
+    total = sum(len(b) for b in baseline)
+    return sum(x == y for a, b in zip(tokens, baseline) for x, y in zip(a, b)) / total if total else 1.0
 
 
 def format_shaped(report: dict[str, Any]) -> str:
@@ -373,7 +403,9 @@ def format_shaped(report: dict[str, Any]) -> str:
             continue
         overhead = f"{row['overhead']:.1%}" if row["overhead"] is not None else "-"
         floor_ms = f"{row['floor_ms']:.2f}" if row["floor_ms"] is not None else row["floor_note"]
-        same = "-" if row["identical_tokens"] is None else ("yes" if row["identical_tokens"] else "NO")
+        agreement = row.get("token_agreement")
+        same = ("-" if row["identical_tokens"] is None else "yes" if row["identical_tokens"] else
+                f"{agreement:.1%}" if agreement is not None else "NO")
         extra = (f"  (ours {ratio(row['ours_speedup'])} faster: {row['ours_best']})"
                  if row.get("ours_speedup") is not None else "")
         lines.append(f"{head}{row['tokens_per_second']:>11.1f}{overhead:>9}{row['nfe']:>6.1f}"

@@ -130,3 +130,39 @@ def test_a_selection_with_nothing_to_run_is_a_usage_error():
                                        "--capture", "cuda-graphs", "--step", "captured"])
     assert result.exit_code == 2 and "nothing to run" in result.output
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+def test_captured_rows_record_every_bucket_before_timing(monkeypatch, one_thread):
+    """A captured row's graphs (one per batch bucket) are made in the warm-up at every batch size
+    it runs, never inside a timed run, so large-batch rows time replays, not recordings."""
+    from dllm_decode.capture import GraphCache
+    from dllm_decode.eval.bench import shaped
+
+    caches, at_timing = [], []
+    made = GraphCache.__init__
+
+    def keep(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        caches.append(self)
+
+    def timed(plans, repeats, make):
+        at_timing.append([g.captures for g in caches])
+        return interleave(plans, repeats, make)
+
+    interleave = shaped.interleave
+    monkeypatch.setattr(GraphCache, "__init__", keep)
+    monkeypatch.setattr(shaped, "interleave", timed)
+    options = ShapedOptions(shape="embedded", layers=1, batch_sizes=(1, 4), prompt_length=8, gen_length=16,
+                            block_length=8, caches=("dual",), runtimes=("compact",),
+                            variants=("eager", "captured"), repeats=1, capture="static")
+    report = shaped.run_shaped(options)
+    assert caches and at_timing[0] == [g.captures for g in caches] and at_timing[0][0] > 0
+    captured = [r for r in report["rows"] if r["variant"] == "captured"]
+    assert all(r["identical_tokens"] and r["token_agreement"] == 1.0 for r in captured)
+
+
+def test_token_agreement_is_a_fraction_and_printed_as_one():
+    from dllm_decode.eval.bench.shaped import _agreement
+
+    assert _agreement([[1, 2, 3, 4]], [[1, 2, 0, 4]]) == 0.75
+    assert _agreement([[1, 2]], [[1, 2, 3]]) is None

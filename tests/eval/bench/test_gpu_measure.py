@@ -129,3 +129,21 @@ def test_gpu_tests_collect_from_an_uninstalled_checkout():
                           cwd=REPO, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "tests/test_gpu.py::test_cuda_graph_replay_equals_eager_tokens" in done.stdout
+
+
+def test_cached_step_is_read_against_its_own_floor():
+    """The target reads the shortest replay (the dual cache's block-only step) over that one
+    step's weight-read floor, not a decode's average forward over the average floor."""
+    from dllm_decode.devices import DEVICE_PEAKS
+    from dllm_decode.eval.bench.device import cached_step_floor
+    from dllm_decode.eval.bench.roofline import Forward, ModelShape, floor
+    from dllm_decode.eval.bench.shaped import ShapedOptions, shaped_model
+
+    options = ShapedOptions(shape="embedded", layers=1, prompt_length=8, gen_length=16, block_length=8)
+    model = shaped_model(options)
+    peaks = next(iter(DEVICE_PEAKS.values()))
+    out = cached_step_floor(model, options, {"refresh": 9.0, "step": 2.0}, peaks)["cached_step"]
+    one = floor(ModelShape.of(model), [Forward(8, 8, 24)], 1, peaks, options.dtype)
+    assert out["bucket"] == "step" and out["replay_ms"] == 2.0
+    assert out["read_floor_ms"] == pytest.approx(1000 * one.read_seconds)
+    assert out["x_read_floor"] == pytest.approx(2.0 / out["read_floor_ms"])
