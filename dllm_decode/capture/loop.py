@@ -78,7 +78,7 @@ def fused_generate(model: Any, prompts: Any, config: DecodeConfig, graphs: Graph
     ids, tokenizer = check_request(model, config.cache, prompts, config, generator, tokenizer)
     runtime = CapturedCache(config.cache, model, graphs)
     runtime.init_state(model)
-    device = runtime.head.weight.device
+    device = runtime.head.device
     mask_id, eos_ids = model.mask_token_id, tuple(model.eos_token_ids)
     canvas, attention = left_pad(ids, config.gen_length, mask_id, eos_ids[0], device)
     generator = generator if generator is not None else \
@@ -181,7 +181,7 @@ def _run(runtime: CapturedCache, graphs: GraphCache, stack: Any, buffers: Any, f
             buffers.index("prev", out_width), *tail)
     noise = None
     if draw is not None:
-        noise = buffers.static("noise", (buffers.batch, out_width, runtime.head.weight.shape[0]),
+        noise = buffers.static("noise", (buffers.batch, out_width, runtime.head.vocab),
                                torch.float64)
         draw(noise)
     args = (*args, noise, temperature)

@@ -80,9 +80,9 @@ class CapturedCache:
         self.cache, self.graphs = cache, graphs
         self.kind = cache_kind(cache)
         self.head = Head.of(model)
-        if graphs.mode == "cuda-graphs" and self.head.weight.device.type != "cuda":
+        if graphs.mode == "cuda-graphs" and self.head.device.type != "cuda":
             raise ValueError(f"cuda-graphs needs the model on a CUDA device; it is on "
-                             f"{self.head.weight.device} (load it with device='cuda')")
+                             f"{self.head.device} (load it with device='cuda')")
         self.buckets: Buckets | None = None
         _, blocks = model.parts()
         self.layers = len(blocks)

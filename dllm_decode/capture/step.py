@@ -14,6 +14,7 @@ weight fingerprint and rebuild stay outside the graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,16 +28,22 @@ from dllm_decode.models.layers import StaticKVCache
 
 @dataclass(frozen=True)
 class Head:
-    """What a model family adds around the blocks: its embedding, final norm, head matrix (and
-    bias), token shift (1: the network's row i predicts i + 1, Dream and Fast-dLLM v2) and
-    block-causal block size (None: bidirectional)."""
+    """What a model family adds around the blocks, as the family's own modules: its embedding,
+    final norm and head (`project`: final-norm hidden states -> float32 logits, the family's
+    `head` method; `vocab` its width), token shift (1: the network's row i predicts i + 1, Dream and Fast-dLLM v2)
+    and block-causal block size (None: bidirectional).
+
+    Modules, never their raw weights: a module a parallel plan or quantization swapped in (a
+    vocabulary-parallel embedding or head and its collectives) runs under capture exactly as it
+    runs eagerly."""
 
     embed: nn.Module
     norm: nn.Module
-    weight: Tensor
-    bias: Tensor | None
+    project: Callable[[Tensor], Tensor]
     shift: int
     block_size: int | None
+    device: torch.device
+    vocab: int
 
     @classmethod
     def of(cls, model: Any) -> "Head":
@@ -49,16 +56,14 @@ class Head:
         from dllm_decode.models.llada import LLaDAModelLM
 
         grid = getattr(model, "block_size", None)
+        embed, _ = model.parts()
+        device = embed.weight.device
         if isinstance(model, LLaDAModelLM):
-            t = model.model.transformer
-            tied = model.config.weight_tying
-            return cls(t["wte"], t["ln_f"], t["wte"].weight if tied else t["ff_out"].weight,
-                       None if tied else t["ff_out"].bias, 0, grid)
+            return cls(embed, model.model.transformer["ln_f"], model.head, 0, grid, device,
+                       model.vocab_size)
         if isinstance(model, DecoderLM):
-            tied = model.config.tie_word_embeddings
-            weight = model.model.embed_tokens.weight if tied else model.lm_head.weight
-            return cls(model.model.embed_tokens, model.model.norm, weight, None,
-                       int(model.token_shift), grid)
+            return cls(embed, model.model.norm, model.head, int(model.token_shift), grid, device,
+                       model.vocab_size)
         raise TypeError(f"{type(model).__name__} has no captured step (LLaDA and the "
                         f"transformers-decoder families have)")
 
@@ -112,4 +117,4 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
     if head.shift:
         starts = (fed_positions.index_select(1, out) == 0).unsqueeze(-1)
         own = torch.where(starts, own, h.index_select(1, prev))
-    return F.linear(own, head.weight, head.bias).float()
+    return head.project(own)
