@@ -35,7 +35,8 @@ from dllm_decode.prompts import left_pad
 from dllm_decode.models.block_grid import grid_canvas
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
-from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, idle, resolve
+from dllm_decode.records import Outcome
+from dllm_decode.step import MAX_REVISIONS, Window, decide, resolve
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 
@@ -218,19 +219,16 @@ class Decoding:
                 self.cache_state)
             window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
             # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
-            parts = [self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
-                     else (*idle(window.rows(batch.phase.index[g])), False) for g, rows in batch.groups.items()]
-            *columns, cuts = zip(*parts)
-            commit, tokens, remask, edit, worked, edited, gen_end, broken = (
-                batch.phase.in_order(list(col)) for col in columns)
-            batch.write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if any(cuts) else None)
-            self._bookkeep(worked, edited, gen_end, broken)
+            outcome = Outcome.join([
+                self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
+                else Outcome.idle(window.rows(batch.phase.index[g])) for g, rows in batch.groups.items()])
+            batch.write(window.offset, outcome.resolved, outcome.gen_end if outcome.truncates else None)
+            self._bookkeep(outcome)
             return self._collect()
 
-    def _turn(self, g: int, window: Window) -> tuple[Any, ...]:
+    def _turn(self, g: int, window: Window) -> Outcome:
         """Request `g`'s step (`step.decide`, its state threaded; `step.resolve`) and what its
-        rows report: the commits, tokens, re-masks and edits, whether each row worked and
-        edited, its generation end and whether its logits were finite; and whether it truncates."""
+        rows report (`Outcome`)."""
         batch, member = self.batch, self.batch.members[g]
         index, starts = batch.phase.index[g], batch.region_starts()
 
@@ -259,7 +257,8 @@ class Decoding:
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \
             torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
-        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite, decision.truncate_at is not None)
+        return Outcome(res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite,
+                       decision.truncate_at is not None)
 
     def _consultant(self, index: Tensor | None, member: Member) -> Consultant:
         """The extra-forward runner (look-ahead, guide) over the canvases of batch rows `index`
@@ -271,25 +270,24 @@ class Decoding:
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
-    def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor, broken: Tensor) -> None:
+    def _bookkeep(self, outcome: Outcome) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
         rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
         batch = self.batch
-        batch.count(worked)
-        block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = batch.progress(
-            edited, gen_end, broken, self.eos)            # the one host sync of the step
-        if any(nonfinite):
-            raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(nonfinite) if bad])
-        done, phase_over, cap = batch.settle(block_left, gen_left, block_eos, edits, gen_end_list,
-                                             self.budgets)
+        batch.count(outcome.worked)
+        progress = batch.progress(outcome, self.eos)        # the one host sync of the step
+        if any(progress.nonfinite):
+            raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(progress.nonfinite) if bad])
+        settled = batch.settle(progress, self.budgets)
+        done = settled.done
         if any(done):
             self._drop(done)
         if self.trimmable and len(batch) and batch.trim(max(batch.bounds.gen_end)):
             self.cache_state = self.runner.trim(self.cache_state, batch.rows.x.shape[1])
         if batch.phase is not None:
             batch.phase.update(batch.bounds, batch.region_starts())
-        self.block_step = 0 if phase_over else self.block_step + 1
-        if self.block_step > cap:
+        self.block_step = 0 if settled.phase_over else self.block_step + 1
+        if self.block_step > settled.cap:
             raise RuntimeError("a block still has masks after one step per position: a scheduler "
                                "or filter broke the progress rule")
 

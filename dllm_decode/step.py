@@ -249,9 +249,3 @@ def truncate(x: Tensor, attention_mask: Tensor | None, gen_end: Tensor, gen_star
     mask = torch.ones_like(x) if attention_mask is None else attention_mask
     return torch.where(cut, pad_id, x), mask.masked_fill(cut, 0)
 
-
-def idle(window: Window) -> tuple[Tensor, ...]:
-    """The outcome of rows that take no step (their blocks are done; they wait for the phase to
-    end): nothing written, no work, their generation ends kept, their logits not read."""
-    none = torch.zeros_like(window.tokens, dtype=torch.bool)
-    return none, none.long(), none, none, none[:, 0], none[:, 0], window.gen_span[:, 1], none[:, 0]
