@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from dllm_decode.interfaces import Decision, StepInput
 from dllm_decode.step import Resolved, Window
 
 
@@ -34,6 +35,17 @@ class Outcome:
     gen_end: Tensor
     nonfinite: Tensor
     truncates: bool = False
+
+    @classmethod
+    def of(cls, inp: StepInput, decision: Decision, resolved: Resolved, nonfinite: Tensor,
+           revising: Tensor) -> Outcome:
+        """The outcome of a decided step: a row worked when it had an eligible column, finished
+        its block or runs an edit pass (`revising`, (b,) bool)."""
+        finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
+        end = inp.gen_span[:, 1] if decision.truncate_at is None else \
+            torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
+        return cls(resolved, inp.live | finish | revising, resolved.edit.any(-1), end, nonfinite,
+                   decision.truncate_at is not None)
 
     @classmethod
     def idle(cls, window: Window) -> Outcome:

@@ -5,7 +5,8 @@ geometry: admission between phases (rows appended, everyone right-aligned to one
 canvas), compaction of finished members, dropping finished rows, trimming a canvas tail no row
 attends. `Phase` is the device-side copy of the bounds the step reads, built at phase start and
 at every row change, then updated in place (preallocated tensors, the same ones every step), so
-a step allocates no bookkeeping tensors of its own.
+a step allocates no bookkeeping tensors of its own. Features plug in through the step's records
+(`dllm_decode.records`) and the executors, never as copies of this code.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch
 from torch import Tensor
 
 from dllm_decode.batch import Bounds, Rows
-from dllm_decode.interfaces import StepInput
 from dllm_decode.member import Member
 from dllm_decode.models.block_grid import block_start_columns
 from dllm_decode.records import Outcome, Progress, Settled
@@ -240,21 +240,6 @@ class Batch:
         cap = max((self.members[r].config.scheduler.step_budget(budgets[r]) or budgets[r])
                   + self.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
         return Settled(done, phase_over, cap)
-
-    def record(self, g: int, inp: StepInput, res: Resolved, report: dict[str, Tensor] | None) -> None:
-        """Member `g`'s trace entry for this step: its rows, the window offset (from its
-        generation start), commits, tokens, confidences, revisions and the cache's report."""
-        member, index = self.members[g], self.phase.index[g]
-        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
-        entry = {"rows": pick(self.rows.slot).cpu(),
-                 "offset": inp.offset - self.bounds.gen_start[self.groups[g][0]],
-                 "commit": res.commit.cpu(), "tokens": res.tokens.cpu(),
-                 "confidence": inp.confidence.cpu(), "block_step": inp.step}
-        if member.revises != "none":
-            entry.update(remask=res.remask.cpu(), edit=res.edit.cpu())
-        if report is not None:         # per-step cache counts (refreshed layers, recomputed columns)
-            entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
-        member.trace.append(entry)
 
     def write(self, offset: int, res: Resolved, truncate_at: Tensor | None) -> None:
         """The step's writes into the window's columns (one batch-wide write, revisions counted),

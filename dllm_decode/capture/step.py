@@ -1,6 +1,9 @@
-"""`CapturedStep`: the model forward over a padded window of canvas columns, written with static
-shapes and no host sync, so that `torch.compile(fullgraph=True, dynamic=False)` traces it as one
-graph and a CUDA graph can replay it.
+"""The captured step: the model forward over a padded window of canvas columns
+(`captured_forward`), and the whole step (`captured_step`: that forward, then the eager step's
+own decision functions), written with static shapes and no host sync, so that
+`torch.compile(fullgraph=True, dynamic=False)` traces either as one graph and a CUDA graph can
+replay it. Nothing here is a second copy of the step: features plug in through the step's
+records and the executors, never as copies.
 
 One function serves every cache: a step feeds canvas columns `fed` (a (W,) device index; a full
 forward feeds every column, a cached step the block and its look-back), writes their K/V into the
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +27,8 @@ from torch import Tensor, nn
 
 from dllm_decode.models.compact import CompactStack
 from dllm_decode.models.layers import StaticKVCache
+from dllm_decode.records import Outcome
+from dllm_decode.step import Resolved, Window, decide, resolve
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,16 @@ def key_mask(attention: Tensor, positions: Tensor, fed: Tensor, block_size: int 
     return (allowed & keys[:, None, :])[:, None]
 
 
+def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The bool SDPA mask as the additive one SDPA would make of it in every layer (0 where
+    attended, -inf elsewhere), made once per forward, in storage whose rows are padded to 16
+    columns so the memory-efficient kernel's alignment needs no per-layer copy either."""
+    width = mask.shape[-1]
+    padded = torch.zeros((*mask.shape[:-1], -(-width // 16) * 16), dtype=dtype, device=mask.device)
+    padded[..., :width].masked_fill_(~mask, float("-inf"))
+    return padded[..., :width]
+
+
 def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
                      canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
                      out: Tensor, prev: Tensor) -> Tensor:
@@ -103,9 +118,9 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
     shape = (batch, width, 1, cos_table.shape[1])
     cos = cos_table.index_select(0, flat).view(shape)
     sin = sin_table.index_select(0, flat).view(shape)
-    mask = key_mask(attention, positions, fed, head.block_size)
     kv = StaticKVCache(keys, values)
     h = head.embed(canvas.index_select(1, fed))
+    mask = additive(key_mask(attention, positions, fed, head.block_size), h.dtype)   # once, not per layer
     for layer, block in enumerate(stack.blocks):
         q, k, v = block.attention_inputs(h, cos, sin, stack.full_precision)
         k, v = kv.update(layer, k, v, fed)
@@ -118,3 +133,37 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
         starts = (fed_positions.index_select(1, out) == 0).unsqueeze(-1)
         own = torch.where(starts, own, h.index_select(1, prev))
     return head.project(own)
+
+
+class Rule(NamedTuple):
+    """What `step.decide` reads of a `DecodeConfig`, for a whole step with no filters."""
+
+    scheduler: Any
+    temperature: float
+    filters: tuple = ()
+
+
+def captured_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
+                  canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
+                  out: Tensor, prev: Tensor, block: Tensor, gen_span: Tensor, region_start: Tensor,
+                  step: Tensor, num_steps: Tensor, uniform: Tensor | None, scheduler: Any,
+                  temperature: float, mask_id: int,
+                  eos_ids: tuple[int, ...]) -> tuple[Resolved, Tensor, Tensor, Tensor, Tensor]:
+    """The whole step in one graph: `captured_forward`, then the eager step's own functions
+    (`step.decide`, `step.resolve`, `Outcome.of`) on the window of returned rows `out`.
+
+    Args (beyond `captured_forward`'s): `block`, `gen_span` (B, 2) and `region_start` (B,) the
+    rows' bounds; `step`, `num_steps` 0-d long; `uniform` the sampling draws made on the host
+    (`ops.aligned_uniform`, NaN: none) or None at temperature 0; `scheduler` a rule that keeps
+    the default hooks and `temperature` (`dispatch.fused_problem`: no filters, no trace).
+    Returns the `Outcome`'s tensors: resolved, worked, edited, generation end, nonfinite.
+    """
+    logits = captured_forward(stack, head, cos_table, sin_table, canvas, attention, keys, values,
+                              fed, out, prev)
+    columns = fed.index_select(0, out)                  # canvas column of each window column
+    window = Window(columns[0], logits, canvas.index_select(1, columns), block, gen_span, region_start)
+    inp, decision, nonfinite, _ = decide(Rule(scheduler, temperature), None, window, step=step, num_steps=num_steps, span=0,
+                                         generator=None, eos_ids=eos_ids, mask_id=mask_id,
+                                         rebound=None, uniform=uniform)
+    o = Outcome.of(inp, decision, resolve(inp, decision), nonfinite, torch.zeros_like(inp.live))
+    return o.resolved, o.worked, o.edited, o.gen_end, o.nonfinite

@@ -16,7 +16,7 @@ FAMILIES = "llada,llada_tied,dream,fast_dllm"
 
 def check(results: list[dict], modes: list[str]) -> None:
     first = results[0]
-    assert len(first) >= 10, sorted(first)
+    assert len(first) >= 9, sorted(first)          # 3 per cache, every family
     for key, record in first.items():
         assert record["problem"] is None, (key, record["problem"])     # TP x capture is served
         for rank in results:
