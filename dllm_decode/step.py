@@ -156,6 +156,15 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                      excluded=exclude)
 
 
+def draws_past_block(config: DecodeConfig) -> bool:
+    """Whether a request's sampling draws run to its generation end (its rule or a filter looks
+    past its block, its rule picks the block's end or reads the noise) rather than to its block
+    end: the columns a block-view rule can commit in, the only ones whose samples it uses."""
+    s = config.scheduler
+    return s.view == "rest" or s.chooses_block_bounds or s.needs_noise or \
+        any(f.view == "rest" for f in config.filters)
+
+
 def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,
            span: int, generator: torch.Generator | None, eos_ids: tuple[int, ...], mask_id: int,
            rebound: Callable[[Tensor], tuple[Tensor, int]] | None,
@@ -167,8 +176,9 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
     extra forwards a rule asks for (look-ahead, guide) just before `select` and adds their
     results to its view; None runs none.
 
-    Sampling noise is drawn for each row's own region (`span` columns from its region start),
-    never for the batch's window, so it does not depend on the batch. `rebound(ends)` applies
+    Sampling noise is drawn for each row's own region (`span` columns from its region start: to
+    its block end, or its generation end under `draws_past_block`), never for the batch's
+    window, so it does not depend on the batch. `rebound(ends)` applies
     block ends the scheduler chose and returns the rows' new (b, 2) blocks and step budget; None
     keeps the blocks (the captured whole step: its rules keep the default `block_end`, and its
     `step` is a 0-d tensor). `uniform`: the sampling draws, made beforehand (`propose`).

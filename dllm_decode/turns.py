@@ -18,14 +18,16 @@ from dllm_decode.interfaces import StepInput
 from dllm_decode.ops import aligned_uniform
 from dllm_decode.records import Outcome
 from dllm_decode.running import Batch
-from dllm_decode.step import Resolved, Window, decide, resolve
+from dllm_decode.step import Resolved, Window, decide, draws_past_block, resolve
 
 
 def noise_span(batch: Batch, g: int) -> int:
-    """Columns request `g` draws sampling noise for: its rows' regions to their generation ends
-    (its own rows only, so its draws do not depend on the batch)."""
+    """Columns request `g` draws sampling noise for: its rows' regions to their block ends (to
+    their generation ends under `step.draws_past_block`); its own rows only, so its draws do
+    not depend on the batch, and no more than the step can use."""
     b, starts = batch.bounds, batch.region_starts()
-    return max(b.gen_end[r] - starts[r] for r in batch.groups[g])
+    ends = b.gen_end if draws_past_block(batch.members[g].config) else b.end
+    return max(ends[r] - starts[r] for r in batch.groups[g])
 
 
 def draw(batch: Batch, uniform: Tensor, offset: int) -> None:

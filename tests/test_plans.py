@@ -129,3 +129,26 @@ def test_a_graph_entry_is_not_reused_for_a_new_owner_at_a_freed_address():
     gc.collect()
     graphs.run(("k",), (Owner(),), (torch.ones(1),), fn=fn)
     assert graphs.captures == 2                               # a dead owner never matches
+
+
+def test_sampling_draws_cover_the_block_not_the_rest_of_the_answer(monkeypatch):
+    """A block-view rule draws its rows' noise to their block ends (a (b, block, V) draw per
+    step, not (b, rest of the answer, V)); a rule that looks past its block to the answer's end.
+    The reference loop draws the same, so sampled decodes still equal it (tests/test_reference.py)."""
+    import dllm_decode.ops as ops
+
+    spans: list[int] = []
+    original = ops.aligned_uniform
+
+    def spy(start, span, *args, **kwargs):
+        spans.append(span)
+        return original(start, span, *args, **kwargs)
+
+    monkeypatch.setattr(ops, "aligned_uniform", spy)
+    model = tiny_llada(layers=2)
+    sampled = dict(gen_length=16, block_length=4, temperature=0.8, stop_at_eos=False)
+    generate(model, PROMPTS, DecodeConfig(scheduler=ThresholdScheduler(), **sampled))
+    assert spans and max(spans) == 4
+    spans.clear()
+    generate(model, PROMPTS, DecodeConfig(scheduler=SCHEDULERS["early_commit"](), **sampled))
+    assert max(spans) == 16                                  # view = "rest": the whole answer

@@ -8,6 +8,10 @@ Modes:
     per bucket (`backend` "inductor" by default; "eager" traces without code generation, the
     fast check for graph breaks and recompiles).
   * `cuda-graphs`: the step recorded per bucket into a `torch.cuda.CUDAGraph` and replayed.
+  * `regional`: one transformer block compiled per bucket (`torch.compile` of `block_step`,
+    its layer's tensors as arguments, so the one compiled block serves every layer; inductor
+    fuses its ops), the step around it run as written, and on CUDA the whole step recorded into
+    a CUDA graph by hand: the replayed graph is fused kernels, not the eager op stream.
 
 Why `torch.cuda.CUDAGraph` and not `torch.compile(mode="reduce-overhead")`: the step writes
 its K/V store in place, and cudagraph trees skip a graph that mutates an input which is not a
@@ -26,6 +30,7 @@ recompiles (`torch._dynamo.config.error_on_recompile` holds).
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 import weakref
 from collections.abc import Callable, Iterator
@@ -35,12 +40,13 @@ import torch
 from torch import Tensor
 
 from dllm_decode.capture.buckets import Buckets
-from dllm_decode.capture.step import captured_forward
+from dllm_decode.capture.step import block_step, captured_forward
 
-CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs")
+CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs", "regional")
 """How `Decoding` runs the model forward of a step: `off` (the cache's own eager forward),
 `static` (the bucketed step, eagerly), `compile` (torch.compile of it), `cuda-graphs` (recorded
-and replayed per bucket; CUDA only)."""
+and replayed per bucket; CUDA only), `regional` (one compiled block reused for every layer,
+recorded into a CUDA graph on CUDA)."""
 
 
 class Entry(NamedTuple):
@@ -65,9 +71,9 @@ class GraphCache:
     a time: a recorded graph reads fixed addresses).
 
     Args:
-        mode: "static", "compile" or "cuda-graphs".
-        backend: torch.compile's backend for `compile` (and, if given, for the graph recorded
-            under `cuda-graphs`: None records the eager step).
+        mode: "static", "compile", "cuda-graphs" or "regional".
+        backend: torch.compile's backend for `compile` and `regional` (and, if given, for the
+            graph recorded under `cuda-graphs`: None records the eager step).
         max_batch: the largest batch bucket (`Buckets.max_batch`).
         length_step: canvas widths are padded to a multiple of it (`Buckets.length_step`; a
             smaller step wastes fewer columns on short canvases and makes more buckets).
@@ -126,6 +132,12 @@ class GraphCache:
     def _make(self, args: tuple[Any, ...], fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if self.mode == "static":
             return fn
+        if self.mode == "regional":
+            block = torch.compile(_own_copy(block_step), fullgraph=True, dynamic=False,
+                                  backend=self.backend or "inductor")
+            step = functools.partial(fn, block_fn=block)
+            on_cuda = any(isinstance(a, Tensor) and a.is_cuda for a in args)
+            return self._record(step, args) if on_cuda else step
         fn = _own_copy(fn)
         if self.mode == "compile":
             return torch.compile(fn, fullgraph=True, dynamic=False, backend=self.backend)

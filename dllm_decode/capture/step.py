@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.compact import CompactStack
+from dllm_decode.models.compact import CompactStack, FusedBlock
 from dllm_decode.models.layers import StaticKVCache
 from dllm_decode.records import Outcome
 from dllm_decode.step import Resolved, Window, decide, resolve
@@ -95,9 +95,21 @@ def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return padded[..., :width]
 
 
+def block_step(block: FusedBlock, h: Tensor, cos: Tensor, sin: Tensor, full_precision: bool,
+               mask: Tensor, keys: Tensor, values: Tensor, fed: Tensor) -> Tensor:
+    """One transformer block over the fed rows `h` (B, W, d): its K/V written into this layer's
+    static store `keys`, `values` (B, Hkv, L + 1, D) at columns `fed`, attention over the whole
+    canvas under `mask`. The same code for every layer (the layer's tensors are arguments), so
+    `regional` capture compiles it once and reuses it for every layer."""
+    q, k, v = block.attention_inputs(h, cos, sin, full_precision)
+    k, v = StaticKVCache(keys[None], values[None]).update(0, k, v, fed)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=block.heads != block.kv_heads)
+    return block.finish(h, o)
+
+
 def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
                      canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
-                     out: Tensor, prev: Tensor) -> Tensor:
+                     out: Tensor, prev: Tensor, block_fn: Callable[..., Tensor] = block_step) -> Tensor:
     """(B, O, V) float32 logits of fed rows `out` after feeding canvas columns `fed`.
 
     Args:
@@ -110,6 +122,7 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
         out: (O,) rows of `fed` whose logits are returned.
         prev: (O,) the fed row holding each returned row's predecessor (token-shifted models:
             row i reads row i - 1, except at position 0, which keeps its own).
+        block_fn: runs one block (`block_step`, or its compiled form under `regional`).
     """
     positions = (attention.cumsum(-1) - 1).clamp_min(0)
     fed_positions = positions.index_select(1, fed)
@@ -118,15 +131,10 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
     shape = (batch, width, 1, cos_table.shape[1])
     cos = cos_table.index_select(0, flat).view(shape)
     sin = sin_table.index_select(0, flat).view(shape)
-    kv = StaticKVCache(keys, values)
     h = head.embed(canvas.index_select(1, fed))
     mask = additive(key_mask(attention, positions, fed, head.block_size), h.dtype)   # once, not per layer
     for layer, block in enumerate(stack.blocks):
-        q, k, v = block.attention_inputs(h, cos, sin, stack.full_precision)
-        k, v = kv.update(layer, k, v, fed)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                           enable_gqa=block.heads != block.kv_heads)
-        h = block.finish(h, o)
+        h = block_fn(block, h, cos, sin, stack.full_precision, mask, keys[layer], values[layer], fed)
     h = head.norm(h)
     own = h.index_select(1, out)
     if head.shift:
@@ -147,8 +155,8 @@ def captured_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table:
                   canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
                   out: Tensor, prev: Tensor, block: Tensor, gen_span: Tensor, region_start: Tensor,
                   step: Tensor, num_steps: Tensor, uniform: Tensor | None, scheduler: Any,
-                  temperature: float, mask_id: int,
-                  eos_ids: tuple[int, ...]) -> tuple[Resolved, Tensor, Tensor, Tensor, Tensor]:
+                  temperature: float, mask_id: int, eos_ids: tuple[int, ...],
+                  block_fn: Callable[..., Tensor] = block_step) -> tuple[Resolved, Tensor, Tensor, Tensor, Tensor]:
     """The whole step in one graph: `captured_forward`, then the eager step's own functions
     (`step.decide`, `step.resolve`, `Outcome.of`) on the window of returned rows `out`.
 
@@ -159,7 +167,7 @@ def captured_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table:
     Returns the `Outcome`'s tensors: resolved, worked, edited, generation end, nonfinite.
     """
     logits = captured_forward(stack, head, cos_table, sin_table, canvas, attention, keys, values,
-                              fed, out, prev)
+                              fed, out, prev, block_fn)
     columns = fed.index_select(0, out)                  # canvas column of each window column
     window = Window(columns[0], logits, canvas.index_select(1, columns), block, gen_span, region_start)
     inp, decision, nonfinite, _ = decide(Rule(scheduler, temperature), None, window, step=step, num_steps=num_steps, span=0,
