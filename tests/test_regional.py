@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch._dynamo
 from torch._dynamo.utils import counters
 
 from dllm_decode.caches import CACHES
@@ -16,17 +15,9 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.schedulers import SCHEDULERS
 from dllm_decode.testing import tiny_llada
+from tests.test_capture import strict_dynamo  # noqa: F401  (the fixture)
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12]]
-
-
-@pytest.fixture
-def strict_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("rule,cache", [("threshold", "dual"), ("low_confidence", "none")])
