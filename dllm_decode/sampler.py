@@ -59,8 +59,9 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
         trace: record which positions were committed at which step with which confidence.
         capture: how each step's model forward runs (`dllm_decode.capture.CAPTURE_MODES`): "off"
             (eager, the default), "static" (the bucketed captured step, eagerly), "compile"
-            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket), or a
-            `GraphCache`. A configuration it cannot serve runs eagerly
+            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket),
+            "regional" (one compiled block for every layer), or a `GraphCache`. A
+            configuration it cannot serve runs eagerly, with a `CaptureFallback` warning
             (`dllm_decode.capture.capture_problem` says why).
     Returns:
         A `DecodeResult`; batched output equals decoding each prompt alone (greedy).

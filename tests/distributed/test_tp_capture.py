@@ -36,6 +36,15 @@ def test_tp2_captured_decodes_equal_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_tp2_captured_decodes_other_families(tmp_path):
+    """The rest of the families TP serves: a tied token-shifted head, q/k norms (SDAR), the
+    embedded models (6 heads, a vocabulary padded for 2 ranks)."""
+    modes = ["static", "compile:eager"]
+    check(run_ranks("tests.distributed.capture_ranks", 2, tmp_path, "dream_tied,sdar,embedded,embedded-bd",
+                    ",".join(modes), timeout=1800), modes)
+
+
+@pytest.mark.slow
 def test_tp4_captured_decodes_equal_one_process(tmp_path):
     modes = ["static", "compile:eager"]
     check(run_ranks("tests.distributed.capture_ranks", 4, tmp_path, "llada,fast_dllm",
