@@ -8,12 +8,12 @@ dual cache of a bidirectional model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from dllm_decode.compat import accepted_hint
-from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
 
 
@@ -56,19 +56,29 @@ class BlockCache(Cache):
                              f"(block_size), and {name} is not one{accepted_hint(model)}")
         return None
 
+    capturable: ClassVar[bool] = True
+
+    def plan(self, block: tuple[int, int], block_step: int, length: int,
+             restart: int | None) -> StepPlan:
+        """The first forward computes `[0, hi)` and returns the active blocks; a later one the
+        rows from the earliest column the previous step fed to the end of the active blocks."""
+        lo, hi = block
+        start = lo if restart is None else min(restart, lo)
+        return StepPlan((start, hi), rebuild=restart is None, restart=lo)
+
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        lo, hi = block
-        if state is None:
+        plan = self.plan(block, block_step, canvas.shape[1], None if state is None else state.written_from)
+        (start, hi), length = plan.rows, canvas.shape[1]
+        if plan.rebuild:
             # Columns after the active blocks are invisible to it (block-causal), so the first
             # forward covers [0, hi) only; the rest of the cache is zeros until a forward writes it.
             kv = KVCache()
             mask = attention_mask[:, :hi] if attention_mask is not None else None
-            logits = model(canvas[:, :hi], mask, kv=kv, rows=(lo, hi))
-            return logits, lo, BlockState(kv.pad_to(canvas.shape[1]), lo)
-        start = min(state.written_from, lo)
-        logits = model(canvas, attention_mask, kv=state.kv, rows=(start, hi))
-        return logits, start, BlockState(state.kv, lo)
+            logits = model(canvas[:, :hi], mask, kv=kv, rows=plan.rows)
+            return logits, start, BlockState(kv.pad_to(length), plan.restart)
+        logits = model(canvas, attention_mask, kv=state.kv, rows=plan.rows)
+        return logits, start, BlockState(state.kv, plan.restart)
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return state.select_rows(rows) if isinstance(state, BlockState) else state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,8 @@ class D2Cache(Cache):
             decoded exactly like each prompt alone; the default None is).
         suffix_window: None, or the masks after the block kept in attention and selectable.
     """
+
+    capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
     current_k: int = 32
     rollout_p: float = 0.1

@@ -4,7 +4,7 @@ attention-aware drift test on the most-attended tokens, depth-aware refresh of t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +75,8 @@ class ElasticCache(Cache):
             from cached inputs that are themselves stale, which the small embedded model does
             not tolerate (`eval/bench/cache.py` figures in the README).
     """
+
+    capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
     gamma: float = 0.9
     track_num: int = 1

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from dllm_decode.compat import accepted_hint
-from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
 
 
@@ -56,19 +56,24 @@ class BlockKVCache(Cache):
                              f"{name} has none (supports_kv is False){accepted_hint(model)}")
         return KVCache()
 
+    capturable: ClassVar[bool] = True
+
+    def plan(self, block: tuple[int, int], block_step: int, length: int,
+             restart: int | None) -> StepPlan:
+        """A refresh (nothing cached, a block start, every `refresh_every` steps) recomputes
+        the rest of the canvas, as `none` gives it; a cached step its `rows`."""
+        refresh = restart is None or (block_step == 0 and self.block_refresh) or (
+            self.refresh_every is not None and block_step % self.refresh_every == 0)
+        rows = (block[0], length) if refresh else self.rows(block, length)
+        return StepPlan(rows, rebuild=refresh, restart=rows[0])
+
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        if state is None or not state.filled or self._refresh_due(block_step):
-            # A fresh KVCache (not a cleared one): nothing outside the state may alias it.
+        cached = state is not None and state.filled
+        plan = self.plan(block, block_step, canvas.shape[1], 0 if cached else None)
+        if plan.rebuild:        # a fresh KVCache (not a cleared one): nothing outside may alias it
             state = self.init_state(model)
-            rows = (block[0], canvas.shape[1])            # the rest of the canvas, as `none` gives
-        else:
-            rows = self.rows(block, canvas.shape[1])
-        return model(canvas, attention_mask, kv=state, rows=rows), rows[0], state
-
-    def _refresh_due(self, block_step: int) -> bool:
-        return (block_step == 0 and self.block_refresh) or (
-            self.refresh_every is not None and block_step % self.refresh_every == 0)
+        return model(canvas, attention_mask, kv=state, rows=plan.rows), plan.rows[0], state
 
     @abc.abstractmethod
     def rows(self, block: tuple[int, int], length: int) -> tuple[int, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -69,6 +69,8 @@ class SuffixCache(Cache):
         kv: "none", "prefix" or "dual": how the pruned canvas is cached inside a block.
         seed: dpad mode: the draws' seed.
     """
+
+    capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
     mode: str = "window"
     window: int = 96

@@ -279,14 +279,48 @@ class Filter(Checked, abc.ABC):
         """Return the (possibly changed) decision. Must not modify its inputs."""
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """Which canvas rows one step computes, decided on the host before the forward, from the
+    block and the step alone (`Cache.plan`); an executor runs it (the cache's own eager forward,
+    or the captured step).
+
+    Attributes:
+        rows: `(a, b)` canvas rows whose logits the step returns, `a <=` the block start.
+        rebuild: the K/V start afresh: the forward computes every column before `b` (a full
+            refresh); else it computes `rows` only (a token-shifted family's look-back row too)
+            against the K/V kept from earlier steps.
+        restart: the first column the next step must compute again (its K/V were written before
+            this step's commits); the next plan receives it.
+    """
+
+    rows: tuple[int, int]
+    rebuild: bool
+    restart: int
+
+
 class Cache(Checked, abc.ABC):
     """How the loop obtains logits for the active block (none, prefix, dual).
 
     Frozen dataclass (its fields are the refresh policy) plus an explicit state from `init_state`.
+
+    A cache whose rows follow from the block and the step (`capturable = True`) says which in
+    `plan`, and its `logits` runs that plan eagerly; the captured step runs the same plan, so its
+    refresh rules are written once, here. A cache that chooses rows from the data (confidences,
+    attention) keeps `capturable = False` and always runs eagerly.
     """
+
+    capturable: ClassVar[bool] = False
 
     def init_state(self, model: DiffusionLM) -> Any:
         return None
+
+    def plan(self, block: tuple[int, int], block_step: int, length: int,
+             restart: int | None) -> StepPlan:
+        """The rows of the next step over a canvas of `length` columns (`restart`: the last
+        plan's, or None when nothing is cached: the batch's first forward). Only for
+        `capturable` caches."""
+        raise NotImplementedError(f"{type(self).__name__} chooses its rows from the data: it has no plan")
 
     @abc.abstractmethod
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor,
@@ -322,9 +356,16 @@ class NoCache(Cache):
     """No cache: a full forward over the whole canvas every step (the exact reference), logits
     from the block start to the canvas end. Registered as the `none` cache."""
 
+    capturable: ClassVar[bool] = True
+
+    def plan(self, block: tuple[int, int], block_step: int, length: int,
+             restart: int | None) -> StepPlan:
+        return StepPlan((block[0], length), rebuild=True, restart=block[0])
+
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        return model(canvas, attention_mask, rows=(block[0], canvas.shape[1])), block[0], state
+        rows = self.plan(block, block_step, canvas.shape[1], None).rows
+        return model(canvas, attention_mask, rows=rows), rows[0], state
 
 
 def _index_rows(state: Any, rows: Tensor) -> Any:

@@ -34,25 +34,30 @@ def argmax_mask(scores: Tensor) -> Tensor:
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, generator: torch.Generator | None,
-                  region: tuple[Tensor, int, int] | None = None) -> Tensor:
+                  region: tuple[Tensor, int, int] | None = None, uniform: Tensor | None = None) -> Tensor:
     """Sampled token per position: argmax(logits + T * Gumbel), drawn in float64.
 
     Same as LLaDA's `exp(logits) / (-log u)^T` (low precision Gumbel hurts quality,
     arXiv 2409.02908). T = 0 is plain argmax. With `region = (start, span, offset)` the noise is
     drawn only for each row's columns `[start, start + span)` (`aligned_uniform`; argmax
     elsewhere), so a row's draws do not depend on the window the batch happens to need.
+    `uniform`: those U(0, 1) draws made beforehand (the captured step's host side).
     """
-    noise = gumbel_noise(logits, temperature, generator, region)
+    noise = gumbel_noise(logits, temperature, generator, region, uniform)
     return logits.argmax(dim=-1) if noise is None else (logits.double() + noise).argmax(dim=-1)
 
 
 def gumbel_noise(logits: Tensor, temperature: float, generator: torch.Generator | None,
-                 region: tuple[Tensor, int, int] | None = None) -> Tensor | None:
+                 region: tuple[Tensor, int, int] | None = None,
+                 uniform: Tensor | None = None) -> Tensor | None:
     """The (B, W, V) float64 noise `temperature * Gumbel` that `gumbel_argmax` adds to `logits`
-    (0 outside `region`), or None at temperature 0."""
+    (0 outside `region`), or None at temperature 0. `uniform`: the (B, W, V) U(0, 1) draws,
+    made beforehand (NaN: no noise), instead of drawing them here."""
     if temperature == 0:
         return None
-    if region is None:
+    if uniform is not None:
+        u = uniform
+    elif region is None:
         u = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
     else:
         start, span, offset = region

@@ -18,7 +18,7 @@ from dllm_decode.consult import Consultant
 from dllm_decode.devices import device_of
 from dllm_decode.interfaces import DiffusionLM, NoCache
 from dllm_decode.prompts import encode_prompts
-from dllm_decode.step import propose, resolve, step_input, write
+from dllm_decode.step import draws_past_block, propose, resolve, step_input, write
 
 
 @torch.inference_mode()
@@ -38,6 +38,7 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
     x = torch.tensor([[*prompt] + [mask] * config.gen_length], device=device)
     gen_start, length = len(prompt), x.shape[1]
     wide = scheduler.view == "rest"            # the rule looks past its block: logits to the end
+    past = draws_past_block(config)            # its sampling draws run to the end too
     state = scheduler.init_state(1, device)
     memory: dict = {}                          # the extra forwards' per-request memory
     start = gen_start
@@ -55,8 +56,8 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
                                   offset=start, step=step, num_steps=budget, generator=generator,
                                   eos_ids=eos, mask_id=mask, noise=noise[0] if noise else None)
 
-            def proposed(logits: Tensor):         # noise drawn for the columns start..length
-                region = (torch.tensor([start], device=device), length - start, start)
+            def proposed(logits: Tensor):         # noise drawn for start..end (or ..length)
+                region = (torch.tensor([start], device=device), (length if past else end) - start, start)
                 return propose(logits, mask, config.temperature, generator, region,
                                noise=scheduler.needs_noise)
 

@@ -5,7 +5,8 @@ geometry: admission between phases (rows appended, everyone right-aligned to one
 canvas), compaction of finished members, dropping finished rows, trimming a canvas tail no row
 attends. `Phase` is the device-side copy of the bounds the step reads, built at phase start and
 at every row change, then updated in place (preallocated tensors, the same ones every step), so
-a step allocates no bookkeeping tensors of its own.
+a step allocates no bookkeeping tensors of its own. Features plug in through the step's records
+(`dllm_decode.records`) and the executors, never as copies of this code.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import torch
 from torch import Tensor
 
 from dllm_decode.batch import Bounds, Rows
-from dllm_decode.interfaces import StepInput
 from dllm_decode.member import Member
 from dllm_decode.models.block_grid import block_start_columns
+from dllm_decode.records import Outcome, Progress, Settled
 from dllm_decode.step import Resolved, Window, truncate, write
 
 
@@ -73,12 +74,6 @@ class Phase:
         self.gen_span.copy_(values[2:4].T)
         self.region_start.copy_(values[4])
         self.revising.copy_(values[5].bool())
-
-
-    @staticmethod
-    def in_order(parts: list[Tensor]) -> Tensor:
-        """The members' per-row tensors, in member order: the batch's rows in order."""
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Batch:
@@ -219,18 +214,15 @@ class Batch:
         self._regroup()
         return kept
 
-    def settle(self, block_left: list[int], gen_left: list[int], block_eos: list[int],
-               edits: list[int], gen_end: list[int], budgets: dict[int, int]) -> tuple[list[bool], bool, int]:
-        """The host side of a step, from its one sync (per row: masks left in its block and in
-        its generation region, an end-of-text in its block, whether it edited, its generation
-        end): new ends, edit passes, end-of-text stops (the rest of a stopped row becomes
-        end-of-text). Returns the rows that are done, whether the phase is over, and the step
-        cap of the phase (one step per position and edit pass, plus one)."""
+    def settle(self, progress: Progress, budgets: dict[int, int]) -> Settled:
+        """The host side of a step, from its one sync (`Progress`): new ends, edit passes,
+        end-of-text stops (the rest of a stopped row becomes end-of-text)."""
+        block_left, gen_left, block_eos = progress.block_left, progress.gen_left, progress.block_eos
         b = self.bounds
-        b.gen_end = gen_end
-        b.end = [min(e, g) for e, g in zip(b.end, gen_end)]
+        b.gen_end = progress.gen_end
+        b.end = [min(e, g) for e, g in zip(b.end, progress.gen_end)]
         configs = [self.members[r].config for r in b.request]
-        for i, (left, edited) in enumerate(zip(block_left, edits)):
+        for i, (left, edited) in enumerate(zip(block_left, progress.edited)):
             budget = configs[i].scheduler.post_steps      # edit passes after the block is full:
             if budget:                                    # one after the filling step and after
                 ran_post = b.revising[i]                  # each pass that edited
@@ -247,22 +239,7 @@ class Batch:
         phase_over = not any(left or rev for left, rev, d in zip(block_left, b.revising, done) if not d)
         cap = max((self.members[r].config.scheduler.step_budget(budgets[r]) or budgets[r])
                   + self.members[r].config.scheduler.post_steps + 1 for r in set(b.request))
-        return done, phase_over, cap
-
-    def record(self, g: int, inp: StepInput, res: Resolved, report: dict[str, Tensor] | None) -> None:
-        """Member `g`'s trace entry for this step: its rows, the window offset (from its
-        generation start), commits, tokens, confidences, revisions and the cache's report."""
-        member, index = self.members[g], self.phase.index[g]
-        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
-        entry = {"rows": pick(self.rows.slot).cpu(),
-                 "offset": inp.offset - self.bounds.gen_start[self.groups[g][0]],
-                 "commit": res.commit.cpu(), "tokens": res.tokens.cpu(),
-                 "confidence": inp.confidence.cpu(), "block_step": inp.step}
-        if member.revises != "none":
-            entry.update(remask=res.remask.cpu(), edit=res.edit.cpu())
-        if report is not None:         # per-step cache counts (refreshed layers, recomputed columns)
-            entry["cache"] = {key: pick(value).cpu() for key, value in report.items()}
-        member.trace.append(entry)
+        return Settled(done, phase_over, cap)
 
     def write(self, offset: int, res: Resolved, truncate_at: Tensor | None) -> None:
         """The step's writes into the window's columns (one batch-wide write, revisions counted),
@@ -276,17 +253,15 @@ class Batch:
             rows.x, rows.attention_mask = truncate(rows.x, rows.attention_mask, truncate_at,
                                                    self.phase.gen_span[:, 0], self.pad_id)
 
-    def progress(self, edited: Tensor, gen_end: Tensor, broken: Tensor, eos: Tensor) -> list[list[int]]:
-        """The step's one host sync: per row, masks left in its block, masks left in its
-        generation region, an end-of-text in its block, whether it edited, its generation end,
-        and whether its logits were not finite."""
+    def progress(self, outcome: Outcome, eos: Tensor) -> Progress:
+        """The step's one host sync (`Progress`)."""
         x, p = self.rows.x, self.phase
         in_block = (p.columns >= p.region_start.unsqueeze(-1)) & (p.columns < p.block[:, 1:])
         still = x == self.mask_id
-        return torch.stack([
+        return Progress(*torch.stack([
             (still & in_block).any(-1).long(), (still & (p.columns >= p.gen_span[:, :1])).any(-1).long(),
-            (torch.isin(x, eos) & in_block).any(-1).long(), edited.long(), gen_end, broken.long(),
-        ]).tolist()
+            (torch.isin(x, eos) & in_block).any(-1).long(), outcome.edited.long(), outcome.gen_end,
+            outcome.nonfinite.long()]).tolist())
 
     def count(self, worked: Tensor) -> None:
         """Each member's rows that worked this step count one more forward."""

@@ -13,7 +13,9 @@ still leaves one mask fewer), every block ends with no masks, and a hard step ca
 block into an error instead of masked output.
 
 `Decoding` orchestrates: the step's maths live in `dllm_decode.step`, the batch geometry in
-`.running`, the request side in `.member`; `.reference` is the loop for one request in locals."""
+`.running`, the request side in `.member`, each request's host turn in `.turns`; `.reference` is
+the loop for one request in locals. Features plug in through the step's records (`.records`) and
+the executors (the cache's eager forward, `dllm_decode.capture`), never as copies of the loop."""
 
 from __future__ import annotations
 
@@ -25,9 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.capture import captured_cache, fused_decoder
+from dllm_decode.capture import executor_for, phase_problem
 from dllm_decode.config import DecodeConfig, DecodeResult
-from dllm_decode.consult import Consultant
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
@@ -35,7 +36,9 @@ from dllm_decode.prompts import left_pad
 from dllm_decode.models.block_grid import grid_canvas
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
-from dllm_decode.step import MAX_REVISIONS, Resolved, Window, decide, idle, resolve
+from dllm_decode.records import Outcome
+from dllm_decode.step import MAX_REVISIONS, Window
+from dllm_decode.turns import draw, turn
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 
@@ -56,8 +59,9 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
         trace: record which positions were committed at which step with which confidence.
         capture: how each step's model forward runs (`dllm_decode.capture.CAPTURE_MODES`): "off"
             (eager, the default), "static" (the bucketed captured step, eagerly), "compile"
-            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket), or a
-            `GraphCache`. A configuration it cannot serve runs eagerly
+            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket),
+            "regional" (one compiled block for every layer), or a `GraphCache`. A
+            configuration it cannot serve runs eagerly, with a `CaptureFallback` warning
             (`dllm_decode.capture.capture_problem` says why).
     Returns:
         A `DecodeResult`; batched output equals decoding each prompt alone (greedy).
@@ -69,8 +73,6 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    if (fused := fused_decoder(model, config, capture, trace)) is not None:   # the captured step
-        return fused(prompts, generator=generator, tokenizer=tokenizer)      # for the whole step
     decoding = Decoding(model, config.cache, trace=trace, capture=capture)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:
@@ -98,9 +100,10 @@ class Decoding:
         check_decoding(model, cache, trace)
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
-        # the branch point between the eager forward and the captured step (`capture` mode):
-        # `runner` is the cache itself, or the captured step behind the same cache calls
-        self.runner, self.capture_problem = captured_cache(model, cache, capture)
+        # the executor that runs the cache's plans: the cache itself (eager), or the captured
+        # step behind the same calls (`capture.dispatch` decides, and says why not)
+        self.runner, self.capture_problem = executor_for(model, cache, capture)
+        self.fused: str | None = "eager"     # why this phase decides on the host (None: in the graph)
         self.device = device_of(model)
         self.mask_id = model.mask_token_id
         self.eos_ids = tuple(model.eos_token_ids)
@@ -212,84 +215,52 @@ class Decoding:
                 if not len(batch):
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
+                self.fused = self.capture_problem or ("eager" if self.runner is self.cache else
+                                                      phase_problem(batch, self.budgets, self.model, self.trace))
             lo, hi = batch.span(self.grid)       # the window: every row's region to its block end
-            logits, offset, self.cache_state = self.runner.logits(
-                self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
-                self.cache_state)
-            window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
-            # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
-            parts = [self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
-                     else (*idle(window.rows(batch.phase.index[g])), False) for g, rows in batch.groups.items()]
-            *columns, cuts = zip(*parts)
-            commit, tokens, remask, edit, worked, edited, gen_end, broken = (
-                batch.phase.in_order(list(col)) for col in columns)
-            batch.write(window.offset, Resolved(commit, tokens, remask, edit), gen_end if any(cuts) else None)
-            self._bookkeep(worked, edited, gen_end, broken)
+            if self.fused is None:               # the whole step in one graph, drawn as `turn` draws
+                outcome, offset, self.cache_state = self.runner.step(
+                    self.model, batch, (lo, hi), self.block_step, self.cache_state, self.budgets,
+                    self.mask_id, self.eos_ids, draw)
+            else:
+                logits, offset, self.cache_state = self.runner.logits(
+                    self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
+                    self.cache_state)
+                window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
+                # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
+                outcome = Outcome.join([
+                    self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)
+                    else Outcome.idle(window.rows(batch.phase.index[g])) for g, rows in batch.groups.items()])
+            batch.write(offset, outcome.resolved, outcome.gen_end if outcome.truncates else None)
+            self._bookkeep(outcome)
             return self._collect()
 
-    def _turn(self, g: int, window: Window) -> tuple[Any, ...]:
-        """Request `g`'s step (`step.decide`, its state threaded; `step.resolve`) and what its
-        rows report: the commits, tokens, re-masks and edits, whether each row worked and
-        edited, its generation end and whether its logits were finite; and whether it truncates."""
-        batch, member = self.batch, self.batch.members[g]
-        index, starts = batch.phase.index[g], batch.region_starts()
-
-        def rebound(ends: Tensor) -> tuple[Tensor, int]:       # a block start: one host read
-            self.budgets[g] = batch.rebound(g, ends.tolist())
-            block = batch.phase.block                          # a copy: the view may be kept
-            return (block.clone() if index is None else block.index_select(0, index)), self.budgets[g]
-
-        scheduler = member.config.scheduler
-        consult = self._consultant(index, member) if scheduler.lookahead_candidates or scheduler.guide else None
-        inp, decision, nonfinite, member.state = decide(
-            member.config, member.state, window.rows(index), step=self.block_step,
-            num_steps=self.budgets[g], span=max(batch.bounds.gen_end[r] - starts[r] for r in batch.groups[g]),
-            generator=member.generator, eos_ids=self.eos_ids, mask_id=self.mask_id, rebound=rebound,
-            consult=consult)
-        if consult is not None:                  # the rule's extra forwards, counted per row
-            slots = batch.rows.slot if index is None else batch.rows.slot.index_select(0, index)
-            member.nfe.index_add_(0, slots, consult.nfe)
-            member.forward_rows.index_add_(0, slots, consult.forward_rows)
-            member.guide_nfe.index_add_(0, slots, consult.guide_nfe)
-        res = resolve(inp, decision, member.revises,
-                      budgeted=scheduler.step_budget(self.budgets[g]) is not None)
-        if member.trace is not None:
-            batch.record(g, inp, res, self.runner.report(self.cache_state))
-        revising = batch.phase.revising if index is None else batch.phase.revising[index]
-        finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
-        end = inp.gen_span[:, 1] if decision.truncate_at is None else \
-            torch.minimum(inp.gen_span[:, 1], decision.truncate_at)
-        return (*res, inp.live | finish | revising, res.edit.any(-1), end, nonfinite, decision.truncate_at is not None)
-
-    def _consultant(self, index: Tensor | None, member: Member) -> Consultant:
-        """The extra-forward runner (look-ahead, guide) over the canvases of batch rows `index`
-        (the request's memory, the guide's prefix cache, kept on its member)."""
-        rows = self.batch.rows
-        pick = (lambda t: t) if index is None else (lambda t: t.index_select(0, index))   # noqa: E731
-        return Consultant(self.model, pick(rows.x), None if rows.attention_mask is None
-                          else pick(rows.attention_mask), member.memory)
+    def _turn(self, g: int, window: Window) -> Outcome:
+        """Request `g`'s step on the host (`turns.turn`)."""
+        return turn(self.batch, g, window, model=self.model, block_step=self.block_step,
+                    budgets=self.budgets, eos_ids=self.eos_ids, mask_id=self.mask_id,
+                    report=lambda: self.runner.report(self.cache_state))
 
     # -- host bookkeeping ----------------------------------------------------------------------
 
-    def _bookkeep(self, worked: Tensor, edited: Tensor, gen_end: Tensor, broken: Tensor) -> None:
+    def _bookkeep(self, outcome: Outcome) -> None:
         """The step's single host sync: count forwards, stop rows at end-of-text, drop finished
         rows, and end the phase when no row has a mask left in its block (or an edit pass to run)."""
         batch = self.batch
-        batch.count(worked)
-        block_left, gen_left, block_eos, edits, gen_end_list, nonfinite = batch.progress(
-            edited, gen_end, broken, self.eos)            # the one host sync of the step
-        if any(nonfinite):
-            raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(nonfinite) if bad])
-        done, phase_over, cap = batch.settle(block_left, gen_left, block_eos, edits, gen_end_list,
-                                             self.budgets)
+        batch.count(outcome.worked)
+        progress = batch.progress(outcome, self.eos)        # the one host sync of the step
+        if any(progress.nonfinite):
+            raise NonFiniteLogits.of(self.model, [i for i, bad in enumerate(progress.nonfinite) if bad])
+        settled = batch.settle(progress, self.budgets)
+        done = settled.done
         if any(done):
             self._drop(done)
         if self.trimmable and len(batch) and batch.trim(max(batch.bounds.gen_end)):
             self.cache_state = self.runner.trim(self.cache_state, batch.rows.x.shape[1])
         if batch.phase is not None:
             batch.phase.update(batch.bounds, batch.region_starts())
-        self.block_step = 0 if phase_over else self.block_step + 1
-        if self.block_step > cap:
+        self.block_step = 0 if settled.phase_over else self.block_step + 1
+        if self.block_step > settled.cap:
             raise RuntimeError("a block still has masks after one step per position: a scheduler "
                                "or filter broke the progress rule")
 

@@ -69,18 +69,21 @@ class Window:
 
 def propose(logits: Tensor, mask_id: int, temperature: float = 0.0,
             generator: torch.Generator | None = None,
-            region: tuple[Tensor, int, int] | None = None, noise: bool = False) -> tuple[Tensor, ...]:
+            region: tuple[Tensor, int, int] | None = None, noise: bool = False,
+            uniform: Tensor | None = None) -> tuple[Tensor, ...]:
     """(B, W, V) logits -> float32 logits with [MASK] excluded, their softmax, and (B, W) candidate
     tokens (argmax, or a Gumbel-max sample at `temperature`). [MASK] is never a candidate.
     `region = (start, span, offset)` draws the sampling noise for each row's own columns
     `[start, start + span)` only (see `ops.gumbel_argmax`), so a row's draws do not depend on
     the window its batch happens to need. `noise=True` adds a fourth item: the (B, W, V)
-    float64 noise `temperature * Gumbel` the candidates were drawn with (None at T = 0)."""
+    float64 noise `temperature * Gumbel` the candidates were drawn with (None at T = 0).
+    `uniform`: the region's U(0, 1) draws made beforehand (`ops.aligned_uniform`; the captured
+    step draws them on its host side, with the same generator, so its tokens are eager's)."""
     logits = logits.float().index_fill(-1, torch.tensor([mask_id], device=logits.device),
                                        torch.finfo(torch.float32).min)
     if not noise:
-        return logits, logits.softmax(-1), gumbel_argmax(logits, temperature, generator, region)
-    drawn = gumbel_noise(logits, temperature, generator, region)
+        return logits, logits.softmax(-1), gumbel_argmax(logits, temperature, generator, region, uniform)
+    drawn = gumbel_noise(logits, temperature, generator, region, uniform)
     candidates = logits.argmax(-1) if drawn is None else (logits.double() + drawn).argmax(-1)
     return logits, logits.softmax(-1), candidates, drawn
 
@@ -153,20 +156,32 @@ def step_input(*, logits: Tensor | None = None, probs: Tensor | None = None,
                      excluded=exclude)
 
 
+def draws_past_block(config: DecodeConfig) -> bool:
+    """Whether a request's sampling draws run to its generation end (its rule or a filter looks
+    past its block, its rule picks the block's end or reads the noise) rather than to its block
+    end: the columns a block-view rule can commit in, the only ones whose samples it uses."""
+    s = config.scheduler
+    return s.view == "rest" or s.chooses_block_bounds or s.needs_noise or \
+        any(f.view == "rest" for f in config.filters)
+
+
 def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_steps: int,
            span: int, generator: torch.Generator | None, eos_ids: tuple[int, ...], mask_id: int,
-           rebound: Callable[[Tensor], tuple[Tensor, int]],
+           rebound: Callable[[Tensor], tuple[Tensor, int]] | None,
            consult: Callable[[Any, StepInput, Any], tuple[StepInput, Any]] | None = None,
-           ) -> tuple[StepInput, Decision, Tensor, Any]:
+           uniform: Tensor | None = None) -> tuple[StepInput, Decision, Tensor, Any]:
     """One request's step on its rows of the window: its view, then its scheduler's hooks in
     order (`process_logits`; `block_end` at block step 0; `select`) and its filters.
     `consult(scheduler, inp, state)` (the loop's `dllm_decode.consult.Consultant`) runs the
     extra forwards a rule asks for (look-ahead, guide) just before `select` and adds their
     results to its view; None runs none.
 
-    Sampling noise is drawn for each row's own region (`span` columns from its region start),
-    never for the batch's window, so it does not depend on the batch. `rebound(ends)` applies
-    block ends the scheduler chose and returns the rows' new (b, 2) blocks and step budget.
+    Sampling noise is drawn for each row's own region (`span` columns from its region start: to
+    its block end, or its generation end under `draws_past_block`), never for the batch's
+    window, so it does not depend on the batch. `rebound(ends)` applies
+    block ends the scheduler chose and returns the rows' new (b, 2) blocks and step budget; None
+    keeps the blocks (the captured whole step: its rules keep the default `block_end`, and its
+    `step` is a 0-d tensor). `uniform`: the sampling draws, made beforehand (`propose`).
     Returns the view the decision was made on, the decision, (b,) rows whose model logits were
     not finite, and the scheduler's new state.
     """
@@ -183,14 +198,15 @@ def decide(config: DecodeConfig, state: Any, window: Window, *, step: int, num_s
 
     def proposed(logits: Tensor) -> StepInput:
         return view(*propose(logits, mask_id, config.temperature, generator,
-                             (window.region_start, span, window.offset), noise=scheduler.needs_noise))
+                             (window.region_start, span, window.offset), noise=scheduler.needs_noise,
+                             uniform=uniform))
 
     inp = proposed(window.logits)
     nonfinite = inp.probs.gather(-1, inp.candidates.unsqueeze(-1)).squeeze(-1).isnan().any(-1)
     processed, state = scheduler.process_logits(inp, state)
     if processed is not None:
         inp = proposed(processed)
-    if step == 0:
+    if rebound is not None and step == 0:
         ends, state = scheduler.block_end(inp, state)
         if ends is not None:
             block, num_steps = rebound(ends)
@@ -249,9 +265,3 @@ def truncate(x: Tensor, attention_mask: Tensor | None, gen_end: Tensor, gen_star
     mask = torch.ones_like(x) if attention_mask is None else attention_mask
     return torch.where(cut, pad_id, x), mask.masked_fill(cut, 0)
 
-
-def idle(window: Window) -> tuple[Tensor, ...]:
-    """The outcome of rows that take no step (their blocks are done; they wait for the phase to
-    end): nothing written, no work, their generation ends kept, their logits not read."""
-    none = torch.zeros_like(window.tokens, dtype=torch.bool)
-    return none, none.long(), none, none, none[:, 0], none[:, 0], window.gen_span[:, 1], none[:, 0]

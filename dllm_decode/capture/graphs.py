@@ -8,6 +8,10 @@ Modes:
     per bucket (`backend` "inductor" by default; "eager" traces without code generation, the
     fast check for graph breaks and recompiles).
   * `cuda-graphs`: the step recorded per bucket into a `torch.cuda.CUDAGraph` and replayed.
+  * `regional`: one transformer block compiled per bucket (`torch.compile` of `block_step`,
+    its layer's tensors as arguments, so the one compiled block serves every layer; inductor
+    fuses its ops), the step around it run as written, and on CUDA the whole step recorded into
+    a CUDA graph by hand: the replayed graph is fused kernels, not the eager op stream.
 
 Why `torch.cuda.CUDAGraph` and not `torch.compile(mode="reduce-overhead")`: the step writes
 its K/V store in place, and cudagraph trees skip a graph that mutates an input which is not a
@@ -25,20 +29,34 @@ recompiles (`torch._dynamo.config.error_on_recompile` holds).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import types
-from collections.abc import Callable
-from typing import Any
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from dllm_decode.capture.buckets import Buckets
-from dllm_decode.capture.step import captured_forward
+from dllm_decode.capture.step import block_step, captured_forward
 
-CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs")
+CAPTURE_MODES = ("off", "static", "compile", "cuda-graphs", "regional")
 """How `Decoding` runs the model forward of a step: `off` (the cache's own eager forward),
 `static` (the bucketed step, eagerly), `compile` (torch.compile of it), `cuda-graphs` (recorded
-and replayed per bucket; CUDA only)."""
+and replayed per bucket; CUDA only), `regional` (one compiled block reused for every layer,
+recorded into a CUDA graph on CUDA)."""
+
+
+class Entry(NamedTuple):
+    """A bucket's callable and weak references to the objects it baked in."""
+
+    owner: tuple
+    call: Callable[..., Any]
+
+    def owned_by(self, owner: tuple) -> bool:
+        return len(owner) == len(self.owner) and all(ref() is o for ref, o in zip(self.owner, owner))
 
 
 def _own_copy(fn: Callable) -> Callable:
@@ -53,9 +71,9 @@ class GraphCache:
     a time: a recorded graph reads fixed addresses).
 
     Args:
-        mode: "static", "compile" or "cuda-graphs".
-        backend: torch.compile's backend for `compile` (and, if given, for the graph recorded
-            under `cuda-graphs`: None records the eager step).
+        mode: "static", "compile", "cuda-graphs" or "regional".
+        backend: torch.compile's backend for `compile` and `regional` (and, if given, for the
+            graph recorded under `cuda-graphs`: None records the eager step).
         max_batch: the largest batch bucket (`Buckets.max_batch`).
         length_step: canvas widths are padded to a multiple of it (`Buckets.length_step`; a
             smaller step wastes fewer columns on short canvases and makes more buckets).
@@ -74,7 +92,8 @@ class GraphCache:
         self.mode = mode
         self.backend = backend if backend is not None or mode != "compile" else "inductor"
         self.max_batch, self.length_step = max_batch, length_step
-        self.entries: dict[tuple, Any] = {}
+        self.entries: dict[tuple, Entry] = {}
+        self.strict = False            # host syncs inside a captured call raise (CUDA; `checking`)
         self.buffers: dict[tuple, Any] = {}   # `StepBuffers` per bucket and K/V layout
         self.pool: Any = None
         self.pool_bytes = 0            # device memory the recorded graphs' pool holds
@@ -84,20 +103,41 @@ class GraphCache:
         return f"GraphCache(mode={self.mode!r}, backend={self.backend!r}, buckets={len(self.entries)})"
 
     def run(self, key: tuple, owner: tuple, args: tuple[Any, ...],
-            fn: Callable[..., Tensor] = captured_forward) -> Tensor:
-        """`fn(*args)` for bucket `key` (`fn`: `captured_forward`, or the fused step; its
-        tensors the bucket's static buffers). `owner` identifies what a recorded graph baked in
-        (the compact stack and rotary tables): a different owner records the bucket afresh."""
+            fn: Callable[..., Any] = captured_forward) -> Any:
+        """`fn(*args)` for bucket `key` (`fn`: `captured_forward` or `captured_step`; its
+        tensors the bucket's static buffers). `owner`: the objects a recorded graph baked in (the
+        compact stack, the rotary tables); the entry holds weak references to them, so another
+        owner, or a new one at a freed one's address, records the bucket afresh."""
         entry = self.entries.get(key)
-        if entry is None or entry[0] != owner:
-            entry = (owner, self._make(args, fn))
+        if entry is None or not entry.owned_by(owner):
+            entry = Entry(tuple(weakref.ref(o) for o in owner), self._make(args, fn))
             self.entries[key] = entry
             self.captures += 1
-        return entry[1](*args)
+        return entry.call(*args)
+
+    @contextlib.contextmanager
+    def checking(self) -> Iterator[None]:
+        """Around a whole captured call (buffer loads, index writes, the run, the output
+        slices): with `strict` set on CUDA, any host sync in it raises
+        (`torch.cuda.set_sync_debug_mode("error")`)."""
+        if not (self.strict and torch.cuda.is_available()):
+            yield
+            return
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
     def _make(self, args: tuple[Any, ...], fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if self.mode == "static":
             return fn
+        if self.mode == "regional":
+            block = torch.compile(_own_copy(block_step), fullgraph=True, dynamic=False,
+                                  backend=self.backend or "inductor")
+            step = functools.partial(fn, block_fn=block)
+            on_cuda = any(isinstance(a, Tensor) and a.is_cuda for a in args)
+            return self._record(step, args) if on_cuda else step
         fn = _own_copy(fn)
         if self.mode == "compile":
             return torch.compile(fn, fullgraph=True, dynamic=False, backend=self.backend)
@@ -117,6 +157,9 @@ class GraphCache:
         torch.cuda.current_stream().wait_stream(stream)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        # the warm-up's freed blocks go back first, so the growth read below is the pool's own
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         before = torch.cuda.memory_reserved()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):

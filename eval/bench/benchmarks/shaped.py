@@ -48,7 +48,7 @@ BENCHMARK = Benchmark(
             "weights; repeatable [reference].", multiple=True),
      Option(("--step",), "variants", ("eager", "captured"), "The step as the loop runs it by default, and the "
             "captured step (CUDA graphs on a GPU); repeatable [eager].", multiple=True),
-     Option(("--capture",), "capture", ("auto", "static", "compile", "cuda-graphs"), "How the captured "
+     Option(("--capture",), "capture", ("auto", "static", "compile", "cuda-graphs", "regional"), "How the captured "
             "variant runs [auto: cuda-graphs on CUDA, static elsewhere]."),
      Option(("--peer",), "peers", str, "A reference loop's local checkout, NAME=PATH (fast-dllm=PATH: "
             "Fast-dLLM v1's generate_with_dual_cache and v2's batch_sample), run on the same weights; "
