@@ -57,8 +57,9 @@ def test_bench_shaped_quick_on_cuda(tmp_path):
     assert "cuda" in json.dumps(report).lower() and report["rows"]
 
 
+@pytest.mark.parametrize("mode", ["cuda-graphs", "regional"])
 @pytest.mark.parametrize("cache", ["none", "dual"])
-def test_cuda_graph_replay_equals_eager_tokens(cache):
+def test_cuda_graph_replay_equals_eager_tokens(cache, mode):
     """The captured step recorded per bucket and replayed decodes the eager tokens and NFE, and
     replays without a host sync (the loop's own one sync per step happens outside replay)."""
     from dllm_decode.capture import GraphCache
@@ -67,24 +68,22 @@ def test_cuda_graph_replay_equals_eager_tokens(cache):
     config = DecodeConfig(scheduler=component("scheduler", "threshold"),
                           cache=component("cache", cache), gen_length=32, block_length=8)
     eager = generate(model, PROMPTS, config)
-    graphs = GraphCache("cuda-graphs")
+    graphs = GraphCache(mode)          # regional: one compiled block per bucket, recorded as a graph
     generate(model, PROMPTS, config, capture=graphs)          # records every bucket it needs
     replays = []
     original = GraphCache.run
 
-    def strict_run(self, key, owner, args, fn=None):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            replays.append(key)
-            return original(self, key, owner, args) if fn is None else original(self, key, owner, args, fn)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    def counted_run(self, key, owner, args, fn=None):
+        replays.append(key)
+        return original(self, key, owner, args) if fn is None else original(self, key, owner, args, fn)
 
-    GraphCache.run = strict_run
+    GraphCache.run = counted_run
+    graphs.strict = True             # a host sync anywhere in a whole captured call raises
     try:
         captured = generate(model, PROMPTS, config, capture=graphs)
     finally:
         GraphCache.run = original
+        graphs.strict = False
     assert replays and graphs.pool_bytes >= 0
     assert torch.equal(captured.tokens.cpu(), eager.tokens.cpu())
     assert torch.equal(captured.nfe.cpu(), eager.nfe.cpu())

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.compact import CompactStack, FusedBlock
-from dllm_decode.models.layers import StaticKVCache
+from dllm_decode.models.layers import StaticKVCache, sdpa
 from dllm_decode.records import Outcome
 from dllm_decode.step import Resolved, Window, decide, resolve
 
@@ -103,7 +102,7 @@ def block_step(block: FusedBlock, h: Tensor, cos: Tensor, sin: Tensor, full_prec
     `regional` capture compiles it once and reuses it for every layer."""
     q, k, v = block.attention_inputs(h, cos, sin, full_precision)
     k, v = StaticKVCache(keys[None], values[None]).update(0, k, v, fed)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=block.heads != block.kv_heads)
+    o = sdpa(q, k, v, mask)
     return block.finish(h, o)
 
 
