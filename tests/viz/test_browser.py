@@ -22,7 +22,7 @@ try:                                 # module level: FastAPI reads the stand-in 
 except ImportError:                  # the test that needs it skips
     Request = None
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, read_screen
 
 pytestmark = pytest.mark.slow
 needs_chromium = pytest.mark.skipif(chromium() is None, reason="no chromium (apt-get install chromium)")
@@ -104,18 +104,8 @@ def test_show_animates_on_a_pseudo_terminal():
                                 "--gen-length", "8"], stdin=subprocess.DEVNULL, stdout=follower,
                                stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
     os.close(follower)
-    chunks, deadline = [], time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            data = os.read(leader, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
-    assert process.wait(30) == 0, process.stderr.read().decode()
-    screen = b"".join(chunks).decode("utf-8", "replace")
+    screen = read_screen(leader)
+    assert process.wait(120) == 0, process.stderr.read().decode()
     plain = subprocess.run([sys.executable, "-m", "dllm_decode", "--prompt", PROMPTS[0], "--gen-length", "8"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert "\x1b[" in screen and "step 1/" in screen and "tokens per step" in screen

@@ -15,7 +15,7 @@ from dllm_decode.viz.frames import END_OF_TEXT, result_frames, token_labels, use
 from dllm_decode.viz.html import result_html
 from dllm_decode.viz.terminal import plain_lines, show
 
-from .conftest import PROMPTS
+from .conftest import PROMPTS, read_screen
 
 
 def _commits_from_trace(result, row):
@@ -78,17 +78,7 @@ def test_the_animation_on_a_pseudo_terminal(traced):
     with os.fdopen(follower, "w", encoding="utf-8", closefd=True) as out:
         assert out.isatty()
         show(samples, labels, out=out, delay=0)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
-    screen = b"".join(chunks).decode("utf-8", "replace")
+    screen = read_screen(leader)
     assert "\x1b[" in screen                                       # styled, not plain lines
     assert " | " not in screen
     last = samples[0].steps
