@@ -18,6 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -61,3 +65,42 @@ def order_stats(finalized_at: Sequence[int], answer_length: int) -> OrderStats:
     """AFP and Kendall's tau over the answer's positions (the whole canvas when it is empty)."""
     steps = list(finalized_at[:answer_length] if answer_length > 0 else finalized_at)
     return OrderStats(afp(steps), kendall_tau_b(range(len(steps)), steps), len(steps))
+
+
+def finalization_steps(result: Any) -> Tensor:
+    """(B, G) the step (1-based, per sample) whose write stayed at each canvas position, from a
+    `DecodeResult` decoded with `trace=True`: its last commit or edit; a position the loop filled
+    after the sample's last step (end-of-text padding after a stop, a truncation) counts as that
+    last step, as `frames.sample_frames` shows it.
+
+    Raises:
+        ValueError: the result carries no trace.
+    """
+    if result.trace is None:
+        raise ValueError("this result has no trace; decode with generate(..., trace=True)")
+    rows_n, width = result.tokens.shape
+    steps = torch.zeros(rows_n, dtype=torch.long)
+    final = torch.zeros(rows_n, width, dtype=torch.long)
+    written = torch.full((rows_n, width), -1, dtype=torch.long)
+    for entry in result.trace:
+        rows = entry["rows"].long()
+        steps[rows] += 1
+        window = entry["commit"].shape[1]
+        lo, hi = max(0, entry["offset"]), min(width, entry["offset"] + window)
+        if hi <= lo:
+            continue
+        part = slice(lo - entry["offset"], hi - entry["offset"])
+        wrote = entry["commit"][:, part] | (entry["edit"][:, part] if "edit" in entry else False)
+        taken = entry["remask"][:, part] if "remask" in entry else torch.zeros_like(wrote)
+        now = steps[rows].unsqueeze(-1).expand_as(wrote)
+        final[rows, lo:hi] = torch.where(wrote, now, torch.where(taken, 0, final[rows, lo:hi]))
+        written[rows, lo:hi] = torch.where(wrote, entry["tokens"][:, part].long(),
+                                           torch.where(taken, -1, written[rows, lo:hi]))
+    filled = (final == 0) | (written != result.tokens.long())
+    return torch.where(filled, steps.unsqueeze(-1).expand_as(final), final)
+
+
+def result_order(result: Any) -> list[OrderStats]:
+    """Each sample's `OrderStats` (AFP, Kendall's tau) of a traced `DecodeResult`."""
+    steps = finalization_steps(result).tolist()
+    return [order_stats(s, int(n)) for s, n in zip(steps, result.answer_lengths.tolist())]

@@ -105,3 +105,30 @@ def test_a_result_without_trace_is_refused(traced):
     result, _ = traced
     with pytest.raises(ValueError, match="trace=True"):
         result_frames(dataclasses.replace(result, trace=None))
+
+
+def test_vectorised_finalisation_steps_equal_the_frames(traced):
+    from dllm_decode.viz.order import finalization_steps, result_order
+
+    result, _ = traced
+    steps = finalization_steps(result).tolist()
+    samples = result_frames(result)
+    assert steps == [list(s.finalized_at) for s in samples]
+    for stats, sample in zip(result_order(result), samples):
+        assert stats == order_stats(sample.finalized_at, sample.answer_length)
+        assert 1.0 <= stats.afp <= stats.positions
+
+
+def test_finalisation_steps_follow_revisions():
+    from types import SimpleNamespace
+
+    from dllm_decode.viz.order import finalization_steps
+
+    inf = float("-inf")
+    trace = [
+        _entry([0], 0, [[True, False, False]], [[7, 8, 9]], [[0.9, 0.4, 0.3]], [[False] * 3], [[False] * 3]),
+        _entry([0], 0, [[False, True, True]], [[7, 8, 9]], [[inf, 0.8, 0.7]], [[True, False, False]], [[False] * 3]),
+        _entry([0], 0, [[True, False, False]], [[6, 5, 9]], [[0.95, inf, inf]], [[False] * 3], [[False, True, False]]),
+    ]
+    result = SimpleNamespace(trace=trace, tokens=torch.tensor([[6, 5, 9]]))
+    assert finalization_steps(result).tolist() == [[3, 3, 2]]
