@@ -75,10 +75,7 @@ def rich_frame(sample: SampleTrace, frame: Frame, labels: dict[int, str], index:
             cell, style = MASK_CELL, "grey50"
         if p in frame.revised:
             style = "bold underline red"
-        conf = frame.confidence[p]
         text.append(cell, style=style)
-        if conf is not None and state == "provisional":
-            text.append(f"{conf:.1f}"[1:], style="dim")     # ".9": the prediction's confidence
         text.append(" ")
     return text
 

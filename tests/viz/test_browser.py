@@ -193,3 +193,29 @@ def test_playground_draws_the_provisional_stream_cell_by_cell(traced, tmp_path):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@needs_chromium
+def test_terminal_frame_as_a_person_sees_it(traced, tmp_path):
+    """A mid-decode frame of `--show`, recorded by rich as SVG and opened in Chromium: the cells
+    carry their colours (the docs' terminal picture)."""
+    from rich.console import Console, Group
+
+    from dllm_decode.viz.frames import result_frames, token_labels, used_ids
+    from dllm_decode.viz.terminal import rich_frame
+
+    result, tokenizer = traced
+    samples = result_frames(result)
+    labels = token_labels(tokenizer, used_ids(samples))
+    console = Console(record=True, width=90, file=open(os.devnull, "w"), force_terminal=True)
+    console.print(Group(*(rich_frame(s, s.frames[1], labels, i, len(samples)) for i, s in enumerate(samples))))
+    svg = tmp_path / "terminal.svg"
+    import re
+
+    # rich's SVG asks a web font of a CDN; this machine has no network, so drop it (local monospace)
+    svg.write_text(re.sub(r"@font-face\s*{[^}]*}", "", console.export_svg(title="dllm-decode --show")))
+    assert "fill=\"#" in svg.read_text()                     # styled cells, not plain text
+    with Browser(width=900, height=260) as browser:
+        browser.open(svg.as_uri())
+        _shot(browser, tmp_path, "terminal-show.png")
+        assert browser.errors == []
