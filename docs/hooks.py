@@ -7,6 +7,9 @@ text computed from the code and the measurement files, so the docs cannot drift 
   registries, as `dllm-decode list` prints them).
 * `results`: every measurement file under `measurements/` with its machine, date, commit,
   sample size, interval and command (`measurement_rows`).
+
+It also makes mkdocs-click print an option given no default as what the command takes when the
+option is absent (`click_default`), not click 8.5's `Sentinel.UNSET` marker.
 """
 
 from __future__ import annotations
@@ -21,6 +24,39 @@ MEASUREMENTS = ROOT / "measurements"
 MARKER = re.compile(r"<!-- generated: ([a-z_]+) -->")
 FIELDS = ("machine", "date", "commit", "samples", "interval", "command")
 _cache: dict[str, str] = {}
+
+
+def click_default(option: Any) -> Any:
+    """The default an option shows in the CLI reference: its own, or, where click marks it unset
+    (click >= 8.5), `False` for an on/off flag and `None` for the rest."""
+    try:
+        from click.core import UNSET
+    except ImportError:                       # click < 8.5 has no marker
+        return option.default
+    if option.default is not UNSET:
+        return option.default
+    return False if option.is_flag and not option.count else None
+
+
+def _show_click_defaults() -> None:
+    try:
+        from mkdocs_click import _docs
+    except ImportError:
+        return
+    original = getattr(_docs._format_table_option_row, "__wrapped__", _docs._format_table_option_row)
+
+    def row(option: Any) -> str:
+        import copy
+
+        shown = copy.copy(option)
+        shown.default = click_default(option)
+        return original(shown)
+
+    row.__wrapped__ = original                # type: ignore[attr-defined]
+    _docs._format_table_option_row = row
+
+
+_show_click_defaults()
 
 
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
