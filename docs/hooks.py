@@ -68,7 +68,15 @@ def generated(name: str) -> str:
         builders = {"compatibility": compatibility, "components": components, "results": results}
         if name not in builders:
             raise ValueError(f"unknown generated section {name!r}; known: {sorted(builders)}")
+        import logging
+        import time
+
+        log = logging.getLogger("mkdocs.hooks")      # mkdocs prints its INFO lines: never silent
+        started = time.perf_counter()
+        log.info(f"generating the {name} section" + (" (a real tiny decode per cell; a few minutes)"
+                                                      if name == "compatibility" else ""))
         _cache[name] = builders[name]()
+        log.info(f"generated the {name} section in {time.perf_counter() - started:.0f} s")
     return _cache[name]
 
 
