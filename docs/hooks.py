@@ -173,14 +173,15 @@ def results() -> str:
     if not rows:
         return "No measurement files yet.\n"
     nested = nested_folders()
-    out = ["| file | machine | date | commit | sample size | interval | command |",
-           "|---|---|---|---|---|---|---|"]
+    # the command is long: it goes under each file's heading below, so the table's columns (the
+    # file names above all) keep their width instead of breaking every few characters
+    out = ["| file | machine | date | commit | sample size | interval |", "|---|---|---|---|---|---|"]
     for row in rows:
-        cells = [f"`{row['folder']}/{row['file']}`"]
-        for key in FIELDS:
+        cells = [f"[`{row['folder']}/{row['file']}`](#{_anchor(row)})"]
+        for key in FIELDS[:-1]:
             value = row[key]
             text = "–" if value is None else str(value)
-            cells.append(f"`{text}`" if key in ("command", "commit") and value is not None else text)
+            cells.append(f"`{text}`" if key == "commit" and value is not None else text)
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     out.append("")
     if nested:
@@ -188,6 +189,15 @@ def results() -> str:
         out += [f"* `{path}/`: {title}" for path, title in nested]
         out.append("")
     for row in rows:
+        if not (row["text"].strip() or row["command"]):
+            continue
+        out += [f"#### `{row['folder']}/{row['file']}` {{#{_anchor(row)}}}", ""]
+        if row["command"]:
+            out += ["```bash", str(row["command"]), "```", ""]
         if row["text"].strip():
-            out += [f"#### `{row['folder']}/{row['file']}`", "", "```text", row["text"].rstrip(), "```", ""]
+            out += ["```text", row["text"].rstrip(), "```", ""]
     return "\n".join(out)
+
+
+def _anchor(row: dict[str, Any]) -> str:
+    return "m-" + re.sub(r"[^a-z0-9]+", "-", f"{row['folder']}-{row['file']}".lower()).strip("-")
