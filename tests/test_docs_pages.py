@@ -28,9 +28,10 @@ LAYOUT_PROBLEMS = r"""
   const doc = document.documentElement;
   if (doc.scrollWidth > doc.clientWidth + 1) problems.push(`page ${doc.scrollWidth - doc.clientWidth}px wider than the window`);
   for (const table of document.querySelectorAll("article table")) {
-    const box = table.parentElement;
-    if (table.scrollWidth > box.clientWidth + 1)
-      problems.push(`table "${table.rows[0].textContent.trim().slice(0, 50)}" runs ${table.scrollWidth - box.clientWidth}px past its column`);
+    const box = table.closest(".md-typeset__scrollwrap") || table.parentElement;     // Material's scroller
+    const past = table.getBoundingClientRect().right - box.getBoundingClientRect().right;
+    if (past > 1 || box.scrollWidth > box.clientWidth + 1)
+      problems.push(`table "${table.rows[0].textContent.trim().slice(0, 50)}" runs ${Math.round(Math.max(past, box.scrollWidth - box.clientWidth))}px past its column`);
     for (const cell of table.querySelectorAll("td, th")) {
       const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
       for (let node = walker.nextNode(); node; node = walker.nextNode()) {
@@ -65,6 +66,7 @@ def test_every_page_fits_1280_px_and_shows_no_placeholder(site, tmp_path):
     pages = sorted(p for p in site.rglob("index.html") if "assets" not in p.parts)
     assert len(pages) > 10
     shots = Path(os.environ.get("DLLM_SCREENSHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
     found = {}
     with Browser(width=1280, height=900) as browser:
         for page in pages:
