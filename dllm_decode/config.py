@@ -183,6 +183,13 @@ class DecodeResult:
         """G / NFE: ParallelBench's parallelism figure (the canvas, EOS padding included)."""
         return self.tokens.shape[1] / self.nfe.clamp_min(1).double()
 
+    def to_html(self, tokenizer: Any = None, prompts: list[str] | None = None) -> str:
+        """One self-contained HTML page replaying this decode step by step (needs `trace=True`);
+        `dllm_decode.viz.html` draws it."""
+        from dllm_decode.viz.html import result_html
+
+        return result_html(self, tokenizer, prompts)
+
     @property
     def answer_tokens_per_step(self) -> Tensor:
         """Tokens up to the first end-of-text / NFE: the speed a reader of the answer sees."""

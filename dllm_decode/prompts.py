@@ -147,7 +147,8 @@ def check_token_ids(ids: Any, vocab_size: int | None = None, mask_id: int | None
 
 def unknown_words(tokenizer: Any, text: str, ids: Sequence[int] | None = None) -> list[str]:
     """The pieces of `text` the tokenizer encodes as its unknown token (in order, each once);
-    empty when it has no unknown token or knows every word."""
+    empty when it has no unknown token or knows every word. Pieces the tokenizer's chat template
+    writes itself (its markup, on a templated prompt) are not the user's words and are left out."""
     unk = getattr(tokenizer, "unk_token_id", None)
     if tokenizer is None or unk is None or not text.strip():
         return []
@@ -159,7 +160,9 @@ def unknown_words(tokenizer: Any, text: str, ids: Sequence[int] | None = None) -
         words = [text[a:b] for token, (a, b) in pairs if token == unk]
     except (NotImplementedError, KeyError, TypeError, ValueError):   # slow tokenizers: no offsets
         words = [w for w in text.split() if unk in tokenizer(w, add_special_tokens=False)["input_ids"]]
-    return list(dict.fromkeys(w for w in words if w.strip()))
+    template = getattr(tokenizer, "chat_template", None)
+    markup = template if isinstance(template, str) else ""     # what the template writes is not the user's
+    return list(dict.fromkeys(w for w in words if w.strip() and w.strip() not in markup))
 
 
 def unknown_words_warning(tokenizer: Any, text: str, ids: Sequence[int] | None = None,

@@ -7,6 +7,9 @@ text computed from the code and the measurement files, so the docs cannot drift 
   registries, as `dllm-decode list` prints them).
 * `results`: every measurement file under `measurements/` with its machine, date, commit,
   sample size, interval and command (`measurement_rows`).
+
+It also makes mkdocs-click print an option given no default as what the command takes when the
+option is absent (`click_default`), not click 8.5's `Sentinel.UNSET` marker.
 """
 
 from __future__ import annotations
@@ -23,6 +26,39 @@ FIELDS = ("machine", "date", "commit", "samples", "interval", "command")
 _cache: dict[str, str] = {}
 
 
+def click_default(option: Any) -> Any:
+    """The default an option shows in the CLI reference: its own, or, where click marks it unset
+    (click >= 8.5), `False` for an on/off flag and `None` for the rest."""
+    try:
+        from click.core import UNSET
+    except ImportError:                       # click < 8.5 has no marker
+        return option.default
+    if option.default is not UNSET:
+        return option.default
+    return False if option.is_flag and not option.count else None
+
+
+def _show_click_defaults() -> None:
+    try:
+        from mkdocs_click import _docs
+    except ImportError:
+        return
+    original = getattr(_docs._format_table_option_row, "__wrapped__", _docs._format_table_option_row)
+
+    def row(option: Any) -> str:
+        import copy
+
+        shown = copy.copy(option)
+        shown.default = click_default(option)
+        return original(shown)
+
+    row.__wrapped__ = original                # type: ignore[attr-defined]
+    _docs._format_table_option_row = row
+
+
+_show_click_defaults()
+
+
 def on_page_markdown(markdown: str, page: Any = None, config: Any = None, files: Any = None) -> str:
     return MARKER.sub(lambda m: generated(m.group(1)), markdown)
 
@@ -32,7 +68,15 @@ def generated(name: str) -> str:
         builders = {"compatibility": compatibility, "components": components, "results": results}
         if name not in builders:
             raise ValueError(f"unknown generated section {name!r}; known: {sorted(builders)}")
+        import logging
+        import time
+
+        log = logging.getLogger("mkdocs.hooks")      # mkdocs prints its INFO lines: never silent
+        started = time.perf_counter()
+        log.info(f"generating the {name} section" + (" (a real tiny decode per cell; a few minutes)"
+                                                      if name == "compatibility" else ""))
         _cache[name] = builders[name]()
+        log.info(f"generated the {name} section in {time.perf_counter() - started:.0f} s")
     return _cache[name]
 
 
@@ -129,14 +173,15 @@ def results() -> str:
     if not rows:
         return "No measurement files yet.\n"
     nested = nested_folders()
-    out = ["| file | machine | date | commit | sample size | interval | command |",
-           "|---|---|---|---|---|---|---|"]
+    # the command is long: it goes under each file's heading below, so the table's columns (the
+    # file names above all) keep their width instead of breaking every few characters
+    out = ["| file | machine | date | commit | sample size | interval |", "|---|---|---|---|---|---|"]
     for row in rows:
-        cells = [f"`{row['folder']}/{row['file']}`"]
-        for key in FIELDS:
+        cells = [f"[`{row['folder']}/{row['file']}`](#{_anchor(row)})"]
+        for key in FIELDS[:-1]:
             value = row[key]
             text = "–" if value is None else str(value)
-            cells.append(f"`{text}`" if key in ("command", "commit") and value is not None else text)
+            cells.append(f"`{text}`" if key == "commit" and value is not None else text)
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     out.append("")
     if nested:
@@ -144,6 +189,15 @@ def results() -> str:
         out += [f"* `{path}/`: {title}" for path, title in nested]
         out.append("")
     for row in rows:
+        if not (row["text"].strip() or row["command"]):
+            continue
+        out += [f"#### `{row['folder']}/{row['file']}` {{#{_anchor(row)}}}", ""]
+        if row["command"]:
+            out += ["```bash", str(row["command"]), "```", ""]
         if row["text"].strip():
-            out += [f"#### `{row['folder']}/{row['file']}`", "", "```text", row["text"].rstrip(), "```", ""]
+            out += ["```text", row["text"].rstrip(), "```", ""]
     return "\n".join(out)
+
+
+def _anchor(row: dict[str, Any]) -> str:
+    return "m-" + re.sub(r"[^a-z0-9]+", "-", f"{row['folder']}-{row['file']}".lower()).strip("-")

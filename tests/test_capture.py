@@ -343,6 +343,16 @@ def test_cli_flags_are_checked_in_one_line():
     assert "--cuda-graphs / --no-cuda-graphs" in runner.invoke(main, ["--help"]).output
 
 
+def test_compile_says_it_compiles_before_the_first_step(capsys):
+    """`--compile` is minutes of silence otherwise: one line on stderr says what is happening."""
+    from dllm_decode.cli.options import capture_mode
+
+    capture_mode(False, True, torch.device("cpu"))
+    assert "compiled (torch.compile, often minutes)" in capsys.readouterr().err
+    capture_mode(False, False, torch.device("cpu"))
+    assert capsys.readouterr().err == ""
+
+
 def test_a_graph_cache_reused_across_decodes_keeps_its_buffers(monkeypatch):
     """A recorded graph reads fixed addresses: every call of a bucket, in this decode or the
     next through the same GraphCache, passes tensors at the same addresses (and the second

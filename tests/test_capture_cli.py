@@ -60,7 +60,8 @@ def test_stream_with_compile_prints_the_same_answer(made):
     plain = run(*EMBEDDED, "--prompt", PROMPTS[0], "--stream")
     compiled = run(*EMBEDDED, "--prompt", PROMPTS[0], "--stream", "--compile")
     assert plain.exit_code == compiled.exit_code == 0, compiled.output
-    assert compiled.output == plain.output and plain.output.strip()
+    assert compiled.stdout == plain.stdout and plain.stdout.strip()
+    assert "compiled (torch.compile" in compiled.stderr             # said on stderr, not silent
     assert len(made) == 1 and made[0].captures >= 1
 
 

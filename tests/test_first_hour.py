@@ -101,6 +101,24 @@ def test_progress_off_a_terminal_is_periodic_log_lines():
     assert "4/4" in lines[1] and "acc 75.0%" in lines[1]
 
 
+def test_progress_speaks_while_a_long_batch_runs():
+    """A batch that takes longer than the log interval still gets its line, and the time left
+    follows the whole run's rate (it grows while nothing finishes)."""
+    import time
+
+    from dllm_decode.eval.harness.progress import Progress
+
+    stream = io.StringIO()
+    progress = Progress(4, label="eval x", stream=stream, log_every=1.0)
+    progress.update([1.0])
+    time.sleep(2.5)                                  # the next batch is slow: no update
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 2 and all("1/4" in line for line in lines)
+    left = [line.split("<")[1].split(",")[0] for line in lines]     # tqdm's [elapsed<left, ...]
+    assert left == sorted(left) and left[0] != left[-1]
+
+
 def test_progress_stays_quiet_for_a_short_run_and_uses_tqdm_on_a_terminal():
     from dllm_decode.eval.harness.progress import Progress
 

@@ -86,3 +86,19 @@ def test_accuracy_limits(values, lo, hi):
 def test_plot_summary_writes_both_files(summary, tmp_path):
     paths = plots.plot_summary(summary, tmp_path)
     assert [p.name for p in paths] == [plots.OVERALL, plots.PER_TASK] and all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_point_labels_never_overlap_and_no_tick_passes_100(summary):
+    """Many sweep points close together (a threshold sweep on one task): every drawn label is
+    clear of the others, and a 100% panel's axis stops its ticks at 100."""
+    crowd = [cell("copy", "g1", "embedded threshold", "embedded", 100.0 - 0.2 * i, 2.0 + 0.02 * i,
+                  threshold=round(0.5 + 0.05 * i, 2)) for i in range(9)]
+    summary = {**summary, "results": crowd, "oracle": []}
+    fig = plots.per_task_figure(summary)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert len(boxes) >= 3
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert max(ax.get_yticks()) <= 100 and ax.get_ylim()[1] > 100
+    plots._pyplot().close(fig)

@@ -390,3 +390,18 @@ def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path, changes, fr
     with pytest.raises(ModelLoadError, match=fragment):
         load_model(_llada_dir(tmp_path, **changes))
     assert time.monotonic() - began < 5
+
+
+def test_unknown_words_leave_the_chat_templates_markup_out(embedded):
+    """A templated prompt's markup is the template's, not the user's words: the warning names
+    only what the user typed that the tokenizer does not know."""
+    import copy
+
+    from dllm_decode.prompts import chat_prompt, unknown_words
+
+    tokenizer = copy.deepcopy(embedded.tokenizer)
+    tokenizer.chat_template = "<|turn|> {{ messages[0]['content'] }} <|answer|>"
+    wrapped = chat_prompt(tokenizer, "sort : mia zebra")
+    assert wrapped.startswith("<|turn|>")
+    words = unknown_words(tokenizer, wrapped)
+    assert "zebra" in words and not any("turn" in w or "answer" in w for w in words), words

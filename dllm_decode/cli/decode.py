@@ -76,6 +76,15 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
     ])
 
 
+view_options = [
+    click.option("--show", is_flag=True,
+                 help="Animate the canvas step by step (masked, provisional, committed, revised) "
+                      "with rich (the `viz` extra); plain lines when stdout is not a terminal."),
+    click.option("--trace-html", "trace_html", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                 help="Write a self-contained HTML page replaying the decode with a step slider."),
+]
+
+
 def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The decoding options (the same on the group as `dllm-decode` takes them)."""
     from dllm_decode.cli.options import capture_options
@@ -94,6 +103,7 @@ def decode_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True,
                      help="With --input: requests decoded at once (continuous batching)."),
         tensor_parallel_option,
+        *view_options,
     ])
 
 
@@ -166,7 +176,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
                dtype: str | None, as_json: bool, stream: bool, input_path: str | None,
                output_path: str | None, batch_size: int, trust_remote_code: bool = False,
                runtime: str | None = None, cuda_graphs: bool = False, compile_step: bool = False,
-               tensor_parallel: int = 1, **record: Any) -> None:
+               tensor_parallel: int = 1, show: bool = False, trace_html: str | None = None,
+               **record: Any) -> None:
     """Decode one prompt and print the answer (or one JSON object); or run a requests file.
 
     Under `torchrun` with `--tensor-parallel N` (world size N) every rank runs this; TP rank 0
@@ -182,6 +193,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         raise click.UsageError("--input takes no --prompt, --stream or --json (results go to --output)")
     if stream and as_json:
         raise click.UsageError("--stream prints text; drop --json")
+    views = _views(show, trace_html, input_path, stream, as_json)
     spec = model_spec(model_name)
     preset = record_preset(record.pop("preset", None), spec)
     config = decode_record(**record, preset=preset)
@@ -206,14 +218,15 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         with launch.leader_speaks(groups):
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
-                           capture)
+                           capture, views)
     finally:
         launch.finish(groups)
 
 
 def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: str | None,
                    requests: Any, output_path: str | None, chat_template: bool, batch_size: int,
-                   stream: bool, as_json: bool, where: Any, groups: Any, capture: str) -> None:
+                   stream: bool, as_json: bool, where: Any, groups: Any, capture: str,
+                   views: Any = None) -> None:
     import torch
 
     from dllm_decode.cli import batch
@@ -233,8 +246,12 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
         batch.stream_one(model, config, wrapped, capture=capture)
         return
     with usage_errors():
-        result = generate(model, [wrapped], config, capture=capture,
+        result = generate(model, [wrapped], config, capture=capture, trace=views is not None,
                           generator=torch.Generator(device=where).manual_seed(config.seed))
+    if views is not None:
+        views.present(result, tokenizer, text)
+        if views.show:
+            return
     answer = result.text[0] if result.text is not None else " ".join(map(str, result.tokens[0].tolist()))
     if not as_json:
         click.echo(answer)
@@ -245,3 +262,18 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
         "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
         "seconds": result.seconds, "model": str(spec), "config": config.to_dict(),
     }))
+
+
+def _views(show: bool, trace_html: str | None, input_path: str | None, stream: bool, as_json: bool) -> Any:
+    """The `--show`/`--trace-html` request (None when neither), its conflicts usage errors and
+    the HTML path checked before any work."""
+    if not show and trace_html is None:
+        return None
+    from dllm_decode.viz.cli_views import Views
+
+    flag = "--show" if show else "--trace-html"
+    if input_path is not None or stream:
+        raise click.UsageError(f"{flag} shows one decoded prompt; drop {'--input' if input_path else '--stream'}")
+    if show and as_json:
+        raise click.UsageError("--show animates the canvas on stdout; drop --json (--trace-html FILE keeps a record)")
+    return Views.checked(show, trace_html)

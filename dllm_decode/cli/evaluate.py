@@ -194,5 +194,6 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
         canvas = ", ".join(f">={k}%: {v:.2f}" for k, v in entry["max_tokens_per_step"].items())
         click.echo(f"{entry['label']}: answer tokens/forward {pb}; AUP {entry['aup']:.1f}; "
                    f"ParallelBench canvas tokens/step {canvas}")
-    written = ["samples.jsonl", "summary.json", "report.md", *summary.get("plots", ())]
+    written = ["samples.jsonl", "summary.json", "report.md", *summary.get("plots", ()),
+               *summary.get("order_plots", ())]
     click.echo(f"wrote {out_dir}/{', '.join(written)}")

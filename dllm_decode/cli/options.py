@@ -123,6 +123,10 @@ def capture_mode(cuda_graphs: bool, compile_step: bool, device: Any, spec: Any =
     if mode != "off" and getattr(spec, "kind", None) == "ar":
         raise click.UsageError(f"--{'cuda-graphs' if cuda_graphs else 'compile'} captures a diffusion "
                                f"model's step; {str(spec)!r} is a causal LM (leave the flag out)")
+    if mode != "off":                     # the first step of each shape is captured: say so, not silence
+        click.echo(f"--{'cuda-graphs' if cuda_graphs else 'compile'}: the first step of each batch shape is "
+                   f"{'recorded' if cuda_graphs else 'compiled (torch.compile, often minutes)'} before it "
+                   f"runs; later steps of that shape reuse it", err=True)
     return mode
 
 

@@ -58,6 +58,8 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="A `dllm-decode tune` presets.json: a request starts from one of its presets by name "
                    "(`dllm.preset`, or the model name MODEL:NAME, e.g. a task tag); checked against the model "
                    "here, at start-up.")
+@click.option("--playground/--no-playground", default=None,
+              help="Serve a browser playground at / (the canvas animating live) [on for a loopback --host].")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 @tensor_parallel_option
@@ -65,7 +67,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
                   max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None,
-                  presets_path: str | None, log_level: str, trust_remote_code: bool = False,
+                  presets_path: str | None, log_level: str, playground: bool | None = None,
+                  trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
@@ -121,7 +124,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
-               threads, host, port, log_level, groups, capture)
+               threads, host, port, log_level, groups, capture, playground)
     finally:
         launch.finish(groups)
 
@@ -131,7 +134,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            runtime: str | None,
            tensor_parallel: int, served_model_name: str | None, max_tokens: int,
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
-           log_level: str, groups: Any, capture: str = "off") -> None:
+           log_level: str, groups: Any, capture: str = "off", playground: bool | None = None) -> None:
     from dllm_decode.cli.decode import for_model
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -180,6 +183,11 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
             follow(engine, control)                          # no sockets: rank 0 answers
             return
     state = ServerState(EngineWorker(engine, threads, control=control), settings, limits)
+    from dllm_decode.viz.playground import is_local
+
+    state.playground = is_local(host) if playground is None else playground
+    if state.playground:
+        click.echo(f"playground: http://{host}:{port}/ (--no-playground turns it off)", err=True)
     click.echo(f"serving {settings.model_id} on http://{host}:{port} (step: "
                f"{step_runtime(engine, settings.config)}; Ctrl-C to stop)", err=True)
     serve(state, host=host, port=port, log_level=log_level)

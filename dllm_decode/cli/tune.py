@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
@@ -104,17 +102,31 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
         outcome = tune(decoder, str(spec), runs, rules=names, caches=cache_names, budget=parsed,
                        calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
                        out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
-                       progress=sys.stderr.isatty() if progress is None else progress, exhaustive=exhaustive)
+                       progress=True if progress is None else progress, exhaustive=exhaustive,
+                       log=(lambda line: click.echo(line, err=True)) if rank == 0 else None)
     if rank != 0:                                         # rank 0 writes and reports
         return
-    write(outcome, Path(out_dir), model=identity_of(spec), command=" ".join(sys.argv),
+    from dllm_decode.cli.evaluate import command_line
+
+    write(outcome, Path(out_dir), model=identity_of(spec), command=command_line(),
           gen_length=canvas or 0)
     for task in outcome.tasks:
         point = outcome.per_task[task]
         click.echo(f"{task}: " + (f"{point.setting.label()} {point.setting.params()} NFE {point.nfe:.2f}"
-                                  if point else "reference (nothing faster met the budget)"))
+                                  if point else "reference (nothing faster met the budget)")
+                   + held_out_words(outcome.held_out.get(f"task:{task}" if point else "reference", {}).get(task)))
     click.echo(f"overall: {outcome.overall.label() + ' ' + str(outcome.overall.params()) if outcome.overall else 'none'}")
     click.echo(f"wrote {out_dir}/presets.json, tune.json, report.md")
+
+
+def held_out_words(figures: dict[str, float] | None) -> str:
+    """`; held out: 95.0% (Δ -1.2 ± 3.4), meets the budget` or `..., FAILS the budget`: what
+    report.md says of a preset on the held-out prompts, on screen."""
+    if not figures:
+        return ""
+    verdict = "meets the budget" if figures["meets"] else "FAILS the budget on the held-out prompts"
+    return (f"; held out: {figures['accuracy']:.1f}% (Δ {figures['delta']:+.1f} ± {figures['delta_ci95']:.1f}), "
+            f"NFE {figures['nfe']:.2f}, {verdict}")
 
 
 def _caches(text: str, spec) -> list[str]:

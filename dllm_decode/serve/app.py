@@ -99,6 +99,7 @@ class ServerState:
         self.served = 0
         self.started = time.time()
         self.server: Any = None             # the uvicorn server, once `serve` runs
+        self.playground = False             # serve the playground page at `/` (viz/playground.py)
         self.cpu = ThreadPoolExecutor(1, thread_name_prefix="dllm-cpu")   # tokenising, JSON
         self.metrics = Metrics(in_flight=lambda: self.in_flight,
                                queued=lambda: len(getattr(worker.engine, "waiting", ())))
@@ -245,6 +246,10 @@ def create_app(state: ServerState) -> Any:
     async def chat_completions(http: HTTPRequest) -> Any:
         return await handle("chat", http)
 
+    if state.playground:
+        from dllm_decode.viz.playground import add_playground
+
+        add_playground(app, state.settings)
     return app
 
 

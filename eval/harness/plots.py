@@ -121,10 +121,38 @@ def _style(index: int) -> dict[str, Any]:
 
 
 def _annotate(ax, xs: list[float], ys: list[float], labels: list[str], color: str) -> None:
-    for x, y, text in zip(xs, ys, labels):
-        if text:
-            ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=6,
-                        color=color)
+    """Queue point labels; `_place_labels` draws them once the axes' limits are final."""
+    queued = ax.__dict__.setdefault("_dllm_labels", [])
+    queued += [(x, y, text, color) for x, y, text in zip(xs, ys, labels) if text]
+
+
+LABEL_OFFSETS = ((4, 4), (4, -10), (-4, 4), (-4, -10), (4, 12), (4, -18))
+"""Where a point's label may go (points from the marker, tried in order; negative x: to its left)."""
+
+
+def _place_all(fig) -> None:
+    """Every panel's point labels, placed after the layout has fixed where the panels are."""
+    for ax in fig.axes:
+        _place_labels(ax)
+
+
+def _place_labels(ax, fontsize: float = 6.0) -> None:
+    """Draw the queued labels where none overlaps another (a label that fits nowhere is left out:
+    the legend and report.md's tables carry every value)."""
+    fig = ax.figure
+    scale = 72.0 / fig.dpi                                    # display pixels -> points
+    taken: list[tuple[float, float, float, float]] = []
+    for x, y, text, color in ax.__dict__.pop("_dllm_labels", []):
+        px, py = (v * scale for v in ax.transData.transform((x, y)))
+        width, height = 0.65 * fontsize * len(text) + 1, fontsize + 2
+        for dx, dy in LABEL_OFFSETS:
+            left = px + dx - (width if dx < 0 else 0)
+            box = (left, py + dy, left + width, py + dy + height)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in taken):
+                taken.append(box)
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                            color=color, ha="right" if dx < 0 else "left")
+                break
 
 
 def overall_figure(summary: dict[str, Any]):
@@ -169,6 +197,7 @@ def overall_figure(summary: dict[str, Any]):
           right=speed_limit(xs_canvas))
     fig.suptitle(title(summary), fontsize=12)
     fig.tight_layout()
+    _place_all(fig)
     return fig
 
 
@@ -237,6 +266,7 @@ def per_task_figure(summary: dict[str, Any]):
     height = fig.get_figheight()
     bottom = (0.5 + 0.18 * legend_rows + (0.35 if caption else 0.0)) / height
     fig.tight_layout(rect=(0, min(bottom, 0.45), 1, 1))
+    _place_all(fig)
     return fig
 
 
@@ -246,7 +276,8 @@ def _axes(ax, title: str, xlabel: str, small: bool = False,
     ax.set_xlabel(xlabel, fontsize=8 if small else 10)
     ax.set_ylabel("accuracy (%)", fontsize=8 if small else 10)
     ax.set_ylim(*limits)
-    ax.set_xlim(left=0, right=right)
+    ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= 100 and limits[0] <= t <= limits[1]])
+    ax.set_xlim(left=0, right=right)        # (no tick past 100%: the margin above is for markers)
     ax.grid(alpha=0.3)
     if not small and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

@@ -24,8 +24,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in rows)]
 
 
-def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
-    """The report text; `plots` are linked by file name (they sit next to the report)."""
+def render(summary: dict[str, Any], plots: Sequence[Path] = (), order_plots: Sequence[Path] = ()) -> str:
+    """The report text; `plots` and the decode-order heatmaps `order_plots` are linked by file
+    name (they sit next to the report)."""
     lines = [f"# Evaluation: {summary.get('model', 'model')}", ""]
     if summary.get("command"):
         lines += ["```", summary["command"], "```", ""]
@@ -42,7 +43,7 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
         lines.append("")
     if summary.get("notice"):
         lines += [f"*{summary['notice']}*", ""]
-    for path in plots:
+    for path in [*plots, *order_plots]:          # speed-quality, then each task's decode order
         lines += [f"![{path.stem}]({path.name})", ""]
     levels = list(summary["leaderboard"][0]["pb"]) if summary["leaderboard"] else []
     lines += ["## Speed at mean accuracy", "",
@@ -77,6 +78,7 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
          _num(c["seconds"], 3),
          *([_num(c.get("theory_accuracy")), c.get("theory_kind") or "–"] if theory else [])]
         for c in summary["results"]])
+    lines += _order_section(summary, order_plots)
     lines += ["", "## Tasks: conditional total correlation C(Y|X)", ""]
     lines += _table(["task", "examples", "C(Y|X) bits"], [
         [task, str(info["examples"]), _num(info["total_correlation_bits"], 3)]
@@ -84,11 +86,30 @@ def render(summary: dict[str, Any], plots: Sequence[Path] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = ()) -> Path:
+def _order_section(summary: dict[str, Any], order_plots: Sequence[Path]) -> list[str]:
+    """Generation order per task and configuration (AFP, Kendall's tau) and the heatmaps; no
+    section when no sample recorded its order (AR and captured runs)."""
+    cells = [c for c in summary["results"] if c.get("afp") is not None]
+    if not cells:
+        return []
+    lines = ["", "## Generation order", "",
+             "AFP (average finalization parallelism, arXiv 2601.15593): answer positions / distinct "
+             "steps that finalised them (1: one token a step; higher: more in parallel). Kendall's tau "
+             "between position and finalising step (1: strictly left to right, 0: no order, -1: right "
+             "to left). Means over the samples; the decode-order heatmaps (`order-<task>.png`) are "
+             "drawn beside the speed-quality plots above.", ""]
+    lines += _table(["task", "scheduler", "params", "AFP", "Kendall tau"], [
+        [c["task"], c["scheduler"], _params(c["params"]), _num(c["afp"], 2), _num(c.get("kendall_tau"), 2)]
+        for c in cells])
+    return lines
+
+
+def write_report(summary: dict[str, Any], out_dir: str | Path, plots: Sequence[Path] = (),
+                 order_plots: Sequence[Path] = ()) -> Path:
     from dllm_decode.outputs import atomic_write
 
     path = Path(out_dir) / "report.md"
-    atomic_write(path, render(summary, plots), "report")
+    atomic_write(path, render(summary, plots, order_plots), "report")
     return path
 
 
@@ -112,11 +133,15 @@ def write_outputs(records: Sequence[dict[str, Any]], out_dir: str | Path, *, the
     summary["gen_lengths"] = sorted({int(r["gen_length"]) for r in records
                                      if isinstance(r.get("gen_length"), int)})
     paths = plot_summary(summary, out) if plots else []
+    from dllm_decode.eval.harness.order_plots import plot_order
+
+    orders = plot_order(records, out) if plots else []
     summary["plots"] = [p.name for p in paths]
+    summary["order_plots"] = [p.name for p in orders]
     if plots and not available():
         summary["notice"] = PLOTS_SKIPPED
     from dllm_decode.outputs import atomic_write
 
     atomic_write(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n", "summary")
-    write_report(summary, out, paths)
+    write_report(summary, out, paths, orders)
     return summary

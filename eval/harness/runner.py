@@ -179,7 +179,10 @@ def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generato
     and the seconds."""
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` as the CLI does.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
-    result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, capture=capture)
+    # the generation order is read from the step trace, which a captured step does not record
+    traced = isinstance(capture, str) and capture == "off"
+    result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, capture=capture,
+                      trace=traced)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
     used = config.to_dict()                  # the exact record each sample was decoded under
     rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
@@ -189,7 +192,20 @@ def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generato
                 texts, result.nfe.tolist(), result.tokens_per_step.tolist(),
                 result.answer_tokens_per_step.tolist(), result.forward_rows.tolist(),
                 result.guide_nfe.tolist())]
+    if traced:
+        add_order(rows, result)
     return rows, result.seconds
+
+
+def add_order(rows: list[dict[str, Any]], result: Any) -> None:
+    """Each row's generation order (arXiv 2601.15593's AFP and Kendall's tau, and the step that
+    finalised each canvas position, for the decode-order heatmap), from the result's trace."""
+    from dllm_decode.viz.order import finalization_steps, order_stats
+
+    steps = finalization_steps(result).tolist()
+    for row, finalized, answer in zip(rows, steps, result.answer_lengths.tolist()):
+        stats = order_stats(finalized, int(answer))
+        row.update(afp=stats.afp, kendall_tau=stats.kendall_tau, finalized_at=finalized)
 
 
 def answer_length(tokenizer: Any, example: Example) -> int:

@@ -17,6 +17,10 @@ leaderboard rule, Kang et al. 2025, arXiv 2510.04767, on the answer-token axis),
 canvas axis (`max_tokens_per_step`, ParallelBench's own number), and d3LLM's AUP (Qian et al.
 2026, arXiv 2601.07568): the quality-weighted area under accuracy against answer tokens per
 forward.
+
+Generation order per (configuration, task), where the samples recorded it (a dLLM decoded with
+the eager step): AFP and Kendall's tau of the order positions were finalised in (arXiv
+2601.15593, `dllm_decode.viz.order`), averaged over samples (tau over the samples where defined).
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ AUP_OFFSET = 5.0
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return sum(values) / len(values) if values else math.nan
+
+
+def _present_mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are there (None when none is: an AR run, an old record)."""
+    kept = [v for v in values if v is not None]
+    return _mean(kept) if kept else None
 
 
 def max_tps_at(points: Sequence[tuple[float, float]], level: float, interpolate: bool) -> float:
@@ -131,6 +141,8 @@ def _cell(rows: list[dict[str, Any]], theory: bool) -> dict[str, Any]:
         "tokens_per_step": _mean(r["tokens_per_step"] for r in rows),
         "answer_tokens_per_step": _mean(r["answer_tokens_per_step"] for r in rows),
         "seconds": _mean(r["seconds"] for r in rows),
+        "afp": _present_mean(r.get("afp") for r in rows),
+        "kendall_tau": _present_mean(r.get("kendall_tau") for r in rows),
     }
     if theory:
         points = [record_point(r) for r in rows]

@@ -88,6 +88,9 @@ def report(outcome: Outcome, model: dict[str, str], command: str) -> str:
                                         "no single setting met the budget on every task")]
         if setting is None:
             continue
+        if not outcome.held_out.get(name):
+            lines += ["", "(not checked on the held-out prompts)"]
+            continue
         lines += ["", "| task | held acc | held Δ (95%) | held NFE | speed-up | meets |", "|---|---|---|---|---|---|"]
         for task, f in outcome.held_out.get(name, {}).items():
             lines.append(f"| {task} | {f['accuracy']:.1f} | {f['delta']:+.1f} ± {f['delta_ci95']:.1f} | "

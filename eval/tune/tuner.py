@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,15 @@ class Outcome:
 def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequence[str], caches: Sequence[str],
          budget: Budget, calibration: int, salt: str, gen_length: int | None, block_length: int | None,
          out: Path, tokenizer: Any = None, batch_size: int = 8, progress: bool = False,
-         exhaustive: bool = False) -> Outcome:
+         exhaustive: bool = False, log: Callable[[str], None] | None = None) -> Outcome:
     """Search `rules` x their grids x `caches` on the calibration split and check the choice on
     the held-out split. `exhaustive` also runs the full grid on the full calibration split (in the
-    same resumable store) to count its forwards and find the best single global setting."""
+    same resumable store) to count its forwards and find the best single global setting. `log`
+    (a line at a time) hears what stage the run is in, so a long run is never silent."""
+    say = log or (lambda line: None)
     cal, held = split(runs, calibration, salt)
+    say(f"tune: searching {len(rules)} rule(s) x {len(caches)} cache(s) on {sum(len(c.examples) for c in cal)} "
+        f"calibration prompts over {len(cal)} task(s)")
     tasks = [r.name for r in cal]
     ledger = Ledger(model)
     run = runner(decoder, model, out / "calibration", ledger, tokenizer, batch_size, progress)
@@ -56,7 +60,9 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
     outcome = Outcome(budget, tasks, {r.name: (len(c.examples), len(r.examples)) for c, r in zip(cal, held)},
                       points, per_task, overall, best_threshold, ref, search_forwards=ledger.search_forwards(),
                       reference_forwards=reference_forwards)
+    say(f"tune: search done ({len(points)} points, {outcome.search_forwards} forwards)")
     if exhaustive:
+        say("tune: exhaustive sweep of the same grid")
         every = [s for grid in chains for s in grid]
         run(every, cal, False)
         total = sum(sum(ledger.of(s, t, len(c.examples))[1]) for s in every for t, c in zip(tasks, cal))
@@ -78,9 +84,10 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
             named[f"task:{task}"] = (point.setting, [task])
     if overall is not None:
         named["overall"] = (overall, tasks)
-    if best_threshold is not None:
-        named["best_threshold"] = (best_threshold, tasks)
+    if outcome.best_threshold is not None:        # the sweep's, when --exhaustive replaced it
+        named["best_threshold"] = (outcome.best_threshold, tasks)
     by_name = {r.name: r for r in held}
+    say(f"tune: checking {len(named)} choice(s) on {sum(len(r.examples) for r in held)} held-out prompts")
     for name, (setting, its_tasks) in named.items():
         held_run([setting], [by_name[t] for t in its_tasks], False)
     for name, (setting, its_tasks) in named.items():

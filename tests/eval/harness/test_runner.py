@@ -60,10 +60,16 @@ def test_grid_end_to_end(tmp_path):
             assert (r["nfe"], r["tokens_per_step"]) == (GEN // k, float(k))
     confident = [r for r in records if r["params"].get("threshold") == 0.5]
     assert all(r["nfe"] == 1 for r in confident)     # 0.9 >= 0.5: the whole canvas in one step
+    for r in confident:                              # all finalised at once: AFP = the answer, no order
+        assert r["finalized_at"] == [1] * GEN and r["kendall_tau"] is None and r["afp"] >= 1
+    for r in records:
+        assert len(r["finalized_at"]) == GEN and max(r["finalized_at"]) == r["nfe"]
     summary = write_outputs(records, tmp_path, plots=False)
     assert {round(c["accuracy"], 6) for c in summary["results"]} == {66.666667}   # 2 of 3 right
     assert len(summary["leaderboard"]) == 2
-    assert (tmp_path / "report.md").read_text().count("| copy | low_confidence |") == 2
+    per_task, order = (tmp_path / "report.md").read_text().split("## Generation order")
+    assert per_task.count("| copy | low_confidence |") == 2 and order.count("| copy | low_confidence |") == 2
+    assert all(c["afp"] is not None for c in summary["results"])
 
 
 def test_resume_after_kill_loses_and_duplicates_nothing(tmp_path):

@@ -77,6 +77,11 @@ def test_search_finds_the_sweeps_best_with_a_quarter_of_its_forwards(tmp_path):
     assert outcome.sweep_best["mean_nfe"] == 32                     # the sweep's best global: 0.9
     assert outcome.search_forwards <= 0.25 * outcome.sweep_forwards
     assert all(f["meets"] for name, per in outcome.held_out.items() for f in per.values() if name != "best_threshold") 
+    # the sweep's best threshold is the one checked on the held-out prompts: its section has rows
+    assert set(outcome.held_out["best_threshold"]) == {"easy", "hard"}
+    write(outcome, tmp_path, model={"name": "synthetic"}, command="test", gen_length=8)
+    section = (tmp_path / "report.md").read_text().split("## best_threshold")[1]
+    assert "| easy |" in section and "| hard |" in section
 
 
 def test_the_reference_is_kept_when_nothing_faster_meets_the_budget(tmp_path):
@@ -95,6 +100,9 @@ def test_on_the_ideal_model_copy_takes_one_forward_within_budget(tmp_path):
                                        "--held-out", "4", "--gen-length", "answer", "--rules", "threshold",
                                        "--budget", "within:20", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert "tune: searching 1 rule(s)" in result.output and "tune: checking" in result.output   # never silent
+    assert "held out: 100.0%" in result.output and "meets the budget" in result.output
+    assert "Command: `dllm-decode " in (tmp_path / "report.md").read_text()     # not the venv's executable path
     presets = json.loads((tmp_path / "presets.json").read_text())
     copy = presets["presets"]["copy"]
     assert copy["parts"]["scheduler"] == {"name": "threshold", "threshold": 0.5}
@@ -215,3 +223,12 @@ def test_two_gloo_ranks_tune_as_one_process(tmp_path):
     a, b = (json.loads((tmp_path / d / "tune.json").read_text()) for d in ("one", "two"))
     assert a["points"] == b["points"] and a["held_out"] == b["held_out"]
     assert a["search_forwards"] == b["search_forwards"] and a["sweep_forwards"] == b["sweep_forwards"]
+
+
+def test_a_preset_that_fails_held_out_says_so_on_screen():
+    from dllm_decode.cli.tune import held_out_words
+
+    fail = {"accuracy": 80.0, "delta": -12.5, "delta_ci95": 4.0, "nfe": 3.0, "meets": False}
+    assert "FAILS the budget on the held-out prompts" in held_out_words(fail)
+    assert "meets the budget" in held_out_words({**fail, "meets": True})
+    assert held_out_words(None) == ""
