@@ -144,6 +144,7 @@ def generate_noise(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]],
     from dllm_decode.step import step_input
 
     check_canvas(model, config)
+    config.scheduler.check_fits(model.vocab_size, config.block_length)
     start = time.perf_counter()
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]

@@ -1,0 +1,52 @@
+"""Every registered rule either runs on a uniform-noise canvas (it declares "noise" in
+`canvas_kinds`: it then chooses the columns to accept each step) or is refused there in one line."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.interfaces import Scheduler
+from dllm_decode.sampler import generate
+from dllm_decode.schedulers import MASK_SCHEDULERS, NOISE_SCHEDULERS, SCHEDULERS
+from dllm_decode.testing import tiny_diffusion_gemma
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_diffusion_gemma(steps=STEPS)
+
+
+def test_at_least_half_of_the_confidence_rules_run_on_a_noise_canvas():
+    rules = [name for name in MASK_SCHEDULERS]
+    on_noise = [name for name in rules if name in NOISE_SCHEDULERS]
+    assert 2 * len(on_noise) >= len(rules), on_noise
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_each_rule_runs_on_a_noise_canvas_or_is_refused_in_one_line(model, name):
+    rule = SCHEDULERS[name]()
+    config = DecodeConfig(rule, gen_length=16, block_length=8, stop_at_eos=False)
+    if name not in NOISE_SCHEDULERS:
+        with pytest.raises(ValueError, match="does not run on a noise canvas") as err:
+            generate(model, [[5, 6, 7]], config)
+        assert "\n" not in str(err.value)
+        return
+    # the noise loop calls `select` only: a rule declaring "noise" must need no other hook
+    cls = type(rule)
+    assert cls.process_logits is Scheduler.process_logits and cls.block_end is Scheduler.block_end
+    assert rule.revises == "none" and rule.guide is None and not rule.needs_noise
+    assert not rule.lookahead_candidates and not rule.chooses_block_bounds
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # pc_sampler: no frequency table for vocab 128
+        first = generate(model, [[5, 6, 7], [9, 4]], config, generator=torch.Generator().manual_seed(3))
+        again = generate(model, [[5, 6, 7], [9, 4]], config, generator=torch.Generator().manual_seed(3))
+    assert first.tokens.shape == (2, 16) and bool(((first.tokens >= 0) & (first.tokens < 128)).all())
+    assert torch.equal(first.tokens, again.tokens)                       # seeded: repeats
+    steps = STEPS if name != "uniform_noise" else 48
+    assert bool((first.nfe >= 2 + 2).all()) and bool((first.nfe <= 2 + 2 * steps).all())
