@@ -50,3 +50,12 @@ def test_each_rule_runs_on_a_noise_canvas_or_is_refused_in_one_line(model, name)
     assert torch.equal(first.tokens, again.tokens)                       # seeded: repeats
     steps = STEPS if name != "uniform_noise" else 48
     assert bool((first.nfe >= 2 + 2).all()) and bool((first.nfe <= 2 + 2 * steps).all())
+
+
+def test_the_running_batch_refuses_a_noise_model_in_one_line(model):
+    from dllm_decode.interfaces import NoCache
+    from dllm_decode.sampler import Decoding
+
+    with pytest.raises(ValueError, match="decode this uniform-noise model with generate") as err:
+        Decoding(model, NoCache())
+    assert "\n" not in str(err.value)
