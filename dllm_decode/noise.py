@@ -147,9 +147,7 @@ def generate_noise(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]],
     config.scheduler.check_fits(model.vocab_size, config.block_length)
     start = time.perf_counter()
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-    if not ids or any(len(row) == 0 for row in ids):
-        raise ValueError("every prompt needs at least one token")
+    ids = prompt_ids(model, prompts, config, tokenizer)
     device = model.model.decoder.embed_tokens.weight.device
     generator = generator if generator is not None else \
         torch.Generator(device=device).manual_seed(config.seed)
@@ -204,6 +202,30 @@ def generate_noise(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]],
         if bool(finished.all()):
             break
     return result_of(out, batch, config.gen_length, eos, pad, nfe, start, tokenizer)
+
+
+def prompt_ids(model: Any, prompts: Any, config: DecodeConfig, tokenizer: Any) -> list[list[int]]:
+    """The prompts as token-id lists, checked: not empty, ids inside the vocabulary, prompt plus
+    generation inside the model's context. Raises a one-line ValueError (TypeError for a prompt
+    that is neither text nor ids, or text without a tokenizer)."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise TypeError("prompts must be a non-empty list of strings or of token-id lists")
+    if any(isinstance(p, str) for p in prompts) and tokenizer is None:
+        raise TypeError("text prompts need a tokenizer (the model has none); pass token ids")
+    ids = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    for row in ids:
+        if not row:
+            raise ValueError("the prompt is empty; give at least one token")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in row):
+            raise TypeError("token ids must be integers")
+        if min(row) < 0 or max(row) >= model.vocab_size:
+            raise ValueError(f"token id {max(row) if max(row) >= model.vocab_size else min(row)} is "
+                             f"outside the vocabulary [0, {model.vocab_size})")
+    longest = max(len(row) for row in ids) + config.gen_length
+    if model.max_length is not None and longest > model.max_length:
+        raise ValueError(f"prompt plus generation ({longest} tokens) exceeds the model's context "
+                         f"({model.max_length})")
+    return ids
 
 
 def finalize(block: Tensor, finished: Tensor, eos: Tensor, pad: int | None) -> tuple[Tensor, Tensor]:

@@ -59,3 +59,15 @@ def test_the_running_batch_refuses_a_noise_model_in_one_line(model):
     with pytest.raises(ValueError, match="decode this uniform-noise model with generate") as err:
         Decoding(model, NoCache())
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([[]], "the prompt is empty"),
+    ([[5, 999]], "token id 999 is outside the vocabulary"),
+    ([[5] * 131070], "exceeds the model's context"),
+])
+def test_bad_prompts_are_one_line(model, prompts, message):
+    config = DecodeConfig(SCHEDULERS["uniform_noise"](steps=1), gen_length=8, block_length=8)
+    with pytest.raises(ValueError, match=message) as err:
+        generate(model, prompts, config)
+    assert "\n" not in str(err.value)
