@@ -183,9 +183,10 @@ def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool
         with usage_errors("--gen-length"):
             config = dataclasses.replace(config, gen_length=natural, block_length=block)
 
-    if not block_given and getattr(model, "block_size", None):
+    own_block = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)
+    if not block_given and own_block:       # a block-diffusion block, a noise model's canvas
         with usage_errors("--block-length"):
-            config = dataclasses.replace(config, block_length=model.block_size)
+            config = dataclasses.replace(config, block_length=own_block)
     if shipped_wanted():
         config = shipped_for(config, model, block_given)
     tokenizer = getattr(model, "tokenizer", None)
@@ -253,6 +254,9 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
 
     tokenizer = getattr(model, "tokenizer", None)
     config = for_model(config, model, block_given=block_given)
+    if (requests is not None or stream) and getattr(model, "canvas_kind", "mask") != "mask":
+        raise click.UsageError("--stream and --input run the masked loop's running batch; decode a "
+                               "uniform-noise model one --prompt at a time")
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
                            str(spec), groups=groups, capture=capture)
