@@ -135,15 +135,20 @@ def schedule_of(scheduler: Scheduler, model: Any) -> NoiseSchedule:
 
 @torch.inference_mode()
 def generate_noise(model: Any, prompts: Sequence[str] | Sequence[Sequence[int]], config: DecodeConfig, *,
-                   generator: torch.Generator | None = None, tokenizer: Any = None) -> DecodeResult:
+                   generator: torch.Generator | None = None, tokenizer: Any = None,
+                   trace: bool = False) -> DecodeResult:
     """Decode `prompts` on noise canvases of `model.canvas_length`, `gen_length / canvas_length`
     of them (see the module docstring). End of text: with `stop_at_eos` a row finishes on a
     canvas holding one of `model.eos_token_ids`; with a pad id (the generation config's) the
     tokens after its first EOS and every later canvas become pad. NFE per row: encoder passes
-    plus the decoder passes it needed (steps while neither stopped nor finished)."""
+    plus the decoder passes it needed (steps while neither stopped nor finished). A step trace
+    (`trace=True`) is refused: the masked loop's trace records commits, which a noise canvas
+    does not make."""
     from dllm_decode.step import step_input
 
     check_canvas(model, config)
+    if trace:
+        raise ValueError("a noise canvas records no step trace; decode with trace=False")
     config.scheduler.check_fits(model.vocab_size, config.block_length)
     start = time.perf_counter()
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)

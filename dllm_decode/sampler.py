@@ -72,7 +72,7 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
     check_canvas(model, config)                 # the rule runs on this model's canvas kind
     if canvas_kind(model) == "noise":           # uncommitted columns hold noise, not [MASK]
-        return generate_noise(model, prompts, config, generator=generator, tokenizer=tokenizer)
+        return generate_noise(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
     if (fused := fused_decoder(model, config, capture, trace)) is not None:   # the captured step
         return fused(prompts, generator=generator, tokenizer=tokenizer)      # for the whole step
     decoding = Decoding(model, config.cache, trace=trace, capture=capture)

@@ -71,3 +71,9 @@ def test_bad_prompts_are_one_line(model, prompts, message):
     with pytest.raises(ValueError, match=message) as err:
         generate(model, prompts, config)
     assert "\n" not in str(err.value)
+
+
+def test_a_step_trace_is_refused_in_one_line(model):
+    config = DecodeConfig(SCHEDULERS["uniform_noise"](steps=1), gen_length=8, block_length=8)
+    with pytest.raises(ValueError, match="records no step trace"):
+        generate(model, [[5, 6]], config, trace=True)
