@@ -55,3 +55,13 @@ def test_the_running_batch_is_refused_in_one_line(gemma_dir, args):
         result = run("--model", str(gemma_dir), *args)
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "uniform-noise model" in result.output
+
+
+def test_eval_runs_on_the_noise_canvas(gemma_dir, tmp_path):
+    result = run("eval", "--model", str(gemma_dir), "--tasks", "copy", "--limit", "1", "--gen-length", "16",
+                 "--scheduler", "uniform_noise:steps=2", "--scheduler", "threshold", "--no-plots",
+                 "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {row["config"]["scheduler"]["name"] for row in rows} == {"uniform_noise", "threshold"}
+    assert all(row["decode_config"]["block_length"] == 8 for row in rows)      # the canvas
