@@ -43,7 +43,7 @@ def test_passes_on_the_reference_checkpoint(gemma_dir):
 
 
 def test_fails_on_a_broken_port(gemma_dir, monkeypatch):
-    import dllm_decode.models.diffusion_gemma as port
+    import dllm_decode.models.gemma_layers as port
 
     def no_expert_scale(self, h):                 # a port that forgot `per_expert_scale`
         x = port.gemma_rms_norm(h, None, self.cfg.rms_norm_eps) * self.scale * self.cfg.hidden_size ** -0.5
