@@ -77,3 +77,21 @@ def test_a_step_trace_is_refused_in_one_line(model):
     config = DecodeConfig(SCHEDULERS["uniform_noise"](steps=1), gen_length=8, block_length=8)
     with pytest.raises(ValueError, match="records no step trace"):
         generate(model, [[5, 6]], config, trace=True)
+
+
+@pytest.mark.parametrize("stability, confidence, steps_per_canvas", [(1, 0.005, STEPS), (0, 100.0, 1)])
+def test_draws_are_one_randint_then_a_multinomial_and_a_randint_per_step(model, monkeypatch, stability,
+                                                                         confidence, steps_per_canvas):
+    """The reference's order: per canvas `randint` (the noise), then per step `multinomial`
+    (the sample) and `randint` (the re-noise, drawn on the stopping step too); stability 0 and
+    confidence threshold 100 stop after the first step: 1 + 2 * 1 draws per canvas."""
+    calls = []
+    for name in ("randint", "multinomial"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    scheduler = SCHEDULERS["uniform_noise"](steps=STEPS, stability_threshold=stability,
+                                            confidence_threshold=confidence)
+    generate(model, [[5, 6, 7]], DecodeConfig(scheduler, gen_length=16, block_length=8, stop_at_eos=False),
+             generator=torch.Generator().manual_seed(0))
+    canvas = ["randint"] + ["multinomial", "randint"] * steps_per_canvas
+    assert calls == canvas * 2
