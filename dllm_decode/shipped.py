@@ -11,10 +11,10 @@ Where it comes from, first match wins:
    LLaDA (`generate.py`: `remasking='low_confidence'`, one token per step, block 128 or the whole
    canvas when 128 does not divide it), Dream (`diffusion_generate`: `alg='origin'`, random
    positions; here `random`, one token per step, one block), Fast-dLLM v2 (`batch_sample`:
-   threshold 0.9 on its 32-token block), SDAR (`block_diffusion_generate`:
-   `low_confidence_dynamic` at 0.9 on its block), LLaDA2 (`generate`: threshold 0.95 on its
-   32-token block). Greedy throughout (the references' default temperature is 0, SDAR's 1.0:
-   here 0, a stated deviation).
+   threshold 0.9 on its 32-token block), SDAR (JetAstra/SDAR@59549b1 `generate.py`
+   `block_diffusion_generate`: `low_confidence_dynamic` at 0.85, block 4, steps 4), LLaDA2
+   (`generate`: threshold 0.95, block 32, steps 32). Greedy throughout (the references' default
+   temperature is 0; SDAR's is 1.0: here 0, a stated deviation).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ FAMILY_DECODING: dict[str, tuple[dict[str, Any], str]] = {
     "dream": ({"name": "random"}, "whole"),
     "fast_dllm_qwen": ({"name": "threshold", "threshold": 0.9}, "model"),
     "fast_dllm_llama": ({"name": "threshold", "threshold": 0.9}, "model"),
-    "sdar": ({"name": "threshold", "threshold": 0.9}, "model"),
+    "sdar": ({"name": "threshold", "threshold": 0.85}, "model"),
     "llada2_moe": ({"name": "threshold", "threshold": 0.95}, "model"),
     "llada21_moe": ({"name": "threshold", "threshold": 0.95}, "model"),
 }

@@ -20,7 +20,7 @@ def test_each_family_gets_its_reference_generate_default():
     llada = DecodeConfig.for_model(tiny_llada(), gen_length=64)
     assert llada.scheduler == LowConfidenceScheduler() and llada.block_length == 64
     assert DecodeConfig.for_model(tiny_llada(), gen_length=256).block_length == 128
-    for family, threshold in (("fast_dllm", 0.9), ("sdar", 0.9), ("llada2", 0.95)):
+    for family, threshold in (("fast_dllm", 0.9), ("sdar", 0.85), ("llada2", 0.95)):
         model = tiny_block_diffusion(family)
         config = DecodeConfig.for_model(model, gen_length=16)
         assert config.scheduler == ThresholdScheduler(threshold), family
