@@ -96,6 +96,12 @@ def _tiny_llada() -> Any:
     return tiny_llada().eval()
 
 
+def _tiny_gemma() -> Any:
+    from dllm_decode.testing import tiny_diffusion_gemma
+
+    return tiny_diffusion_gemma(steps=2)
+
+
 FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "llada": ("LLaDA layout (LLaDA-8B, the embedded models)", _tiny_llada),
     "dream": ("Dream", _tiny_dream),
@@ -103,6 +109,7 @@ FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
     "fast_dllm": ("Fast-dLLM v2 (block diffusion)", _tiny_block("fast_dllm")),
     "sdar": ("SDAR (block diffusion)", _tiny_block("sdar")),
     "llada2": ("LLaDA2.0 / 2.1 MoE (block diffusion)", _tiny_block("llada2")),
+    "diffusion_gemma": ("DiffusionGemma (uniform noise, one canvas per block)", _tiny_gemma),
 }
 """Model family -> (what it covers, a seeded tiny model of that family)."""
 
@@ -127,7 +134,7 @@ def try_decode(model: Any, scheduler: Any, cache: Any, gen_length: int = 8,
     vocab = int(model.vocab_size)
     prompt = [5 % vocab, 6 % vocab, 7 % vocab, 8 % vocab]
     try:
-        block = getattr(model, "block_size", None) or block_length
+        block = getattr(model, "block_size", None) or getattr(model, "canvas_length", None) or block_length
         config = DecodeConfig(scheduler=scheduler, cache=cache, gen_length=gen_length,
                               block_length=min(block, gen_length))
         with torch.no_grad(), warnings.catch_warnings():

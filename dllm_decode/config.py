@@ -118,6 +118,19 @@ class DecodeConfig:
                 **{name: getattr(self, name) for name in PLAIN_FIELDS}}
 
     @classmethod
+    def for_model(cls, model: Any, gen_length: int = 128) -> DecodeConfig:
+        """The decoding `model`'s checkpoint ships with, for `gen_length` tokens: its own
+        `generation_config.json` settings, else its family's reference `generate` defaults
+        (`dllm_decode.shipped`; a uniform-noise model rounds `gen_length` up to whole canvases).
+
+        Raises:
+            ValueError: a family with no known shipped decoding, or settings out of range.
+        """
+        from dllm_decode.shipped import shipped_decoding
+
+        return cls.from_dict(shipped_decoding(model, gen_length))
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DecodeConfig:
         """Build from `to_dict` output or a hand-written equivalent: a part may be a registry
         name, a `{"name": ..., field: value}` mapping (values may be text, dotted keys configure

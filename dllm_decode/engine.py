@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.interfaces import NoCache
 from dllm_decode.capture import GraphCache, graph_cache
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
@@ -70,6 +71,10 @@ class Engine:
         if graphs is not None and isinstance(model, SpeculativeModel):
             raise ValueError(f"capture {self.capture!r} runs a diffusion model's step; a causal "
                              f"LM decodes eagerly (use capture 'off')")
+        if getattr(model, "canvas_kind", "mask") != "mask":     # refused at start, not mid-request
+            from dllm_decode.member import check_decoding
+
+            check_decoding(model, NoCache(), False)
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.max_batch_size = max_batch_size

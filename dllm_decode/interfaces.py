@@ -208,6 +208,9 @@ class Scheduler(Checked, abc.ABC):
             each step's guide forward is counted in `guide_nfe`. None: no guide.
         needs_noise: the rule reads the candidates' sampling noise (`StepInput.noise`; it is
             materialised, W x V per row, only for rules that ask).
+        canvas_kinds: what an uncommitted column may hold for the rule to run (`dllm_decode.noise`):
+            "mask" ([MASK], every masked model) and/or "noise" (a random token redrawn each step,
+            DiffusionGemma), where the rule chooses the columns to accept each step.
     """
 
     view: ClassVar[str] = "block"
@@ -219,6 +222,7 @@ class Scheduler(Checked, abc.ABC):
     lookahead_candidates: ClassVar[int] = 0
     guide: ClassVar[str | None] = None
     needs_noise: ClassVar[bool] = False
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask",)
 
     def step_budget(self, block_length: int) -> int | None:
         """Steps the rule runs per block of `block_length` when it runs a fixed number that may

@@ -118,6 +118,9 @@ def check_decoding(model: Any, cache: Any, trace: Any) -> None:
                         f"{type(model).__name__} lacks {missing}")
     if not isinstance(cache, Cache):
         raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
+    if getattr(model, "canvas_kind", "mask") != "mask":
+        raise ValueError("a running batch (server, streaming, requests file) decodes masked canvases; "
+                         "decode this uniform-noise model with generate (dllm-decode --prompt)")
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
 

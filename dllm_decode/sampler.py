@@ -34,6 +34,7 @@ from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
 from dllm_decode.models.block_grid import grid_canvas
+from dllm_decode.noise import canvas_kind, check_canvas, generate_noise
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
 from dllm_decode.records import Outcome
@@ -73,6 +74,9 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
+    check_canvas(model, config)                 # the rule runs on this model's canvas kind
+    if canvas_kind(model) == "noise":           # uncommitted columns hold noise, not [MASK]
+        return generate_noise(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
     decoding = Decoding(model, config.cache, trace=trace, capture=capture)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:

@@ -198,3 +198,23 @@ def assert_probabilities_close(actual: Tensor, expected: Tensor) -> None:
 def probabilities_differ(actual: Tensor, expected: Tensor) -> bool:
     """True when probabilities differ by more than rounding (`PROBABILITY_ATOL`) somewhere."""
     return not torch.allclose(actual, expected, atol=PROBABILITY_ATOL, rtol=0.0)
+
+
+def tiny_diffusion_gemma(seed: int = 0, steps: int = 4) -> torch.nn.Module:
+    """A seeded random DiffusionGemma (vocab 128, two layers: sliding and full, 4 experts,
+    canvas 8) shipping a `steps`-step noise schedule, built without transformers."""
+    from dllm_decode.models.diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaModel
+
+    config = DiffusionGemmaConfig.from_dict({"canvas_length": 8, "text_config": {
+        "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+        "num_global_key_value_heads": 1, "sliding_window": 8, "num_experts": 4, "top_k_experts": 2,
+        "moe_intermediate_size": 16, "layer_types": ["sliding_attention", "full_attention"]}})
+    model = DiffusionGemmaModel(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
+    model.generation_defaults = {"max_denoising_steps": steps}
+    return model.eval()

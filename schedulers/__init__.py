@@ -29,6 +29,7 @@ from dllm_decode.schedulers.remdm import ReMDMScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
 from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
+from dllm_decode.schedulers.uniform_noise import UniformNoiseScheduler
 from dllm_decode.schedulers.wino import WinoScheduler
 from dllm_decode.schedulers.wrapper import Wrapper
 
@@ -60,12 +61,18 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "info_gain": InfoGainScheduler,            # Info-Gain: one-step look-ahead over candidate actions (no cache)
     "apd": APDScheduler,                       # APD: longest draft prefix the dLLM x small-AR product accepts
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
+    "uniform_noise": UniformNoiseScheduler,    # DiffusionGemma: entropy-bound accept + re-noise (noise canvas only)
 }
 
-__all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
+MASK_SCHEDULERS: dict[str, type[Scheduler]] = {n: c for n, c in SCHEDULERS.items() if "mask" in c.canvas_kinds}
+"""The rules that run on a masked canvas (every family but the uniform-noise DiffusionGemma)."""
+NOISE_SCHEDULERS: dict[str, type[Scheduler]] = {n: c for n, c in SCHEDULERS.items() if "noise" in c.canvas_kinds}
+"""The rules that run on a uniform-noise canvas (`dllm_decode.noise`)."""
+
+__all__ = ["MASK_SCHEDULERS", "NOISE_SCHEDULERS", "SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
            "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
-           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
+           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "UniformNoiseScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

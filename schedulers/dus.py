@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -87,6 +87,8 @@ class DUSScheduler(Scheduler):
     Stateless: the level is the block step; the block length is read per row each step (a block
     shortened by end-of-text truncation is rescheduled from its new length).
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     base: int = 2
     skip_exp: int = 1

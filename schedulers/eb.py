@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,6 +25,8 @@ class EntropyBoundScheduler(Scheduler):
     sequence axis (a public port takes it over the batch axis, a bug). Default gamma = 0.001
     (the port's default; the paper sweeps gamma). No official code was found.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     gamma: float = 0.001
     infinite_ok = ("gamma",)          # documented: inf is a valid setting

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, neg_entropy
@@ -30,6 +30,8 @@ class EntropyThresholdScheduler(Scheduler):
     its probability mass does not enter the entropy; among positions of equal lowest entropy
     the lowest column is the forced one (the reference's `topk` leaves that order unspecified).
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     threshold: float = 0.5
     infinite_ok = ("threshold",)          # documented: inf is a valid setting

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,6 +22,8 @@ class FactorScheduler(Scheduler):
     off-by-one that commits all N when only the last candidate fails, and the IndexError on
     rows with no masks. Default f = 1.0 (eval_gsm8k.sh).
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     capturable = True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -27,6 +27,8 @@ class _FixedSteps(Scheduler):
     step). The count is recomputed from the masks left, which equals LLaDA's front-loaded plan
     `floor(M/K) + (k < M mod K)` whenever the plan was followed.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     steps_per_block: int | None = None
 

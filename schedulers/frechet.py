@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -31,6 +31,8 @@ class FrechetScheduler(Scheduler):
     is unstable); the README's `max(0, L_n)` clamp is not applied, as in the code (for
     margin >= 0 both give the same n).
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     margin: float = 0.25
 

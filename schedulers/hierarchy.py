@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,6 +36,8 @@ class HierarchyScheduler(Scheduler):
     'low_confidence' as the mask argument and cannot run, and it scores committed positions by the
     argmax's probability, not the committed token's.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     threshold: float = 0.92
     low_threshold: float = 0.62

@@ -4,7 +4,7 @@ code friedrichor/LocalLeap `llada/generate.py`, via a public mirror)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -27,6 +27,8 @@ class LocalLeapScheduler(Scheduler):
     Defaults kappa = 0.9, tau = 0.75, radius = 4 (paper §4.1, scripts/llada/run.sh). The
     reference falls back to LLaDA's fixed schedule when `threshold=None`; not provided here.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     kappa: float = 0.9
     tau: float = 0.75

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import math
 from dataclasses import dataclass
 
@@ -45,6 +47,8 @@ class SlowFastScheduler(Scheduler):
     float32 softmax (the reference's is in the model dtype). Batched with per-row phases; no
     Python loop over rows.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     explore_steps: int = 6
     span_threshold: float = 0.3

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 
@@ -23,6 +23,8 @@ class ThresholdScheduler(Scheduler):
     Positions predicted as [MASK] are never candidates (dInfer's `rm_mask`). Default tau = 0.9
     (paper §4.1).
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
     capturable = True
 

@@ -19,7 +19,7 @@ from dllm_decode.config import DecodeConfig, accepts_cache
 from dllm_decode.sampler import generate
 from dllm_decode.testing import tiny_llada
 from dllm_decode.filters import EoTPFilter
-from dllm_decode.schedulers import SCHEDULERS
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS
 
 CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
@@ -85,7 +85,7 @@ LAYERWISE = ("d2", "elastic")
 
 
 @pytest.mark.parametrize("cache", ["none", "dual", "d2", "elastic", "suffix"])
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", sorted(MASK_SCHEDULERS))
 def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
     if not accepts_cache(SCHEDULERS[name](), cache):
         pytest.skip("the rule refuses this cache (refused in one line, tested elsewhere)")

@@ -9,10 +9,10 @@ import torch
 from dllm_decode.config import DecodeConfig
 from dllm_decode.reference import reference_generate
 from dllm_decode.sampler import generate
-from dllm_decode.schedulers import SCHEDULERS
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS
 from dllm_decode.testing import tiny_llada
 
-COMMIT_ONLY = sorted(name for name, cls in SCHEDULERS.items() if cls().revises == "none")
+COMMIT_ONLY = sorted(name for name, cls in MASK_SCHEDULERS.items() if cls().revises == "none")
 
 
 def test_the_registry_has_commit_only_schedulers():

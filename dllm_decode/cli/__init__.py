@@ -24,6 +24,7 @@ from dllm_decode.cli.serve import serve_command
 from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
 from dllm_decode.cli.tune import tune_command
+from dllm_decode.cli.verify import verify_command
 
 
 class _Main(click.Group):
@@ -50,5 +51,5 @@ def main(ctx: click.Context, **options: Any) -> None:
 
 
 for _command in (list_command, eval_command, spec_command, bench_command, train_filter_command,
-                 fetch_command, serve_command, tune_command, freq_table_command):
+                 fetch_command, serve_command, tune_command, freq_table_command, verify_command):
     main.add_command(_command)

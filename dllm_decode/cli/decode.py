@@ -148,11 +148,39 @@ def decode_record(*, scheduler: str, scheduler_opts: dict[str, str], cache_name:
                          temperature=temperature, seed=seed)
 
 
+def shipped_wanted() -> bool:
+    """True when the running command named no scheduler, scheduler option or preset: the
+    model's shipped decoding (`DecodeConfig.for_model`) then applies."""
+    context = click.get_current_context(silent=True)
+    if context is None or "scheduler" not in context.params:     # a command with its own choice
+        return False
+    given = [context.get_parameter_source(name) for name in ("scheduler", "scheduler_opts", "preset")]
+    return all(source in (None, click.core.ParameterSource.DEFAULT) for source in given)
+
+
+def shipped_for(config: Any, model: Any, block_given: bool) -> Any:
+    """`config` with the model's shipped scheduler (and its block, unless the user gave one);
+    the user's cache, filters, temperature and seed kept. A model that ships none (no known
+    family, no checkpoint) keeps the CLI's default."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.config import DecodeConfig
+
+    try:
+        shipped = DecodeConfig.for_model(model, gen_length=config.gen_length)
+    except ValueError:
+        return config
+    with usage_errors("--scheduler"):
+        return dataclasses.replace(
+            shipped, cache=config.cache, filters=config.filters, temperature=config.temperature,
+            seed=config.seed, block_length=config.block_length if block_given else shipped.block_length)
+
+
 def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool | None = None) -> Any:
     """The record fitted to the loaded model: the model's natural generation length when the
     user gave none (`gen_given`; None: read from the running command's `--gen-length`), a
-    block-diffusion model's own block when the user gave none, and AdaBlock's delimiters
-    (tokenizer ids) filled from its tokenizer."""
+    block-diffusion model's own block when the user gave none, the model's shipped scheduler
+    when the command named none (`shipped_wanted`), and AdaBlock's delimiters (tokenizer ids)
+    filled from its tokenizer."""
     from dllm_decode.cli.options import natural_gen_length, usage_errors
     from dllm_decode.schedulers import with_delimiters
 
@@ -165,9 +193,12 @@ def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool
         with usage_errors("--gen-length"):
             config = dataclasses.replace(config, gen_length=natural, block_length=block)
 
-    if not block_given and getattr(model, "block_size", None):
+    own_block = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)
+    if not block_given and own_block:       # a block-diffusion block, a noise model's canvas
         with usage_errors("--block-length"):
-            config = dataclasses.replace(config, block_length=model.block_size)
+            config = dataclasses.replace(config, block_length=own_block)
+    if shipped_wanted():
+        config = shipped_for(config, model, block_given)
     tokenizer = getattr(model, "tokenizer", None)
     return dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
 
@@ -236,6 +267,9 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
 
     tokenizer = getattr(model, "tokenizer", None)
     config = for_model(config, model, block_given=block_given)
+    if (requests is not None or stream) and getattr(model, "canvas_kind", "mask") != "mask":
+        raise click.UsageError("--stream and --input run the masked loop's running batch; decode a "
+                               "uniform-noise model one --prompt at a time")
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
                            str(spec), groups=groups, capture=capture)

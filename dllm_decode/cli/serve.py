@@ -160,7 +160,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
                         presets=_request_presets(presets_path, spec, config, model))
-    engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
+    with usage_errors("--model"):            # a uniform-noise model: no running batch yet
+        engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
     problem = startup_check(engine, settings.config)        # every rank: the same steps
     if problem is not None:
         raise click.UsageError(f"this model cannot decode with these options: {problem}")

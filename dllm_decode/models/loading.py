@@ -99,6 +99,16 @@ def _build_llada2(directory: Path, config: dict[str, Any]) -> nn.Module:
                          drop)
 
 
+def _build_diffusion_gemma(directory: Path, config: dict[str, Any]) -> nn.Module:
+    from dllm_decode.models.diffusion_gemma import build
+
+    if _SHARDING.get() is not None:
+        from dllm_decode.parallel import ParallelError
+
+        raise ParallelError(f"{directory}: tensor parallelism does not cover DiffusionGemma yet")
+    return build(directory, config)
+
+
 _SHARDING: ContextVar[tuple[Any, torch.dtype | None] | None] = ContextVar("sharding", default=None)
 """(ParallelGroups, dtype) while `load_model(tensor_parallel=N > 1)` builds a model."""
 
@@ -112,6 +122,7 @@ BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {   # key: lo
     "sdar_moe": _build_sdar_moe,
     "llada2_moe": _build_llada2,            # inclusionAI/LLaDA2.0-*
     "llada21_moe": _build_llada2,           # inclusionAI/LLaDA2.1-*
+    "diffusion_gemma": _build_diffusion_gemma,  # google/diffusiongemma-* (uniform noise)
 }
 
 
@@ -259,6 +270,13 @@ def _rank_device(device: torch.device | None) -> torch.device | None:
     return device
 
 
+def mask_id_of(model: nn.Module) -> list[tuple[str, int]]:
+    """`[("mask_token_id", id)]`, or [] for a model whose canvas holds noise, not [MASK]."""
+    if getattr(model, "canvas_kind", "mask") == "noise":
+        return []
+    return [("mask_token_id", model.mask_token_id)]
+
+
 def check_token_ids(directory: Path, model: nn.Module) -> None:
     """The special ids a decode relies on exist in the vocabulary, and [MASK] is not an end of
     text (padding is masked out of attention, so padding may share the EOS id).
@@ -270,12 +288,12 @@ def check_token_ids(directory: Path, model: nn.Module) -> None:
     if not model.eos_token_ids:
         raise ModelLoadError(f"{directory / 'config.json'}: no eos_token_id, and the tokenizer "
                              f"defines none; set eos_token_id in config.json")
-    named = [("mask_token_id", model.mask_token_id), *(("eos_token_id", e) for e in model.eos_token_ids)]
+    named = [*mask_id_of(model), *(("eos_token_id", e) for e in model.eos_token_ids)]
     for key, value in named:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
             raise ModelLoadError(f"{directory / 'config.json'}: {key} {value!r} is outside the "
                                  f"vocabulary [0, {vocab})")
-    if model.mask_token_id in model.eos_token_ids:
+    if mask_id_of(model) and model.mask_token_id in model.eos_token_ids:
         raise ModelLoadError(f"{directory / 'config.json'}: mask_token_id {model.mask_token_id} is "
                              f"also an eos_token_id; [MASK] must be its own token")
 
@@ -294,7 +312,7 @@ def check_tokenizer_ids(directory: Path, model: nn.Module, tokenizer: Any) -> No
     where = directory / "config.json"
     vocab = int(model.vocab_size)
     mask = getattr(tokenizer, "mask_token_id", None)
-    if isinstance(mask, int) and mask != model.mask_token_id and mask < vocab:
+    if mask_id_of(model) and isinstance(mask, int) and mask != model.mask_token_id and mask < vocab:
         raise ModelLoadError(f"{where}: mask_token_id {model.mask_token_id} differs from the "
                              f"tokenizer's mask token {getattr(tokenizer, 'mask_token', None)!r} "
                              f"(id {mask}); the two must agree")
@@ -304,7 +322,7 @@ def check_tokenizer_ids(directory: Path, model: nn.Module, tokenizer: Any) -> No
         size = len(tokenizer)
     except Exception:  # noqa: BLE001 - a tokenizer without these views is not checked further
         return
-    named = [("mask_token_id", model.mask_token_id), *(("eos_token_id", e) for e in model.eos_token_ids)]
+    named = [*mask_id_of(model), *(("eos_token_id", e) for e in model.eos_token_ids)]
     for key, value in named:
         if value < size and value not in special:
             word = tokenizer.convert_ids_to_tokens(value)

@@ -111,7 +111,8 @@ def scheduler_combos(options: SuiteOptions, tokenizer: Any) -> list[Combo]:
     """One token per step, every other registered scheduler at its defaults, the tuned presets
     (`preset:NAME`), and the oracle following one token per step."""
     from dllm_decode.eval.harness.presets import PRESETS
-    from dllm_decode.schedulers import SCHEDULERS, with_delimiters
+    from dllm_decode.schedulers import MASK_SCHEDULERS as SCHEDULERS  # the suite's models are masked
+    from dllm_decode.schedulers import with_delimiters
 
     def delimited(config: DecodeConfig) -> DecodeConfig:
         return replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))

@@ -110,7 +110,8 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
-        config = setting.decode_config(gen_length, getattr(model, "block_size", None))
+        own = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)   # a noise canvas
+        config = setting.decode_config(gen_length, own)
         return generate_rows(model, prompts, config, generator, tokenizer, capture)
     return decode
 

@@ -12,7 +12,7 @@ from dllm_decode import load_model
 from dllm_decode.caches import CACHES, NoCache, SuffixCache
 from dllm_decode.config import accepts_cache
 from dllm_decode.registry import build
-from dllm_decode.schedulers import SCHEDULERS
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada
 from tests.caches.helpers import (MASK, PROMPTS, TASK_PROMPTS, assert_batched_equals_alone,
                                   assert_same_decode, config, counts, decode)
@@ -71,7 +71,7 @@ def test_batched_equals_one_by_one(cache):
     assert_batched_equals_alone(tiny_llada(seed=3, layers=3), cache, PROMPTS, config(gen=24))
 
 
-@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+@pytest.mark.parametrize("scheduler", sorted(MASK_SCHEDULERS))
 def test_every_scheduler_decodes_to_the_end(scheduler):
     s = SCHEDULERS[scheduler]()
     cfg = config(s, gen=24, block=5 if s.chooses_block_bounds else 8, stop_at_eos=False)

@@ -156,14 +156,14 @@ def task_decode(groups, names: list[str]) -> dict:
     from dllm_decode.caches import CACHES
     from dllm_decode.config import DecodeConfig
     from dllm_decode.sampler import generate
-    from dllm_decode.schedulers import SCHEDULERS, ThresholdScheduler
+    from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS, ThresholdScheduler
 
     out = {}
     for name in names:
         whole = family(name)
         sharded = shard_model(copy.deepcopy(whole), groups)
-        out[name] = {"whole": decode_all(whole, SCHEDULERS, CACHES) if groups.tp_rank == 0 else {},
-                     "tp": decode_all(sharded, SCHEDULERS, CACHES)}
+        out[name] = {"whole": decode_all(whole, MASK_SCHEDULERS, CACHES) if groups.tp_rank == 0 else {},
+                     "tp": decode_all(sharded, MASK_SCHEDULERS, CACHES)}
         # collectives of a whole decode (no cache: one forward per step)
         config = DecodeConfig(scheduler=ThresholdScheduler(), gen_length=16,
                               block_length=block_of(whole))

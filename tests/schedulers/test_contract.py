@@ -16,10 +16,10 @@ from dllm_decode import DecodeConfig, generate
 from dllm_decode.config import accepts_cache
 from dllm_decode.registry import component, component_dict
 from dllm_decode.testing import tiny_llada
-from dllm_decode.schedulers import SCHEDULERS
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS
 from tests.schedulers.inputs import clone, rows, same, step_input
 
-NAMES = sorted(SCHEDULERS)
+NAMES = sorted(MASK_SCHEDULERS)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 DRAWS_RANDOM_SCORES = {"random"}     # one stream per batch: rows match one-by-one only in counts
 

@@ -22,7 +22,7 @@ from dllm_decode.eval.bench.sections import relative, row
 from dllm_decode.eval.bench.subject import Subject, samples_for
 from dllm_decode.eval.bench.timing import forward_timer, interleave, rotation, speedup
 from dllm_decode.sampler import generate
-from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
 from dllm_decode.testing import OracleMaskPredictor, tiny_llada, tiny_llada_with_tokenizer
 
 
@@ -318,7 +318,7 @@ def test_quick_schedulers_on_tiny(tmp_path):
     assert "TINY" in report["model"] and report["machine"]["torch"] == torch.__version__
     assert set(report) >= {"schedulers", "options", "samples"} and "stack" not in report
     rows = {r["label"]: r for r in report["schedulers"]["rows"]}
-    assert set(SCHEDULERS) <= set(rows) and {"preset:eb_eotp", "oracle"} <= set(rows)
+    assert set(MASK_SCHEDULERS) <= set(rows) and {"preset:eb_eotp", "oracle"} <= set(rows)
     assert rows["oracle"]["nfe"] <= rows["low_confidence"]["nfe"]
     for r in rows.values():
         assert r["speedup_vs_baseline"] == pytest.approx(rows["low_confidence"]["seconds"] / r["seconds"])

@@ -1,0 +1,276 @@
+"""DiffusionGemma (google/diffusiongemma-*, transformers' `DiffusionGemmaForBlockDiffusion`) in
+plain torch, text only.
+
+A uniform-noise block-diffusion LM on the Gemma 4 text stack. One set of transformer weights
+runs two ways: a causal *encoder* pass over the committed tokens fills a KV cache
+(`EncoderCache`), and a bidirectional *decoder* pass (`denoise`) predicts a whole canvas of
+`canvas_length` tokens from the current (noisy) canvas, the read-only cache and
+self-conditioning on the previous step's logits. The encoder and decoder share every weight
+except the per-layer `layer_scalar` buffers and the decoder's self-conditioning MLP.
+
+Layer (transformers 5.24 `modeling_diffusion_gemma.py`, encoder and decoder bodies alike):
+pre/post-normed attention with per-head q/k RMSNorm, an unscaled v RMSNorm, attention scale 1.0
+and, on full-attention layers, `value = k_proj(x)` (no `v_proj`); then a dense GeGLU MLP beside
+routed experts (softmax router over an unscaled-RMS-normed residual, top-k renormalised and
+times `per_expert_scale`), each branch post-normed, summed, normed again, added, and the result
+times `layer_scalar`. Sliding layers use default RoPE on their head dim and attend the last
+`sliding_window` positions (the cache keeps W-1 of them); full layers use proportional partial
+RoPE (`inv_freq[j] = theta^(-2j/d)` for j < factor*d/2, zeros after) on their own (global) head
+dim and kv-head count. Logits: tied head, float32, `30 * tanh(z / 30)`.
+
+RMSNorm multiplies by its weight in float32 before casting back (the reference order, unlike
+`layers.rms_norm`); embeddings are scaled by sqrt(hidden) cast to the weight dtype first.
+Positions are canvas columns shared by the batch (`arange`), as the reference `generate` uses
+them: a left-padded row's tokens sit later than alone (RoPE is relative, so the logits agree to
+rounding), and a sliding window counts padding columns, as in the reference.
+Deviation: a padding query (which no real row reads) attends itself, so nothing is NaN.
+Images: refused (`check_text_only`); the vision tower's weights are not loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_decode.models.gemma_config import DiffusionGemmaConfig
+from dllm_decode.models.gemma_layers import (GemmaLayer, GemmaRMSNorm, SelfConditioning, gemma_rms_norm,
+                                             inv_frequencies, set_moe_impl)
+
+__all__ = ["DiffusionGemmaConfig", "DiffusionGemmaModel", "EncoderCache", "build", "set_moe_impl"]
+
+
+@dataclass
+class EncoderCache:
+    """The encoder's K/V of every committed token, per layer (B, Hkv, S, D): full layers keep
+    all, sliding layers the last W-1 (chronological). `mask` (B, T) bool marks the real
+    (non-padding) columns of all T tokens encoded so far; `seen` is T; `padded` whether any
+    column is padding (without, attention runs unmasked, as the reference's does)."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    mask: Tensor
+    seen: int
+    padded: bool = True
+
+    def layer_mask(self, layer: int) -> Tensor:
+        """(B, S) real-column mask of the keys layer `layer` keeps."""
+        return self.mask[:, self.mask.shape[1] - self.keys[layer].shape[2]:]
+
+    def select_rows(self, rows: Tensor) -> "EncoderCache":
+        pick = lambda t: t.index_select(0, rows.to(t.device))   # noqa: E731
+        return EncoderCache([pick(k) for k in self.keys], [pick(v) for v in self.values],
+                            pick(self.mask), self.seen, self.padded)
+
+
+class DiffusionGemmaModel(nn.Module):
+    """The text model: `encode` fills an `EncoderCache`, `denoise` returns a canvas's logits.
+
+    State-dict names are the reference's: the shared stack lives under `model.decoder.*`, the
+    encoder's own per-layer `layer_scalar` under `model.encoder.language_model.layers.{i}.`.
+    """
+
+    canvas_kind: ClassVar[str] = "noise"     # an uncommitted column holds a random token, not [MASK]
+    supports_kv = False                      # the masked loop's caches do not apply
+    mask_token_id = None
+
+    def __init__(self, cfg: DiffusionGemmaConfig):
+        super().__init__()
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.canvas_length = cfg.canvas_length
+        self.max_length = cfg.max_position_embeddings
+        self.eos_token_ids: tuple[int, ...] = () if cfg.eos_token_id is None else (cfg.eos_token_id,)
+        self.model = nn.Module()
+        self.model.decoder = nn.Module()
+        dec = self.model.decoder
+        dec.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        dec.layers = nn.ModuleList(GemmaLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        dec.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        dec.self_conditioning = SelfConditioning(cfg)
+        self.model.encoder = nn.Module()
+        self.model.encoder.language_model = nn.Module()
+        enc_layers = nn.ModuleList(nn.Module() for _ in range(cfg.num_hidden_layers))
+        for layer in enc_layers:
+            layer.register_buffer("layer_scalar", torch.ones(1))
+        self.model.encoder.language_model.layers = enc_layers
+        self._tables: dict[tuple[str, int], Tensor] = {}
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load_reference_state(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The reference checkpoint's tensors this module holds: tied copies (encoder text weights, `lm_head`) and the vision tower dropped.
+        Raises ValueError when a stored encoder copy differs from the decoder weight it ties to."""
+        out: dict[str, Tensor] = {}
+        enc = "model.encoder.language_model."
+        for name, tensor in state.items():
+            if name.startswith(enc) and not name.endswith("layer_scalar"):
+                twin = state.get("model.decoder." + name[len(enc):])
+                if twin is not None and not torch.equal(twin, tensor):
+                    raise ValueError(f"{name} differs from the decoder weight it is tied to; "
+                                     f"untied encoder weights are not supported")
+                continue
+            if name == "lm_head.weight" or name.startswith(("model.encoder.vision_tower.",
+                                                            "model.encoder.embed_vision.")):
+                continue
+            out[name] = tensor
+        return out
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def embed(self, ids: Tensor) -> Tensor:
+        weight = self.model.decoder.embed_tokens.weight
+        scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype)
+        return F.embedding(ids, weight) * scale
+
+    def rope(self, layer: int, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(1, L, 1, D) cos and sin of `layer`'s rope type at `positions` (L,), in `dtype`."""
+        kind, d = self.config.layer_types[layer], self.config.layer_head_dims[layer]
+        inv = self._tables.get((kind, d))
+        if inv is None or inv.device != positions.device:
+            inv = self._tables[(kind, d)] = inv_frequencies(self.config.rope[kind], d).to(positions.device)
+        angles = positions.float()[:, None] * inv
+        angles = torch.cat([angles, angles], -1)[None, :, None, :]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Final norm, tied head, float32, softcap."""
+        cap = self.config.final_logit_softcapping
+        z = F.linear(self.model.decoder.norm(h), self.model.decoder.embed_tokens.weight).float()
+        return torch.tanh(z / cap) * cap
+
+    def check_text_only(self, ids: Tensor) -> None:
+        """Raise a one-line ValueError for a prompt with image tokens (text only here)."""
+        if bool((ids == self.config.image_token_id).any()):
+            raise ValueError(f"the prompt holds image tokens (id {self.config.image_token_id}); "
+                             f"this DiffusionGemma port is text only")
+
+    # -- the two passes ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, ids: Tensor, attention_mask: Tensor | None = None,
+               cache: EncoderCache | None = None) -> EncoderCache:
+        """Causal pass over (B, L) `ids` after the cached tokens; returns the extended cache."""
+        self.check_text_only(ids)
+        b, n = ids.shape
+        dev = ids.device
+        mask = torch.ones(b, n, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+        start = 0 if cache is None else cache.seen
+        full_mask = mask if cache is None else torch.cat([cache.mask, mask], 1)
+        positions = torch.arange(start, start + n, device=dev)
+        h = self.embed(ids)
+        keys, values = [], []
+        for i, layer in enumerate(self.model.decoder.layers):
+            attn = layer.self_attn
+            cos, sin = self.rope(i, positions, h.dtype)
+            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
+            if cache is not None:
+                k = torch.cat([cache.keys[i], k], 2)
+                v = torch.cat([cache.values[i], v], 2)
+            key_pos = torch.arange(start + n - k.shape[2], start + n, device=dev)
+            allowed = key_pos[None, :] <= positions[:, None]
+            if attn.sliding:
+                allowed = allowed & (key_pos[None, :] > positions[:, None] - self.config.sliding_window)
+            allowed = allowed[None] & full_mask[:, None, -k.shape[2]:]                   # (B, L, S)
+            allowed = allowed | (key_pos[None, None, :] == positions[None, :, None]) & ~mask[:, :, None]
+            a = attn.attend(q, k, v, allowed[:, None])
+            h = h + layer.post_attention_layernorm(a)
+            h = layer.feed_forward(h, self.model.encoder.language_model.layers[i].layer_scalar)
+            keep = self.config.sliding_window - 1 if attn.sliding else k.shape[2]
+            keys.append(k[:, :, -keep:] if keep else k[:, :, :0])
+            values.append(v[:, :, -keep:] if keep else v[:, :, :0])
+        padded = (cache.padded if cache is not None else False) or \
+            (attention_mask is not None and not bool(mask.all()))
+        return EncoderCache(keys, values, full_mask, start + n, padded)
+
+    @torch.no_grad()
+    def denoise(self, canvas: Tensor, cache: EncoderCache, sc_logits: Tensor | None = None) -> Tensor:
+        """(B, C) canvas -> (B, C, V) float32 logits: bidirectional over the cache's keys (read
+        only) and the canvas, self-conditioned on the previous step's (B, C, V) logits."""
+        dec = self.model.decoder
+        x = self.embed(canvas)
+        if sc_logits is None:
+            soft = torch.zeros_like(x)
+        else:
+            weight = dec.embed_tokens.weight
+            scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype).to(x.dtype)
+            soft = torch.matmul(sc_logits.softmax(-1, dtype=torch.float32).to(weight.dtype), weight) * scale
+        sc = dec.self_conditioning
+        h = gemma_rms_norm(x + sc(sc.pre_norm(soft)), None, self.config.rms_norm_eps)
+        b, c = canvas.shape
+        positions = torch.arange(cache.seen, cache.seen + c, device=canvas.device)
+        real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
+        for i, layer in enumerate(dec.layers):
+            attn = layer.self_attn
+            cos, sin = self.rope(i, positions, h.dtype)
+            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
+            k = torch.cat([cache.keys[i], k], 2)
+            v = torch.cat([cache.values[i], v], 2)
+            mask = torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
+            h = h + layer.post_attention_layernorm(attn.attend(q, k, v, mask))
+            h = layer.feed_forward(h, layer.layer_scalar)
+        return self.logits(h)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
+        raise TypeError("DiffusionGemma has no single forward: call encode(...) then denoise(...)")
+
+
+GENERATION_KEYS = ("max_denoising_steps", "t_min", "t_max", "stability_threshold",
+                   "confidence_threshold", "sampler_config", "eos_token_id", "pad_token_id",
+                   "max_new_tokens")
+"""The `generation_config.json` fields the family's default decoding reads."""
+
+
+def read_generation_config(directory: Any) -> dict[str, Any]:
+    """The checkpoint's `generation_config.json` fields in `GENERATION_KEYS` that are set (not
+    null); {} when there is no such file. Raises ValueError for a file that is not a JSON object."""
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({first_line_of(err)})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object")
+    return {k: raw[k] for k in GENERATION_KEYS if raw.get(k) is not None}
+
+
+def first_line_of(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def build(directory: Any, config: dict[str, Any]) -> DiffusionGemmaModel:
+    """The loader's builder: config, weights (by the tie map), and the generation defaults.
+
+    Raises:
+        ModelLoadError: a config this port does not implement, or weights that do not match.
+    """
+    from dllm_decode.models.checkpoint import (ModelLoadError, check_memory, load_state_strict,
+                                               read_safetensors)
+
+    try:
+        parsed = DiffusionGemmaConfig.from_dict(config)
+        generation = read_generation_config(directory)
+    except (ValueError, TypeError) as err:
+        raise ModelLoadError(f"{directory / 'config.json'}: {first_line_of(err)}") from None
+    check_memory(directory / "config.json", config.get("text_config") or {}, bytes_per_parameter=2)
+    with torch.device("meta"):
+        model = DiffusionGemmaModel(parsed)
+    try:
+        state = model.load_reference_state(read_safetensors(directory))
+    except ValueError as err:
+        raise ModelLoadError(f"{directory}: {first_line_of(err)}") from None
+    load_state_strict(model, state, directory, assign=True)
+    model.generation_defaults = generation
+    eos = generation.get("eos_token_id")
+    if eos is not None:            # the reference stops only at the generation config's EOS
+        model.eos_token_ids = tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return model

@@ -1,0 +1,67 @@
+"""The command line on a DiffusionGemma checkpoint: the shipped decoding by default, a named
+rule on the same canvas, and one-line refusals for what needs the masked running batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dllm_decode.cli import main
+from dllm_decode.testing import tiny_tokenizer
+from tests.models.gemma_reference import write_reference
+
+pytest.importorskip("transformers.models.diffusion_gemma")
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gemma")
+    write_reference(directory)
+    tiny_tokenizer().save_pretrained(str(directory))       # ids 0..36: inside the vocabulary of 128
+    (directory / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": 35, "pad_token_id": 35, "max_denoising_steps": 4, "max_new_tokens": 16}))
+    return directory
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_decode_uses_the_shipped_decoding(gemma_dir):
+    result = run("--model", str(gemma_dir), "--prompt", "w1 w2", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(next(line for line in result.output.splitlines() if line.startswith("{")))
+    assert out["config"]["scheduler"] == {"name": "uniform_noise", "entropy_bound": 0.1, "steps": 4,
+                                          "t_min": 0.4, "t_max": 0.8, "stability_threshold": 1,
+                                          "confidence_threshold": 0.005}
+    assert (out["config"]["gen_length"], out["config"]["block_length"]) == (16, 8)
+    assert len(out["tokens"]) == 16 and 2 <= out["nfe"] <= 2 + 2 * 4
+
+
+def test_a_named_rule_runs_on_the_canvas(gemma_dir):
+    result = run("--model", str(gemma_dir), "--prompt", "w1 w2", "--json", "--scheduler", "eb")
+    assert result.exit_code == 0, result.output
+    bad = run("--model", str(gemma_dir), "--prompt", "w1 w2", "--scheduler", "wino")
+    assert bad.exit_code == 2 and "does not run on a noise canvas" in bad.output
+
+
+@pytest.mark.parametrize("args", [["--prompt", "w1", "--stream"], ["serve", "--port", "8765"]])
+def test_the_running_batch_is_refused_in_one_line(gemma_dir, args):
+    if args[0] == "serve":
+        result = run("serve", "--model", str(gemma_dir), *args[1:])
+    else:
+        result = run("--model", str(gemma_dir), *args)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "uniform-noise model" in result.output
+
+
+def test_eval_runs_on_the_noise_canvas(gemma_dir, tmp_path):
+    result = run("eval", "--model", str(gemma_dir), "--tasks", "copy", "--limit", "1", "--gen-length", "16",
+                 "--scheduler", "uniform_noise:steps=2", "--scheduler", "threshold", "--no-plots",
+                 "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert {row["config"]["scheduler"]["name"] for row in rows} == {"uniform_noise", "threshold"}
+    assert all(row["decode_config"]["block_length"] == 8 for row in rows)      # the canvas
