@@ -8,6 +8,7 @@ from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
 from dllm_decode.schedulers.apd import APDScheduler
 from dllm_decode.schedulers.credit import CreditScheduler
+from dllm_decode.schedulers.dcd import DCDScheduler
 from dllm_decode.schedulers.dus import DUSScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
 from dllm_decode.schedulers.edit import EditScheduler
@@ -22,11 +23,13 @@ from dllm_decode.schedulers.info_gain import InfoGainScheduler
 from dllm_decode.schedulers.klass import KLASSScheduler
 from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
+from dllm_decode.schedulers.lsp import LSPScheduler
 from dllm_decode.schedulers.multi_block import MultiBlockScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
 from dllm_decode.schedulers.pc_sampler import PCSamplerScheduler
 from dllm_decode.schedulers.remdm import ReMDMScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
+from dllm_decode.schedulers.said import SAIDScheduler
 from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
 from dllm_decode.schedulers.wino import WinoScheduler
@@ -60,12 +63,15 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "info_gain": InfoGainScheduler,            # Info-Gain: one-step look-ahead over candidate actions (no cache)
     "apd": APDScheduler,                       # APD: longest draft prefix the dLLM x small-AR product accepts
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
+    "lsp": LSPScheduler,                       # LSP: the longest stable run from the frontier, snapped to a delimiter
+    "said": SAIDScheduler,
+    "dcd": DCDScheduler,                       # DCD: a certainty-aware sliding window instead of hard blocks                     # SAID: checkerboard scaffold stages first, details in few steps
 }
 
-__all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
+__all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DCDScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
            "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
-           "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
-           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
+           "LSPScheduler", "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
+           "RandomScheduler", "SAIDScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]
