@@ -6,6 +6,7 @@ require_namespaced(__name__)
 
 from dllm_decode.caches.block import BlockCache
 from dllm_decode.caches.d2 import D2Cache
+from dllm_decode.caches.dkv import DKVCache
 from dllm_decode.caches.dual import DualCache
 from dllm_decode.caches.elastic import ElasticCache
 from dllm_decode.caches.kv import BlockKVCache
@@ -21,7 +22,8 @@ CACHES: dict[str, type[Cache]] = {
     "d2": D2Cache,          # d2Cache: block + chosen masks and rollout-selected tokens recomputed
     "elastic": ElasticCache,  # Elastic-Cache: block recomputed, deeper layers refreshed on drift
     "suffix": SuffixCache,  # Streaming-dLLM window / DPad dropout over the masked suffix
+    "dkv": DKVCache,        # dKV-Cache-Decode: masks and just-decoded columns recomputed, the rest cached
 }
 
-__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DualCache", "ElasticCache", "NoCache",
+__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DKVCache", "DualCache", "ElasticCache", "NoCache",
            "PrefixCache", "SuffixCache"]
