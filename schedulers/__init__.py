@@ -21,6 +21,7 @@ from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceS
                                     RandomScheduler)
 from dllm_decode.schedulers.info_gain import InfoGainScheduler
 from dllm_decode.schedulers.klass import KLASSScheduler
+from dllm_decode.schedulers.leap import LEAPScheduler
 from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
 from dllm_decode.schedulers.lsp import LSPScheduler
@@ -65,12 +66,13 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
     "lsp": LSPScheduler,                       # LSP: the longest stable run from the frontier, snapped to a delimiter
     "said": SAIDScheduler,
+    "leap": LEAPScheduler,                     # LEAP: + below-bar candidates that agree across look-ahead futures
     "dcd": DCDScheduler,                       # DCD: a certainty-aware sliding window instead of hard blocks                     # SAID: checkerboard scaffold stages first, details in few steps
 }
 
 __all__ = ["SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DCDScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
-           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
+           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LEAPScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
            "LSPScheduler", "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
            "RandomScheduler", "SAIDScheduler", "SaberScheduler", "ThresholdScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
