@@ -4,7 +4,7 @@ was found, so the rule below is reconstructed from the abstract)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -37,8 +37,11 @@ class LSPScheduler(Scheduler):
     on LLaDA-8B and Dream-7B against an unstated baseline.
 
     A row whose frontier is not eligible (its candidate is [MASK]) commits nothing and the loop
-    forces its most confident column, the one place the prefix can break.
+    forces its most confident column, the one place the prefix can break. `capturable`: the
+    rule is tensor work only, so it runs inside the captured step.
     """
+
+    capturable: ClassVar[bool] = True       # pure tensor work; persistence state is tensors too
 
     threshold: float = 0.9
     stability: str = "confidence"
