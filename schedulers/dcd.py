@@ -48,6 +48,7 @@ class DCDScheduler(Scheduler):
     eos_pad: bool = True
 
     view: ClassVar[str] = "rest"                # its first step already sees past the config's block
+    capturable: ClassVar[bool] = True           # tensor work only (the window is a state tensor)
     chooses_block_bounds: ClassVar[bool] = True
     caches: ClassVar[tuple[str, ...] | None] = ("none", "prefix", "dual")
 
