@@ -1,4 +1,5 @@
-"""How the loop obtains logits for the active block: none, prefix, dual, block, d2, elastic, suffix."""
+"""How the loop obtains logits for the active block: none, prefix, dual, block, d2, elastic, suffix,
+dllm_cache, dkv."""
 
 from dllm_decode._namespace import require_namespaced
 
@@ -6,6 +7,8 @@ require_namespaced(__name__)
 
 from dllm_decode.caches.block import BlockCache
 from dllm_decode.caches.d2 import D2Cache
+from dllm_decode.caches.dkv import DKVCache
+from dllm_decode.caches.dllm_cache import DLLMCache
 from dllm_decode.caches.dual import DualCache
 from dllm_decode.caches.elastic import ElasticCache
 from dllm_decode.caches.kv import BlockKVCache
@@ -21,7 +24,9 @@ CACHES: dict[str, type[Cache]] = {
     "d2": D2Cache,          # d2Cache: block + chosen masks and rollout-selected tokens recomputed
     "elastic": ElasticCache,  # Elastic-Cache: block recomputed, deeper layers refreshed on drift
     "suffix": SuffixCache,  # Streaming-dLLM window / DPad dropout over the masked suffix
+    "dllm_cache": DLLMCache,  # dLLM-Cache: long-interval prompt cache + value-similarity partial response refresh
+    "dkv": DKVCache,        # dKV-Cache-Decode: masks and just-decoded columns recomputed, the rest cached
 }
 
-__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DualCache", "ElasticCache", "NoCache",
+__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DKVCache", "DLLMCache", "DualCache", "ElasticCache", "NoCache",
            "PrefixCache", "SuffixCache"]

@@ -139,14 +139,28 @@ class Stack:
 
     def finish(self, layer: int, h: Tensor, probs: Tensor, values: Tensor) -> Tensor:
         """The rest of the block: output projection, residual, the gated FFN."""
+        h = h + self.attend(layer, probs, values, h.dtype)
+        return h + self.ffn(layer, h)
+
+    def attend(self, layer: int, probs: Tensor, values: Tensor, dtype: torch.dtype) -> Tensor:
+        """(B, n, d) the attention's output projection of `probs` (B, H, n, L) over `values`."""
         block = self.blocks[layer]
-        *_, attn_out, ff_norm, gate, up, down = block.parts()
+        attn_out = block.parts()[4]
         if block.n_heads != block.n_kv_heads:
             values = values.repeat_interleave(block.n_heads // block.n_kv_heads, 1)
-        out = rearrange((probs @ values.float()).to(h.dtype), "b h l d -> b l (h d)")
-        h = h + attn_out(out)
+        return attn_out(rearrange((probs @ values.float()).to(dtype), "b h l d -> b l (h d)"))
+
+    def ffn(self, layer: int, h: Tensor) -> Tensor:
+        """(B, n, d) the gated FFN's output for residual rows `h` (its norm included)."""
+        *_, ff_norm, gate, up, down = self.blocks[layer].parts()
         f = ff_norm(h)
-        return h + down(F.silu(gate(f)) * up(f))
+        return down(F.silu(gate(f)) * up(f))
+
+    def values(self, layer: int, h: Tensor) -> Tensor:
+        """(B, Hkv, n, D) the value vectors of residual rows `h` alone (no query or key)."""
+        block = self.blocks[layer]
+        attn_norm, _, _, v_proj, *_ = block.parts()
+        return rearrange(v_proj(attn_norm(h)), "b l (h d) -> b h l d", h=block.n_kv_heads)
 
     def head(self, h: Tensor) -> Tensor:
         """Last-layer hidden states (B, n, d) -> float32 logits (B, n, V)."""

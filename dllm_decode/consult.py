@@ -18,12 +18,21 @@ its forward rows. The read is within the loop's budget of one sync per forward.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from dllm_decode.interfaces import StepInput
+
+
+class LookAhead(NamedTuple):
+    """Per candidate canvas (b, N, L - offset): entropy in nats (+inf where not masked or the
+    candidate is empty), the argmax token ([MASK] excluded) and its probability."""
+
+    entropy: Tensor
+    top: Tensor
+    top_prob: Tensor
 
 
 def lookahead_entropy(model: Any, canvas: Tensor, attention_mask: Tensor | None, offset: int,
@@ -32,6 +41,12 @@ def lookahead_entropy(model: Any, canvas: Tensor, attention_mask: Tensor | None,
     on, in each of the N candidate canvases: the row's (b, L) canvas with candidate n's (b, N, W)
     `actions` columns (window columns from `offset`) set to its `tokens`. +inf at columns not
     masked in that canvas, and everywhere for an empty candidate. One forward over b * N rows."""
+    return lookahead(model, canvas, attention_mask, offset, actions, tokens, mask_id).entropy
+
+
+def lookahead(model: Any, canvas: Tensor, attention_mask: Tensor | None, offset: int,
+              actions: Tensor, tokens: Tensor, mask_id: int) -> LookAhead:
+    """`lookahead_entropy`'s forward, with each canvas's argmax and its probability too."""
     batch, n, width = actions.shape
     length = canvas.shape[1]
     rows = canvas.repeat_interleave(n, 0)
@@ -46,7 +61,10 @@ def lookahead_entropy(model: Any, canvas: Tensor, attention_mask: Tensor | None,
     entropy = -(logp.exp() * logp).sum(-1)
     still = rows[:, offset:] == mask_id
     entropy = entropy.masked_fill(~still, float("inf")).reshape(batch, n, length - offset)
-    return entropy.masked_fill(~actions.any(-1, keepdim=True), float("inf"))
+    best = logp.max(-1)
+    shape = (batch, n, length - offset)
+    return LookAhead(entropy.masked_fill(~actions.any(-1, keepdim=True), float("inf")),
+                     best.indices.reshape(shape), best.values.exp().reshape(shape))
 
 
 class Consultant:
@@ -78,13 +96,15 @@ class Consultant:
             # each row's proposed candidates first; run only as many as the busiest row has
             order = proposed.int().argsort(dim=-1, descending=True, stable=True)[:, :most]
             pick = order.unsqueeze(-1).expand(-1, -1, actions.shape[-1])
-            ran = lookahead_entropy(self.model, self.canvas, self.attention_mask, inp.offset,
-                                    actions.gather(1, pick), tokens.gather(1, pick), inp.mask_id)
-            entropy = torch.full((*actions.shape[:2], ran.shape[-1]), float("inf"), device=ran.device)
-            entropy = entropy.scatter(1, order.unsqueeze(-1).expand(-1, -1, ran.shape[-1]), ran)
+            ran = lookahead(self.model, self.canvas, self.attention_mask, inp.offset,
+                            actions.gather(1, pick), tokens.gather(1, pick), inp.mask_id)
+            shape, back = (*actions.shape[:2], ran.entropy.shape[-1]), order.unsqueeze(-1).expand_as(ran.top)
+            spread = lambda t, fill: torch.full(shape, fill, dtype=t.dtype, device=t.device).scatter(1, back, t)  # noqa: E731
             self.nfe = self.nfe + proposed.any(-1).long()
             self.forward_rows = self.forward_rows + proposed.sum(-1)
-            inp = dataclasses.replace(inp, lookahead_entropy=entropy)
+            inp = dataclasses.replace(inp, lookahead_entropy=spread(ran.entropy, float("inf")),
+                                      lookahead_top=spread(ran.top, inp.mask_id),
+                                      lookahead_top_prob=spread(ran.top_prob, 0.0))
         if scheduler.guide is not None:
             from dllm_decode.guide import load_guide
 

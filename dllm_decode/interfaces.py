@@ -89,6 +89,9 @@ class StepInput:
             canvas (the row's canvas with that action written), from window column 0 to the
             canvas end (W' >= W), +inf where that canvas is not masked or the action is empty.
             None when the loop ran no look-ahead (a tool that runs no extra forwards).
+        lookahead_top: (B, N, W') long, beside `lookahead_entropy`: each candidate canvas's
+            argmax token at each column ([MASK] excluded; [MASK] for a candidate not run).
+        lookahead_top_prob: (B, N, W') float32, that token's probability (0 where not run).
         guide_logits: (B, W, V) float32, for a rule that names a `guide` model: the causal
             guide's log-probabilities for each window column given every column before it, with
             each masked window column replaced by its candidate (the draft); -inf on ids the
@@ -117,6 +120,8 @@ class StepInput:
     mask_id: int = -1
     excluded: Tensor | None = None
     lookahead_entropy: Tensor | None = None
+    lookahead_top: Tensor | None = None
+    lookahead_top_prob: Tensor | None = None
     guide_logits: Tensor | None = None
     noise: Tensor | None = None
 

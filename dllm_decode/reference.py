@@ -41,23 +41,24 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
     past = draws_past_block(config)            # its sampling draws run to the end too
     state = scheduler.init_state(1, device)
     memory: dict = {}                          # the extra forwards' per-request memory
+    attend, gen_end = None, length             # a truncation shrinks both (EoTP-style rules)
     start = gen_start
     while start < length:
         end, step = min(start + config.block_length, length), 0
         while bool((x[:, start:end] == mask).any()):
-            logits = model(x, None, rows=(start, length))[:, :None if wide else end - start]
+            logits = model(x, attend, rows=(start, length))[:, :None if wide else end - start]
             current = x[:, start:start + logits.shape[1]].clone()
 
             def view(proposal: tuple, end: int, budget: int):
                 logits, probs, candidates, *noise = proposal
                 return step_input(logits=logits, probs=probs, candidates=candidates,
                                   current=current, block=torch.tensor([[start, end]], device=device),
-                                  gen_span=torch.tensor([[gen_start, length]], device=device),
+                                  gen_span=torch.tensor([[gen_start, gen_end]], device=device),
                                   offset=start, step=step, num_steps=budget, generator=generator,
                                   eos_ids=eos, mask_id=mask, noise=noise[0] if noise else None)
 
-            def proposed(logits: Tensor):         # noise drawn for start..end (or ..length)
-                region = (torch.tensor([start], device=device), (length if past else end) - start, start)
+            def proposed(logits: Tensor):         # noise drawn for start..end (or ..the end), truncation kept
+                region = (torch.tensor([start], device=device), (gen_end if past else min(end, gen_end)) - start, start)
                 return propose(logits, mask, config.temperature, generator, region,
                                noise=scheduler.needs_noise)
 
@@ -71,10 +72,14 @@ def reference_generate(model: DiffusionLM, prompt: Sequence[int], config: Decode
                     end = max(start + 1, min(int(ends[0]), length))
                     inp = view((inp.logits, inp.probs, inp.candidates, inp.noise), end, end - start)
             if scheduler.lookahead_candidates or scheduler.guide:   # the rule's extra forwards
-                inp, state = Consultant(model, x.clone(), None, memory)(scheduler, inp, state)
+                inp, state = Consultant(model, x.clone(), attend, memory)(scheduler, inp, state)
             decision, state = scheduler.select(inp, state)
             budgeted = scheduler.step_budget(inp.num_steps) is not None
             x[:, start:start + current.shape[1]] = write(current, resolve(inp, decision, budgeted=budgeted), mask)
+            if decision.truncate_at is not None and int(decision.truncate_at[0]) < gen_end:
+                gen_end = max(int(decision.truncate_at[0]), gen_start)   # the rest: end-of-text, unseen
+                x[:, gen_end:] = eos[0]
+                attend = (torch.arange(length, device=device) < gen_end).long().unsqueeze(0)
             step += 1
         if config.stop_at_eos and bool(torch.isin(x[:, start:end], torch.tensor(eos, device=device)).any()):
             x[:, end:] = eos[0]                 # an answer that ended: the rest is end-of-text

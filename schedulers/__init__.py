@@ -8,6 +8,7 @@ from dllm_decode.interfaces import Scheduler
 from dllm_decode.schedulers.adaptive_block import AdaptiveBlockScheduler, delimiter_ids, with_delimiters
 from dllm_decode.schedulers.apd import APDScheduler
 from dllm_decode.schedulers.credit import CreditScheduler
+from dllm_decode.schedulers.dcd import DCDScheduler
 from dllm_decode.schedulers.dus import DUSScheduler
 from dllm_decode.schedulers.early_commit import EarlyCommitScheduler
 from dllm_decode.schedulers.edit import EditScheduler
@@ -20,13 +21,16 @@ from dllm_decode.schedulers.fixed_steps import (EntropyScheduler, LowConfidenceS
                                     RandomScheduler)
 from dllm_decode.schedulers.info_gain import InfoGainScheduler
 from dllm_decode.schedulers.klass import KLASSScheduler
+from dllm_decode.schedulers.leap import LEAPScheduler
 from dllm_decode.schedulers.less import LESSScheduler
 from dllm_decode.schedulers.local_leap import LocalLeapScheduler
+from dllm_decode.schedulers.lsp import LSPScheduler
 from dllm_decode.schedulers.multi_block import MultiBlockScheduler
 from dllm_decode.schedulers.oracle import OracleScheduler, oracle_reference
 from dllm_decode.schedulers.pc_sampler import PCSamplerScheduler
 from dllm_decode.schedulers.remdm import ReMDMScheduler
 from dllm_decode.schedulers.saber import SaberScheduler
+from dllm_decode.schedulers.said import SAIDScheduler
 from dllm_decode.schedulers.slowfast import SlowFastScheduler
 from dllm_decode.schedulers.threshold import ThresholdScheduler
 from dllm_decode.schedulers.uniform_noise import UniformNoiseScheduler
@@ -62,6 +66,10 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     "apd": APDScheduler,                       # APD: longest draft prefix the dLLM x small-AR product accepts
     "remdm": ReMDMScheduler,                   # ReMDM (LLaDA port): extra loop steps re-mask the least confident commits
     "uniform_noise": UniformNoiseScheduler,    # DiffusionGemma: entropy-bound accept + re-noise (noise canvas only)
+    "lsp": LSPScheduler,                       # LSP: the longest stable run from the frontier, snapped to a delimiter
+    "said": SAIDScheduler,                     # SAID: checkerboard scaffold stages first, details in few steps
+    "leap": LEAPScheduler,                     # LEAP: + below-bar candidates that agree across look-ahead futures
+    "dcd": DCDScheduler,                       # DCD: a certainty-aware sliding window instead of hard blocks
 }
 
 MASK_SCHEDULERS: dict[str, type[Scheduler]] = {n: c for n, c in SCHEDULERS.items() if "mask" in c.canvas_kinds}
@@ -69,10 +77,10 @@ MASK_SCHEDULERS: dict[str, type[Scheduler]] = {n: c for n, c in SCHEDULERS.items
 NOISE_SCHEDULERS: dict[str, type[Scheduler]] = {n: c for n, c in SCHEDULERS.items() if "noise" in c.canvas_kinds}
 """The rules that run on a uniform-noise canvas (`dllm_decode.noise`)."""
 
-__all__ = ["MASK_SCHEDULERS", "NOISE_SCHEDULERS", "SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
+__all__ = ["MASK_SCHEDULERS", "NOISE_SCHEDULERS", "SCHEDULERS", "APDScheduler", "AdaptiveBlockScheduler", "CreditScheduler", "DCDScheduler", "DUSScheduler", "EarlyCommitScheduler", "EditScheduler",
            "EntropyBoundScheduler", "EntropyScheduler", "EntropyThresholdScheduler", "FactorScheduler",
-           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LESSScheduler", "MultiBlockScheduler",
+           "FrechetScheduler", "HierarchyScheduler", "InfoGainScheduler", "KLASSScheduler", "LEAPScheduler", "LESSScheduler", "MultiBlockScheduler",
            "PCSamplerScheduler", "ReMDMScheduler", "SlowFastScheduler",
-           "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
-           "RandomScheduler", "SaberScheduler", "ThresholdScheduler", "UniformNoiseScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
+           "LSPScheduler", "LocalLeapScheduler", "LowConfidenceScheduler", "MarginScheduler", "OracleScheduler",
+           "RandomScheduler", "SAIDScheduler", "SaberScheduler", "ThresholdScheduler", "UniformNoiseScheduler", "WinoScheduler", "Wrapper", "delimiter_ids", "oracle_reference",
            "with_delimiters"]

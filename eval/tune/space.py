@@ -42,6 +42,10 @@ SPACE: dict[str, Knob] = {
     "local_leap": Knob("tau", ("0.9", "0.85", "0.8", "0.75", "0.7", "0.6")),
     "dus": Knob("block_length", ("1", "2", "4", "8", "16", "32")),
     "low_confidence": Knob("tokens_per_step", ("2", "4", "8")),
+    "lsp": Knob("threshold", ("1.0", "0.95", "0.9", "0.85", "0.8", "0.7", "0.6", "0.5")),
+    "dcd": Knob("threshold", ("1.0", "0.95", "0.9", "0.85", "0.8", "0.7", "0.6", "0.5")),
+    "leap": Knob("low", ("0.9", "0.8", "0.7", "0.5", "0.3")),
+    "said": Knob("steps_per_block", ("0", "24", "16", "12", "8", "6", "4")),   # 0: the block length
 }
 
 

@@ -1,0 +1,183 @@
+"""dLLM-Cache: a long-interval prompt cache and an adaptive partial refresh of the response
+(Liu et al., 2025, arXiv 2506.06295; code maomaocun/dLLM-cache@17235bf `dllm_cache/hooks/
+cache_hook_LLaDA.py`, `cache_hook_feature`, `refresh_index`; `dllm_cache/cache/Cache.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from dllm_decode.caches.layerwise import Stack, check_model
+from dllm_decode.interfaces import Cache, DiffusionLM
+
+
+@dataclass
+class FeatureState:
+    """Per layer: rotated keys and values (B, Hkv, L, D), attention and FFN outputs (B, L, d);
+    the first response column; the call counter; the step's counts."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    attn: list[Tensor]
+    ffn: list[Tensor]
+    gen_start: int
+    step: int
+    refreshed: Tensor
+    recomputed: Tensor
+
+    def _map(self, f) -> FeatureState:
+        return FeatureState([f(t, 2) for t in self.keys], [f(t, 2) for t in self.values],
+                            [f(t, 1) for t in self.attn], [f(t, 1) for t in self.ffn],
+                            self.gen_start, self.step, self.refreshed, self.recomputed)
+
+    def select_rows(self, rows: Tensor) -> FeatureState:
+        out = self._map(lambda t, _: t.index_select(0, rows))
+        out.refreshed, out.recomputed = self.refreshed.index_select(0, rows), self.recomputed.index_select(0, rows)
+        return out
+
+    def trim(self, width: int) -> FeatureState:
+        return self._map(lambda t, dim: t.narrow(dim, 0, width))
+
+
+@dataclass(frozen=True)
+class DLLMCache(Cache):
+    """Cache, per layer, the K/V, attention output and FFN output of every column; recompute the
+    prompt every `prompt_every` steps and the response every `gen_every` steps, and in between
+    the `ratio` share of response columns whose value vectors moved most.
+
+    Each step the residual stream is rebuilt from the canvas (so committed tokens enter at once)
+    and every layer adds its cached attention and FFN outputs, except for what it recomputes:
+      * at a prompt refresh, the prompt rows; at a response refresh, the response rows (both:
+        the full layer); layer 0 always in full (`first_layer_full`, as the reference);
+      * otherwise, with `ratio > 0`, every response column's value vector is recomputed and
+        compared with the cached one (cosine over the whole vector), and the int(G * ratio)
+        least similar columns (G response columns) get their key, attention output (attending
+        over every column) and FFN output recomputed; all response values are replaced.
+    A refresh counts as the step's forward (one NFE per step as every cache here).
+
+    Defaults: the README demo (LLaDA): `prompt_every = 100`, `gen_every = 7`, `ratio = 0.25`.
+    `prompt_every = gen_every = 1` recomputes every layer every step: the `none` cache.
+    The intervals count the batch's steps (as the reference's counters do): a row that waits for
+    the others' blocks still counts them, so with an adaptive rule a batch is decoded exactly
+    like each prompt alone only when the response is recomputed every step.
+
+    Deviations (fixing the reference's pitfalls): one state per request, no process-wide
+    singleton; padding is never attended (the reference passes no mask); row-batched rotary
+    tables (no loop over rows); the response starts at the first decoded block's start (the
+    padded prompt width, as the reference's single `prompt_length`); `refresh_at_block` (off by
+    default, as the reference) adds a full refresh at every block start. The similarity top-k
+    breaks ties by `torch.topk`, as the reference. LLaDA layout only (`caches/layerwise.py`);
+    other families get a one-line error.
+    """
+
+    prompt_every: int = 100
+    gen_every: int = 7
+    ratio: float = 0.25
+    refresh_at_block: bool = False
+    first_layer_full: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_every", "gen_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (1: recompute every step), got {getattr(self, name)}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"ratio must be in [0, 1] (0: no partial refresh), got {self.ratio}")
+
+    def init_state(self, model: DiffusionLM) -> None:
+        check_model(model, "dllm_cache")
+        return None
+
+    def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
+               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        stack, s = Stack(model), block[0]
+        batch, length = canvas.shape
+        positions, mask, _ = stack.inputs(canvas, attention_mask, length, None)
+        fresh = state is None or (self.refresh_at_block and block_step == 0)
+        step = 0 if fresh else state.step + 1
+        p = s if state is None else state.gen_start
+        if fresh:
+            state = FeatureState([], [], [], [], p, 0, *(torch.zeros(batch, dtype=torch.long,
+                                                                     device=canvas.device),) * 2)
+        prompt_due, gen_due = fresh or step % self.prompt_every == 0, fresh or step % self.gen_every == 0
+        rope = stack.rope(positions)
+        h = stack.embed(canvas)
+        recompute = lambda layer, index: self._recompute(stack, layer, h, positions, mask, state, index)  # noqa: E731
+        refreshed = torch.zeros(batch, dtype=torch.long, device=canvas.device)
+        recomputed = torch.zeros_like(refreshed)
+        for layer in range(stack.depth):
+            full = (prompt_due and gen_due) or (layer == 0 and self.first_layer_full)
+            if full:
+                h = self._full(stack, layer, h, rope, mask, state, fresh)
+                refreshed += 1
+                continue
+            spans = ([(0, p)] if prompt_due else []) + ([(p, length)] if gen_due else [])
+            for a, b in spans:
+                recompute(layer, torch.arange(a, b, device=h.device).expand(batch, -1))
+            index = None
+            if not gen_due and self.ratio > 0 and length > p:
+                index = self._moved(stack, layer, h, state, p)
+                recompute(layer, index)
+            h = h + state.attn[layer]
+            if index is not None or spans:
+                rows = torch.cat([torch.arange(a, b, device=h.device).expand(batch, -1) for a, b in spans]
+                                 + ([index] if index is not None else []), 1)
+                at = rows[..., None].expand(-1, -1, h.shape[-1])
+                state.ffn[layer] = state.ffn[layer].scatter(1, at, stack.ffn(layer, h.gather(1, at)))
+            h = h + state.ffn[layer]
+        gen = max(length - p, 0)
+        partial = int(gen * self.ratio) if self.ratio > 0 else 0
+        recomputed += (p if prompt_due else 0) + (gen if gen_due else partial)
+        state.step, state.refreshed, state.recomputed = step, refreshed, recomputed
+        return stack.head(h[:, s:]), s, state
+
+    def _full(self, stack: Stack, layer: int, h: Tensor, rope, mask: Tensor, state: FeatureState,
+              fresh: bool) -> Tensor:
+        """Every column of `layer`, stored; the layer's output."""
+        q, k, v = stack.project(layer, h, rope)
+        attn = stack.attend(layer, stack.probs(layer, q, k, mask), v, h.dtype)
+        ffn = stack.ffn(layer, h + attn)
+        if fresh:
+            for store, value in zip((state.keys, state.values, state.attn, state.ffn), (k, v, attn, ffn)):
+                store.append(value)
+        else:
+            state.keys[layer], state.values[layer], state.attn[layer], state.ffn[layer] = k, v, attn, ffn
+        return h + attn + ffn
+
+    def _recompute(self, stack: Stack, layer: int, h: Tensor, positions: Tensor, mask: Tensor,
+                   state: FeatureState, index: Tensor) -> None:
+        """Columns `index` (B, n) of `layer`: their keys and values, then their attention output
+        over every column's keys (cached elsewhere), written into the state."""
+        at = index[..., None].expand(-1, -1, h.shape[-1])
+        q, k, v = stack.project(layer, h.gather(1, at), stack.rope(positions.gather(1, index)))
+        where = index[:, None, :, None].expand_as(k)
+        state.keys[layer] = state.keys[layer].scatter(2, where, k)
+        state.values[layer] = state.values[layer].scatter(2, where, v)
+        attn = stack.attend(layer, stack.probs(layer, q, state.keys[layer], mask), state.values[layer], h.dtype)
+        state.attn[layer] = state.attn[layer].scatter(1, at, attn)
+
+    def _moved(self, stack: Stack, layer: int, h: Tensor, state: FeatureState, p: int) -> Tensor:
+        """(B, n) the response columns whose value vectors changed most (lowest cosine
+        similarity with the cached ones); every response value is replaced by its new one."""
+        new = stack.values(layer, h[:, p:])
+        old = state.values[layer][:, :, p:]
+        sim = F.cosine_similarity(rearrange(new, "b h l d -> b l (h d)").float(),
+                                  rearrange(old, "b h l d -> b l (h d)").float(), dim=-1)
+        state.values[layer] = torch.cat([state.values[layer][:, :, :p], new], 2)
+        count = int(new.shape[2] * self.ratio)
+        return sim.topk(count, dim=-1, largest=False).indices + p
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return state.select_rows(rows) if isinstance(state, FeatureState) else state
+
+    def report(self, state: Any) -> dict[str, Tensor] | None:
+        if not isinstance(state, FeatureState):
+            return None
+        return {"refreshed_layers": state.refreshed, "recomputed": state.recomputed}
+
+    def trim(self, state: Any, width: int) -> Any:
+        return state.trim(width) if isinstance(state, FeatureState) else state
