@@ -42,6 +42,7 @@ class LSPScheduler(Scheduler):
     """
 
     capturable: ClassVar[bool] = True       # pure tensor work; persistence state is tensors too
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # stability is read off the predictions alone
 
     threshold: float = 0.9
     stability: str = "confidence"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -92,6 +92,8 @@ class SAIDScheduler(Scheduler):
     hands its steps to no one; confidence is the clean float32 softmax; no EOS/EoT suppression
     by hard-coded ids. Stateless; the plan is computed per (block length, steps) on the host.
     """
+
+    canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # stages read only which columns are open
 
     num_stages: int = 3
     rec_steps: int = 2
