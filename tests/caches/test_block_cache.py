@@ -12,7 +12,7 @@ from dllm_decode import DecodeConfig, Decoding, generate
 from dllm_decode.caches import BlockCache, DualCache
 from dllm_decode.config import accepts_cache
 from dllm_decode.interfaces import NoCache
-from dllm_decode.schedulers import SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
+from dllm_decode.schedulers import MASK_SCHEDULERS, SCHEDULERS, LowConfidenceScheduler, ThresholdScheduler
 from dllm_decode.testing import assert_probabilities_close, tiny_block_diffusion, tiny_llada
 
 FAMILIES = ["fast_dllm", "sdar", "llada2"]
@@ -103,7 +103,7 @@ def test_other_caches_run_on_block_diffusion_models():
     assert not (result.tokens == model.mask_token_id).any()
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", sorted(MASK_SCHEDULERS))
 def test_every_scheduler_decodes_a_block_diffusion_model_with_its_cache(name):
     """Each registered rule runs on the block grid (the oracle after its reference); the exact
     cache changes nothing; a rule that chooses its own block bounds is refused in one line, and
