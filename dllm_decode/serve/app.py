@@ -37,6 +37,7 @@ from typing import Any
 from fastapi import Request as HTTPRequest   # module level: FastAPI reads the route annotations
 
 from dllm_decode.engine import Output, Request, Update
+from dllm_decode.serve import probes
 from dllm_decode.serve.metrics import Metrics
 from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
                                         reply)
@@ -182,7 +183,8 @@ def create_app(state: ServerState) -> Any:
                                        + (f"; use {allowed}" if allowed else ""), code="method_not_allowed"))
         if err.status_code == 404:
             return error(APIError(404, f"no route {http.url.path}; routes: /v1/completions, "
-                                       f"/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json"))
+                                       f"/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json, "
+                                       f"/tokenize, /get_model_info"))
         return error(APIError(err.status_code, str(err.detail)))
 
     @app.exception_handler(RequestValidationError)
@@ -233,6 +235,8 @@ def create_app(state: ServerState) -> Any:
         if reason in ("error", "cancelled"):
             raise _failure(output, reason, state)
         return JSONResponse(reply(job, state.settings.model_id, output, text, reason))
+
+    probes.add_routes(app, state)
 
     @app.post("/v1/completions", response_model=None, openapi_extra=schema.request_body(schema.CompletionRequest),
               responses={200: {"model": schema.CompletionResponse}, **errors})

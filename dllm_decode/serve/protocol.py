@@ -31,6 +31,7 @@ from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
+from dllm_decode.serve import router_compat
 from dllm_decode.serve.options import OptionError, check_options
 
 DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset")
@@ -39,9 +40,9 @@ DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "sto
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logit_bias",
            "logprobs", "dllm"}
-KEYS = {"completion": _COMMON | {"prompt", "echo", "best_of", "suffix"},
-        "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
-"""Accepted top-level keys per endpoint."""
+KEYS = {"completion": _COMMON | {"prompt", "echo", "best_of", "suffix"} | router_compat.keys("completion"),
+        "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"} | router_compat.keys("chat")}
+"""Accepted top-level keys per endpoint (load balancers' extension fields included)."""
 
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1),
@@ -156,6 +157,8 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     for name, neutral in UNSUPPORTED.items():
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
+    if (refused := router_compat.refusal(kind, body)) is not None:
+        raise APIError(400, refused.message, param=refused.param)
     check_shape(kind, body)
     preset = _preset(body, settings)
     text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
