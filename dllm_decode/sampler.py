@@ -32,6 +32,7 @@ from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
+from dllm_decode.provisional import Proposal, proposal
 from dllm_decode.models.block_grid import grid_canvas
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
@@ -114,6 +115,8 @@ class Decoding:
         self.block_step = 0
         self.budgets: dict[int, int] = {}
         self._keys = itertools.count()       # automatic keys: never reused by this object
+        # a key put here (by a server streaming provisional text) gets its last step's proposals
+        self.proposals: dict[Hashable, Proposal | None] = {}
         self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
@@ -255,6 +258,8 @@ class Decoding:
                       budgeted=scheduler.step_budget(self.budgets[g]) is not None)
         if member.trace is not None:
             batch.record(g, inp, res, self.runner.report(self.cache_state))
+        if member.key in self.proposals:       # a provisional stream: keep what the step proposed
+            self.proposals[member.key] = proposal(inp, batch.bounds.gen_start[batch.groups[g][0]])
         revising = batch.phase.revising if index is None else batch.phase.revising[index]
         finish = decision.finish if decision.finish is not None else torch.zeros_like(inp.live)
         end = inp.gen_span[:, 1] if decision.truncate_at is None else \

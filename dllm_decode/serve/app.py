@@ -40,7 +40,7 @@ from dllm_decode.engine import Output, Request, Update
 from dllm_decode.serve import probes
 from dllm_decode.serve.metrics import Metrics
 from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
-                                        reply)
+                                        provisional_chunk, reply)
 from dllm_decode.serve.worker import EngineWorker
 
 log = logging.getLogger("dllm_decode.serve")
@@ -296,7 +296,8 @@ def _admit(state: ServerState, job: Job) -> None:
 
 
 def _request(job: Job) -> Request:
-    return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens)
+    return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens,
+                   provisional=job.stream_mode == "provisional")
 
 
 class _Updates:
@@ -308,6 +309,7 @@ class _Updates:
         self.loop = asyncio.get_running_loop()
         self.done = False
         self.tokens: list[int] = []
+        self.draft: Any = None             # the last update's canvas (provisional streams)
 
     def put(self, update: Update) -> None:                # called on the worker thread
         with contextlib.suppress(RuntimeError):           # the loop is gone (shutdown)
@@ -317,6 +319,7 @@ class _Updates:
         update = await asyncio.wait_for(self.queue.get(), timeout)
         self.tokens += update.tokens
         self.done = update.finished
+        self.draft = update.draft
         return update
 
     def cancel(self) -> None:
@@ -361,7 +364,7 @@ async def _events(state: ServerState, job: Job, updates: _Updates,
                 yield text, replace(output, text=stops.text, tokens=kept), "stop"
                 return
             if update.output is None:
-                if text:
+                if text or update.draft is not None:
                     yield text, None, None
                 continue
             yield text + stops.flush(), update.output, update.output.finish_reason
@@ -397,15 +400,17 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
     try:
         if job.kind == "chat":
             yield _event(chunk(job, model, text="", role=True))
+        sent = ""
         async for text, output, reason in _events(state, job, updates):
+            sent += text
             if output is None:
-                yield _event(chunk(job, model, text=text))
+                yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
                 continue
             if reason in ("error", "cancelled"):
                 yield _event(_failure(output, reason, state).body())
                 break
-            if text:
-                yield _event(chunk(job, model, text=text))
+            if text or updates.draft is not None:
+                yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
             yield _event(chunk(job, model, text=None if job.kind == "chat" else "", finish_reason=reason))
             if job.include_usage:
                 yield _event(chunk(job, model, output=output))

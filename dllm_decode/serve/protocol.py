@@ -34,7 +34,8 @@ from dllm_decode.registry import component, component_dict, registry
 from dllm_decode.serve import router_compat
 from dllm_decode.serve.options import OptionError, check_options
 
-DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset")
+DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset",
+             "stream_mode")
 """Keys of the `dllm` extension object."""
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
@@ -122,6 +123,8 @@ class Job:
         max_tokens: the answer cut (None: the canvas).
         stream, include_usage: SSE streaming, and a usage chunk at its end.
         stops: stop strings (the answer ends before the first one).
+        stream_mode: `committed` (chunks carry final text) or `provisional` (also the canvas
+            after each step).
         id, created: the response's id and creation time (int seconds).
         warning: a one-line note for the reply (words of the prompt the tokenizer does not
             know), or None.
@@ -138,6 +141,7 @@ class Job:
     created: int
     warning: str | None = None
     preset: str | None = None
+    stream_mode: str = "committed"
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -170,12 +174,17 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     if options is not None and not stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     include_usage = bool((options or {}).get("include_usage"))
+    stream_mode = (body.get("dllm") or {}).get("stream_mode") or "committed"
+    if stream_mode != "committed" and not stream:
+        raise APIError(400, f"dllm.stream_mode {stream_mode!r} applies to streamed replies: send stream: true",
+                       param="dllm.stream_mode")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     user_text = _user_text(body, kind)
     warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
-               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset)
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset,
+               stream_mode=stream_mode)
 
 
 def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
@@ -550,3 +559,12 @@ def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str |
     if job.warning and finish_reason is not None:
         body["warning"] = job.warning
     return body
+
+
+def provisional_chunk(body: dict[str, Any], draft: Any, sent: str) -> dict[str, Any]:
+    """A streamed chunk with a provisional stream's canvas as its top-level `dllm` object
+    (`dllm_decode.provisional.Draft.to_dict`; `committed_text` is the text sent so far, after
+    stop-string cuts); the chunk unchanged without a draft."""
+    if draft is None:
+        return body
+    return {**body, "dllm": {**draft.to_dict(), "committed_text": sent}}

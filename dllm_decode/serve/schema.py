@@ -31,6 +31,9 @@ class DllmOptions(BaseModel):
     stop_at_eos: bool | None = None
     preset: str | None = Field(None, description="A preset the server was started with (--presets), by name "
                                                  "(a task tag); the other dllm options apply over it.")
+    stream_mode: Literal["committed", "provisional"] | None = Field(
+        None, description="committed (default): chunks carry final text only; provisional: each chunk "
+                          "also carries the whole canvas after a step (a top-level `dllm` object).")
 
 
 class StreamOptions(BaseModel):
