@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.adapters import adapter_index
 from dllm_decode.capture import GraphCache, graph_cache
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
@@ -265,6 +266,7 @@ class DiffusionBackend(Backend):
 
     def check(self, request: Request) -> None:
         check_cache(self.model, request.config)
+        adapter_index(self.model, request.adapter)
         if self.vocab_size is not None:
             request.config.scheduler.check_fits(self.vocab_size, request.config.gen_length)
 
@@ -276,7 +278,7 @@ class DiffusionBackend(Backend):
         config = live.request.config
         decoding = self.decodings.get(config.cache) or self._start(config.cache)
         decoding.add([list(live.request.prompt)], config, key=live.request.id,
-                     tokenizer=self.tokenizer)
+                     tokenizer=self.tokenizer, adapter=live.request.adapter)
         if live.request.provisional:
             decoding.proposals[live.request.id] = None
         self.decodings[config.cache] = decoding

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.adapters import adapter_index, adapter_rows
 from dllm_decode.capture import captured_cache, fused_decoder
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.consult import Consultant
@@ -117,21 +118,26 @@ class Decoding:
         self._keys = itertools.count()       # automatic keys: never reused by this object
         # a key put here (by a server streaming provisional text) gets its last step's proposals
         self.proposals: dict[Hashable, Proposal | None] = {}
+        self.adapter_of: dict[Hashable, int] = {}   # a request's unmerged LoRA adapter (`adapters`)
         self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
 
     def add(self, prompts: Sequence[str] | Sequence[Sequence[int]], config: DecodeConfig, *,
             generator: torch.Generator | None = None, tokenizer: Any = None,
-            key: Hashable | None = None) -> Hashable:
+            key: Hashable | None = None, adapter: str | None = None) -> Hashable:
         """Queue a request; it joins the batch at the next phase boundary. Returns its key (by
         default a number this object never hands out twice).
 
+        `adapter`: the name of a LoRA adapter attached to the model (`adapters.attach`) its rows
+        decode with (None: the model's own weights).
+
         Raises:
             ValueError: empty prompt, prompt plus generation longer than the model's context, a
-                cache other than this batch's, or a key already in use.
+                cache other than this batch's, a key already in use, an adapter not attached.
         """
         ids, tokenizer = check_request(self.model, self.cache, prompts, config, generator, tokenizer)
+        adapter_id = adapter_index(self.model, adapter)
         with self._owner:
             if key is None:
                 key = next(k for k in self._keys if not self._known(k))
@@ -146,6 +152,8 @@ class Decoding:
             canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],  # whole
                                        config.gen_length, self.mask_id, self.eos_ids[0])   # blocks
             self.pending.append((member, canvas, mask, ids))
+            if adapter_id >= 0:
+                self.adapter_of[key] = adapter_id
         return key
 
     @property
@@ -164,6 +172,7 @@ class Decoding:
                 raise self._missing(key, "has no result yet: it is still decoding (call step() "
                                          "until it is among the finished keys)")
             member = self.results.pop(key)
+            self.adapter_of.pop(key, None)
         return member.result(self.eos_ids)
 
     def snapshot(self, key: Hashable) -> tuple[Tensor, Tensor]:
@@ -192,6 +201,7 @@ class Decoding:
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""
         with self._owner:
+            self.adapter_of.pop(key, None)
             self.pending = [p for p in self.pending if p[0].key != key]
             for g, member in enumerate(self.batch.members):
                 if member.key == key and member.live:
@@ -216,9 +226,10 @@ class Decoding:
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
             lo, hi = batch.span(self.grid)       # the window: every row's region to its block end
-            logits, offset, self.cache_state = self.runner.logits(
-                self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
-                self.cache_state)
+            with adapter_rows(self.model, batch, self.adapter_of):
+                logits, offset, self.cache_state = self.runner.logits(
+                    self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
+                    self.cache_state)
             window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
             # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
             parts = [self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)

@@ -33,6 +33,8 @@ class Request:
         max_tokens: cut the answer after this many tokens (None: the canvas, `gen_length`).
         provisional: report the whole canvas after every step (`Update.draft`), not only the
             answer text that became final.
+        adapter: the name of a LoRA adapter the server attached (`adapters.attach`) to decode
+            with, unmerged (None: the model's own weights).
     Raises:
         TypeError: token ids that are not integers (`5.7`, `"5"` and `True` are refused).
         ValueError: an empty id or prompt, a negative token id, `max_tokens` < 1.
@@ -43,6 +45,7 @@ class Request:
     config: DecodeConfig
     max_tokens: int | None = None
     provisional: bool = False
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:

@@ -216,8 +216,9 @@ def create_app(state: ServerState) -> Any:
 
     @app.get("/v1/models", response_model=None)
     async def models() -> Any:
-        return {"object": "list", "data": [{"id": state.settings.model_id, "object": "model",
-                                            "created": int(state.started), "owned_by": "dllm-decode"}]}
+        names = [state.settings.model_id] + [f"{state.settings.model_id}:{a}" for a in state.settings.adapters]
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(state.started),
+                                            "owned_by": "dllm-decode"} for name in names]}
 
     async def handle(kind: str, http: HTTPRequest) -> Any:
         parsed = http.scope.get("state", {}).get(PARSED_BODY, _UNSET)      # parsed by the guard
@@ -297,7 +298,7 @@ def _admit(state: ServerState, job: Job) -> None:
 
 def _request(job: Job) -> Request:
     return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens,
-                   provisional=job.stream_mode == "provisional")
+                   provisional=job.stream_mode == "provisional", adapter=job.adapter)
 
 
 class _Updates:

@@ -94,6 +94,8 @@ class Settings:
             causal LM also takes the AR-only draft-length rules: `("scheduler", "draft_length")`).
         presets: records a request may start from by name (`dllm.preset` or the model name
             `MODEL_ID:NAME`), loaded and checked against the model at start-up (`--presets`).
+        adapters: names of the LoRA adapters attached unmerged at start-up (`--adapter
+            NAME=DIR`); a request picks one by the model name `MODEL_ID:NAME`.
     """
 
     model_id: str
@@ -103,9 +105,12 @@ class Settings:
     prepare: Callable[[DecodeConfig], DecodeConfig] = field(default=lambda config: config)
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
     presets: Mapping[str, DecodeConfig] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_types(self)
+        if clash := sorted(set(self.adapters) & set(self.presets)):
+            raise ValueError(f"{clash[0]!r} names both an adapter and a preset; rename one")
         if not self.model_id.strip():
             raise ValueError("model_id must be a non-empty name")
         if self.max_tokens < 1:
@@ -142,6 +147,7 @@ class Job:
     warning: str | None = None
     preset: str | None = None
     stream_mode: str = "committed"
+    adapter: str | None = None
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -164,7 +170,8 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     if (refused := router_compat.refusal(kind, body)) is not None:
         raise APIError(400, refused.message, param=refused.param)
     check_shape(kind, body)
-    preset = _preset(body, settings)
+    adapter = _adapter(body, settings)
+    preset = _preset(body if adapter is None else {**body, "model": settings.model_id}, settings)
     text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens, preset)
@@ -184,7 +191,15 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
                id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset,
-               stream_mode=stream_mode)
+               stream_mode=stream_mode, adapter=adapter)
+
+
+def _adapter(body: Mapping[str, Any], settings: Settings) -> str | None:
+    """The LoRA adapter a request's model name `MODEL_ID:NAME` picks among those the server
+    attached at start-up (a name, never a folder), or None."""
+    model = body.get("model")
+    head, sep, tag = model.rpartition(":") if isinstance(model, str) else ("", "", "")
+    return tag if sep and head == settings.model_id and tag in settings.adapters else None
 
 
 def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
@@ -206,7 +221,8 @@ def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
     if name is not None and name not in settings.presets:
         known = ", ".join(sorted(settings.presets)) or \
             "none (`serve --presets FILE` loads them; a requests file takes the command's --preset)"
-        raise APIError(400, f"unknown preset {name[:80]!r}; presets loaded: {known}",
+        also = f"; adapters loaded: {', '.join(settings.adapters)}" if settings.adapters and given is None else ""
+        raise APIError(400, f"unknown preset {name[:80]!r}; presets loaded: {known}{also}",
                        param="dllm.preset" if given is not None else "model")
     return name
 
@@ -516,7 +532,8 @@ def usage(output: Output) -> dict[str, int]:
 
 def extension(job: Job, output: Output) -> dict[str, Any]:
     """The `dllm` object of a reply: the resolved decode record and the request's figures."""
-    return {"config": job.config.to_dict(), **({"preset": job.preset} if job.preset else {}), "nfe": output.nfe, "seconds": round(output.seconds, 6),
+    return {"config": job.config.to_dict(), **({"preset": job.preset} if job.preset else {}),
+            **({"adapter": job.adapter} if job.adapter else {}), "nfe": output.nfe, "seconds": round(output.seconds, 6),
             "queued_seconds": round(output.queued, 6)}
 
 

@@ -116,6 +116,7 @@ class Usage(BaseModel):
 class DllmReply(BaseModel):
     config: dict[str, Any]
     preset: str | None = None
+    adapter: str | None = None
     nfe: int
     seconds: float
     queued_seconds: float
