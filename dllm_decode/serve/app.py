@@ -499,7 +499,9 @@ def background(state: ServerState, host: str = "127.0.0.1", startup_timeout: flo
     (gracefully, as on a signal) on exit. For tests, benchmarks and notebooks."""
     import socket
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose
+    # proto says TCP, and with it on a reply sent in two writes waits ~40 ms for a delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
