@@ -79,3 +79,12 @@ def test_bad_stream_modes(server, body, param):
     url, _ = server
     status, reply = post(url, "/v1/completions", body)
     assert status == 400 and reply["error"]["param"] == param
+
+
+def test_the_stream_mode_travels_to_tensor_parallel_followers():
+    from dllm_decode.engine import Request
+    from dllm_decode.serve.worker import request_from_record, request_record
+    from tests.serve.conftest import default_config
+
+    request = Request("r", (1, 2, 3), default_config(), max_tokens=5, provisional=True, adapter="a")
+    assert request_from_record(request_record(request)) == request
