@@ -1,5 +1,5 @@
 import http.client, json, time, statistics, sys
-sys.path.insert(0, '/work/wt/serving')
+sys.path.insert(0, '.')   # run from the repository root
 import torch
 torch.set_num_threads(1)
 from dllm_decode.modelspec import ModelSpec, load_diffusion
