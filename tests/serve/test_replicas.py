@@ -1,6 +1,7 @@
-"""Two `dllm-decode serve` replicas behind vllm-router (the recipe of docs/guides/replicas.md), on
-loopback: every request is answered once and equals offline `generate`; killing one replica
-mid-run loses at most its in-flight requests. Skipped without the `vllm-router` package."""
+"""Two `dllm-decode serve` replicas behind a router from the package index, vllm-router or
+sglang-router (the recipe of docs/guides/replicas.md), on loopback: every request is answered once
+and equals offline `generate`; killing one replica mid-run loses at most its in-flight requests.
+Each router's runs are skipped without its package."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ import urllib.request
 
 import pytest
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("vllm_router") is None,
-                                 reason="needs the vllm-router package (pip install vllm-router)")]
+pytestmark = pytest.mark.slow
+ROUTERS = ["vllm_router", "sglang_router"]
 
 CLIENTS = 8
 
@@ -54,9 +54,11 @@ def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 180.0) ->
     raise RuntimeError(f"{url} did not answer /health within {timeout:g} s")
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+@pytest.fixture(scope="module", params=ROUTERS)
+def fleet(request, tmp_path_factory):
     """(router URL, [replica URLs], [replica processes]); every process ends with the module."""
+    if importlib.util.find_spec(request.param) is None:
+        pytest.skip(f"needs the {request.param.replace('_', '-')} package")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     logs = tmp_path_factory.mktemp("fleet")
     processes, replicas = [], []
@@ -72,7 +74,7 @@ def fleet(tmp_path_factory):
             wait_healthy(url, process)
         port = free_port()
         router = subprocess.Popen(
-            [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+            [sys.executable, "-m", f"{request.param}.launch_router", "--host", "127.0.0.1", "--port", str(port),
              "--worker-urls", *replicas, "--policy", "round_robin", "--prometheus-port", str(free_port()),
              "--health-check-interval-secs", "1", "--worker-startup-check-interval", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=open(logs / "router.log", "w"))
@@ -92,7 +94,7 @@ def fleet(tmp_path_factory):
 
 def bodies(count: int) -> list[dict]:
     words = ["3 1 2", "4 0 6", "9 8 7 6", "1 2", "5 5 1", "2 4 6 8 1"]
-    return [{"prompt": f"sort: {words[i % len(words)]} {i % 7}", "max_tokens": 16, "seed": i}
+    return [{"model": "embedded", "prompt": f"sort: {words[i % len(words)]} {i % 7}", "max_tokens": 16, "seed": i}
             for i in range(count)]
 
 
@@ -149,7 +151,9 @@ def test_killing_a_replica_loses_only_its_in_flight_requests(fleet, embedded):
     worker = threading.Thread(target=lambda: outcome.update(results=run(router, sent)))
     start = health(replicas[1])["served"]
     worker.start()
+    deadline = time.monotonic() + 300
     while (health(replicas[1]) or {"served": start})["served"] - start < 20:
+        assert worker.is_alive() and time.monotonic() < deadline, "the second replica got no work"
         time.sleep(0.05)
     processes[1].send_signal(signal.SIGKILL)
     worker.join(600)
