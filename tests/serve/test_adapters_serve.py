@@ -101,3 +101,10 @@ def test_load_model_merges_and_eval_loads_with_adapters(embedded, adapters):
         assert (mine - theirs).abs().max() <= 1e-6, name
     with pytest.raises(ValueError, match="diffusion LMs"):
         decoder_for(ModelSpec.parse("ar:ar_target"), adapter=[str(adapters / "one")])
+
+
+def test_an_adapter_and_a_preset_may_not_share_a_name():
+    from dllm_decode.serve.protocol import Settings
+
+    with pytest.raises(ValueError, match="names both an adapter and a preset"):
+        Settings(model_id="m", config=default_config(), adapters=("sort",), presets={"sort": default_config()})
