@@ -59,6 +59,8 @@ class CausalBackend(Backend):
         self.vocab_size = vocab_size_of(model.target)
 
     def check(self, request: Request) -> None:
+        if request.adapter is not None:
+            raise ValueError("LoRA adapters are served for diffusion models only")
         spec_config(self.model, request.config)
 
     def add(self, live: Live) -> None:

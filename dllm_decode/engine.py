@@ -26,15 +26,18 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from dllm_decode.interfaces import NoCache
+from dllm_decode.adapters import adapter_index
 from dllm_decode.capture import GraphCache, graph_cache
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
 from dllm_decode.models.checkpoint import first_line
+from dllm_decode.provisional import Draft, canvas, draft
 from dllm_decode.sampler import Decoding
 from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
 
@@ -102,6 +105,9 @@ class Engine:
         vocab = self.backend.vocab_size
         if vocab is not None and (bad := next((t for t in request.prompt if not 0 <= t < vocab), None)) is not None:
             raise ValueError(f"the prompt holds token id {bad}, outside the vocabulary [0, {vocab})")
+        if request.provisional and not self.backend.drafts:
+            raise ValueError("provisional streaming needs a diffusion model (a causal LM's text is "
+                             "final as it is written): use the committed stream mode")
         self.backend.check(request)
 
     @owned
@@ -151,8 +157,9 @@ class Engine:
             events = [Event(live, (), "error", error=first_line(err)) for live in self.backend.fail()]
         for event in events:
             if event.reason is not None:
-                updates.append(self._finish(event.live, event.answer, event.reason, event.nfe, event.error))
-            elif (update := self._progress(event.live, event.answer)) is not None:
+                updates.append(self._finish(event.live, event.answer, event.reason, event.nfe, event.error,
+                                            canvas=event.canvas))
+            elif (update := self._progress(event.live, event.answer, event.canvas)) is not None:
                 updates.append(update)
         self.steps += 1
         return updates
@@ -189,10 +196,18 @@ class Engine:
             return None
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True).strip()
 
-    def _progress(self, live: Live, answer: Sequence[int]) -> Update | None:
+    def _progress(self, live: Live, answer: Sequence[int], canvas: Any = None) -> Update | None:
         """The newly final part of a still-running answer, or None when nothing new is sendable.
         Text is held back while it ends in an incomplete character (U+FFFD) or while its decoded
-        form does not extend what was sent (a tokenizer merging across the boundary)."""
+        form does not extend what was sent (a tokenizer merging across the boundary). A
+        provisional request (`canvas` given) gets an update every step, with its draft."""
+        update = self._new_text(live, answer)
+        if canvas is None:
+            return update
+        update = update or Update(live.request.id)
+        return replace(update, draft=self._draft(live, canvas))
+
+    def _new_text(self, live: Live, answer: Sequence[int]) -> Update | None:
         if len(answer) <= live.sent_tokens:
             return None
         text, delta = self._decode(answer), ""
@@ -204,8 +219,13 @@ class Engine:
         live.sent_tokens = len(answer)
         return Update(live.request.id, delta, new)
 
+    def _draft(self, live: Live, canvas: Any, committed_text: str | None = None) -> Draft:
+        live.steps += 1
+        decode = None if self.tokenizer is None else self.tokenizer.batch_decode
+        return draft(canvas, live.steps, live.sent_text if committed_text is None else committed_text, decode)
+
     def _finish(self, live: Live, answer: Sequence[int], reason: str, nfe: int,
-                error: str | None = None, text: str | None = None) -> Update:
+                error: str | None = None, text: str | None = None, canvas: Any = None) -> Update:
         """The request's last update: the rest of its text and its `Output`."""
         if text is None and reason in ("stop", "length"):
             text = self._decode(answer)
@@ -217,7 +237,8 @@ class Engine:
                         finish_reason=reason, error=error)
         live.done = True
         self.lives.pop(live.request.id, None)
-        return Update(live.request.id, delta, tuple(answer[live.sent_tokens:]), output)
+        final = None if canvas is None else self._draft(live, canvas, text or "")
+        return Update(live.request.id, delta, tuple(answer[live.sent_tokens:]), output, final)
 
 
 def check_cache(model: Any, config: Any) -> None:
@@ -232,6 +253,8 @@ class DiffusionBackend(Backend):
     its cache), each request a member with its own record and generator (`config.seed`).
     `graphs` (None: eager) is the first `GraphCache` of the pool the running batches draw
     from, one each, and give back when they finish."""
+
+    drafts = True
 
     def __init__(self, model: Any, tokenizer: Any, graphs: GraphCache | None = None):
         self.model, self.tokenizer = model, tokenizer
@@ -248,6 +271,7 @@ class DiffusionBackend(Backend):
 
     def check(self, request: Request) -> None:
         check_cache(self.model, request.config)
+        adapter_index(self.model, request.adapter)
         if self.vocab_size is not None:
             request.config.scheduler.check_fits(self.vocab_size, request.config.gen_length)
 
@@ -259,7 +283,9 @@ class DiffusionBackend(Backend):
         config = live.request.config
         decoding = self.decodings.get(config.cache) or self._start(config.cache)
         decoding.add([list(live.request.prompt)], config, key=live.request.id,
-                     tokenizer=self.tokenizer)
+                     tokenizer=self.tokenizer, adapter=live.request.adapter)
+        if live.request.provisional:
+            decoding.proposals[live.request.id] = None
         self.decodings[config.cache] = decoding
         self.where[live.request.id] = config.cache
         self.lives.append(live)
@@ -283,8 +309,15 @@ class DiffusionBackend(Backend):
 
     def drop(self, live: Live) -> None:
         if live in self.lives:
+            self._forget(live.request.id)
             self.decodings[self.where.pop(live.request.id)].cancel(live.request.id)
             self.lives.remove(live)
+
+    def _forget(self, key: str) -> None:
+        """Stop keeping a request's step proposals (its batch may run on without it)."""
+        decoding = self.decodings.get(self.where.get(key))
+        if decoding is not None:
+            decoding.proposals.pop(key, None)
 
     def step(self) -> list[Event]:
         """One step of every running batch, then what became final; a batch that raises fails
@@ -313,13 +346,22 @@ class DiffusionBackend(Backend):
                 self.lives.remove(live)
                 events.append(Event(live, (), "error", error=self.failed[key]))
                 continue
+            view = None
             if key in self.finished:
                 result = self.finished[key]
                 tokens, nfe = result.tokens[0].tolist(), int(result.nfe[0])
                 final = len(tokens)
+                if live.request.provisional:
+                    view = canvas(tokens, self.model.mask_token_id, None, nfe)
+                    self._forget(key)
             else:
-                snapshot, lengths = self.decodings[self.where[key]].snapshot(key)
+                decoding = self.decodings[self.where[key]]
+                snapshot, lengths = decoding.snapshot(key)
                 tokens, final, nfe = snapshot[0].tolist(), int(lengths[0]), None
+                found = decoding.proposals.get(key)
+                if found is not None:                 # a provisional request that took a step
+                    view = canvas(tokens, self.model.mask_token_id, found, decoding.nfe_of(key))
+                    decoding.proposals[key] = None
             prefix = tokens[:final]
             stop = next((i for i, t in enumerate(prefix) if t in self.eos_ids), None)
             answer = prefix if stop is None else prefix[:stop]
@@ -331,15 +373,16 @@ class DiffusionBackend(Backend):
             elif final == len(tokens):
                 reason = "length"
             else:
-                events.append(Event(live, answer))
+                events.append(Event(live, answer, canvas=view))
                 continue
             if nfe is None:                           # final before its rows finished: free them
                 decoding = self.decodings[self.where[key]]
                 nfe = decoding.nfe_of(key)
                 decoding.cancel(key)
+                decoding.proposals.pop(key, None)
             self.where.pop(key, None)
             self.lives.remove(live)
-            events.append(Event(live, answer, reason, nfe))
+            events.append(Event(live, answer, reason, nfe, canvas=view))
         return events
 
     def fail(self) -> list[Live]:

@@ -99,9 +99,9 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
                    trust_remote_code: bool = False, runtime: str | None = None,
-                   tensor_parallel: int | None = None) -> Any:
+                   tensor_parallel: int | None = None, adapter: Any = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code`, `runtime` and `tensor_parallel` as `dllm_decode.models.load_model`
+    `trust_remote_code`, `runtime`, `tensor_parallel` and `adapter` as `dllm_decode.models.load_model`
     (`tiny` is built whole, then sharded in memory).
 
     Raises:
@@ -119,10 +119,14 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
 
             model = shard_model(model, init_parallel(tensor_parallel, device))
         model = model.to(device or "cpu")
+        if adapter is not None:
+            from dllm_decode.adapters import merge_folders
+
+            merge_folders(model, adapter)
         return model if runtime is None else set_runtime(model, runtime)
     if spec.kind != "diffusion":
         raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
     from dllm_decode.models.loading import load_model
 
     return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                      runtime=runtime, tensor_parallel=tensor_parallel)
+                      runtime=runtime, tensor_parallel=tensor_parallel, adapter=adapter)

@@ -27,12 +27,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.adapters import adapter_index, adapter_rows
 from dllm_decode.capture import executor_for, phase_problem
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
 from dllm_decode.errors import NonFiniteLogits, UnknownRequest
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
+from dllm_decode.provisional import Proposal
 from dllm_decode.models.block_grid import grid_canvas
 from dllm_decode.noise import canvas_kind, check_canvas, generate_noise
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
@@ -121,21 +123,28 @@ class Decoding:
         self.block_step = 0
         self.budgets: dict[int, int] = {}
         self._keys = itertools.count()       # automatic keys: never reused by this object
+        # a key put here (by a server streaming provisional text) gets its last step's proposals
+        self.proposals: dict[Hashable, Proposal | None] = {}
+        self.adapter_of: dict[Hashable, int] = {}   # a request's unmerged LoRA adapter (`adapters`)
         self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
 
     def add(self, prompts: Sequence[str] | Sequence[Sequence[int]], config: DecodeConfig, *,
             generator: torch.Generator | None = None, tokenizer: Any = None,
-            key: Hashable | None = None) -> Hashable:
+            key: Hashable | None = None, adapter: str | None = None) -> Hashable:
         """Queue a request; it joins the batch at the next phase boundary. Returns its key (by
         default a number this object never hands out twice).
 
+        `adapter`: the name of a LoRA adapter attached to the model (`adapters.attach`) its rows
+        decode with (None: the model's own weights).
+
         Raises:
             ValueError: empty prompt, prompt plus generation longer than the model's context, a
-                cache other than this batch's, or a key already in use.
+                cache other than this batch's, a key already in use, an adapter not attached.
         """
         ids, tokenizer = check_request(self.model, self.cache, prompts, config, generator, tokenizer)
+        adapter_id = adapter_index(self.model, adapter)
         with self._owner:
             if key is None:
                 key = next(k for k in self._keys if not self._known(k))
@@ -150,6 +159,8 @@ class Decoding:
             canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],  # whole
                                        config.gen_length, self.mask_id, self.eos_ids[0])   # blocks
             self.pending.append((member, canvas, mask, ids))
+            if adapter_id >= 0:
+                self.adapter_of[key] = adapter_id
         return key
 
     @property
@@ -168,6 +179,7 @@ class Decoding:
                 raise self._missing(key, "has no result yet: it is still decoding (call step() "
                                          "until it is among the finished keys)")
             member = self.results.pop(key)
+            self.adapter_of.pop(key, None)
         return member.result(self.eos_ids)
 
     def snapshot(self, key: Hashable) -> tuple[Tensor, Tensor]:
@@ -196,6 +208,7 @@ class Decoding:
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""
         with self._owner:
+            self.adapter_of.pop(key, None)
             self.pending = [p for p in self.pending if p[0].key != key]
             for g, member in enumerate(self.batch.members):
                 if member.key == key and member.live:
@@ -227,9 +240,10 @@ class Decoding:
                     self.model, batch, (lo, hi), self.block_step, self.cache_state, self.budgets,
                     self.mask_id, self.eos_ids, draw)
             else:
-                logits, offset, self.cache_state = self.runner.logits(
-                    self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
-                    self.cache_state)
+                with adapter_rows(self.model, batch, self.adapter_of):     # unmerged LoRA rows
+                    logits, offset, self.cache_state = self.runner.logits(
+                        self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
+                        self.cache_state)
                 window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
                 # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
                 outcome = Outcome.join([
@@ -243,7 +257,7 @@ class Decoding:
         """Request `g`'s step on the host (`turns.turn`)."""
         return turn(self.batch, g, window, model=self.model, block_step=self.block_step,
                     budgets=self.budgets, eos_ids=self.eos_ids, mask_id=self.mask_id,
-                    report=lambda: self.runner.report(self.cache_state))
+                    report=lambda: self.runner.report(self.cache_state), proposals=self.proposals)
 
     # -- host bookkeeping ----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.prompts import encode_prompts
@@ -31,6 +31,10 @@ class Request:
         prompt: token ids (chat template already applied).
         config: how to decode it, its seed included (`config.seed`).
         max_tokens: cut the answer after this many tokens (None: the canvas, `gen_length`).
+        provisional: report the whole canvas after every step (`Update.draft`), not only the
+            answer text that became final.
+        adapter: the name of a LoRA adapter the server attached (`adapters.attach`) to decode
+            with, unmerged (None: the model's own weights).
     Raises:
         TypeError: token ids that are not integers (`5.7`, `"5"` and `True` are refused).
         ValueError: an empty id or prompt, a negative token id, `max_tokens` < 1.
@@ -40,6 +44,8 @@ class Request:
     prompt: tuple[int, ...]
     config: DecodeConfig
     max_tokens: int | None = None
+    provisional: bool = False
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -59,6 +65,8 @@ class Request:
         if not isinstance(self.config, DecodeConfig):
             raise TypeError(f"request {self.id!r}: config must be a DecodeConfig, got "
                             f"{type(self.config).__name__}")
+        if not isinstance(self.provisional, bool):
+            raise TypeError(f"request {self.id!r}: provisional must be True or False, got {self.provisional!r}")
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
             raise ValueError(f"request {self.id!r}: max_tokens must be >= 1 or None, got {self.max_tokens!r}")
 
@@ -102,12 +110,15 @@ class Update:
             over a request's updates it equals `output.text`).
         tokens: answer tokens that became final since the last update.
         output: set on the request's last update.
+        draft: the canvas after this step (`dllm_decode.provisional.Draft`), for a request
+            with `provisional` set (every step reports one, even with no new text).
     """
 
     request_id: str
     text: str = ""
     tokens: tuple[int, ...] = ()
     output: Output | None = None
+    draft: Any = None
 
     @property
     def finished(self) -> bool:
@@ -124,6 +135,7 @@ class Live:
     sent_tokens: int = 0
     sent_text: str = ""
     done: bool = False
+    steps: int = 0
 
 
 class Event(NamedTuple):
@@ -136,6 +148,7 @@ class Event(NamedTuple):
     reason: str | None = None
     nfe: int = 0
     error: str | None = None
+    canvas: Any = None             # a `provisional.Canvas` and its nfe, for a provisional request
 
 
 class Backend(abc.ABC):
@@ -150,6 +163,8 @@ class Backend(abc.ABC):
     eos_ids: tuple[int, ...]
     vocab_size: int | None
     lives: list[Live]
+    drafts: ClassVar[bool] = False
+    """Whether it reports provisional canvases (`Request.provisional`)."""
 
     @abc.abstractmethod
     def check(self, request: Request) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor
 from dllm_decode.consult import Consultant
 from dllm_decode.interfaces import StepInput
 from dllm_decode.ops import aligned_uniform
+from dllm_decode.provisional import proposal
 from dllm_decode.records import Outcome
 from dllm_decode.running import Batch
 from dllm_decode.step import Resolved, Window, decide, draws_past_block, resolve
@@ -45,10 +46,11 @@ def draw(batch: Batch, uniform: Tensor, offset: int) -> None:
 
 def turn(batch: Batch, g: int, window: Window, *, model: Any, block_step: int,
          budgets: dict[int, int], eos_ids: tuple[int, ...], mask_id: int,
-         report: Callable[[], Any]) -> Outcome:
+         report: Callable[[], Any], proposals: dict | None = None) -> Outcome:
     """Request `g`'s step (`step.decide`, its scheduler state threaded; `step.resolve`) and what
     its rows report. A rule that moves its block ends updates `budgets[g]`; `report()` is the
-    cache's per-step counts, read when the request records a trace."""
+    cache's per-step counts, read when the request records a trace; a request keyed in
+    `proposals` (a provisional stream) gets what this step proposed there."""
     member, index = batch.members[g], batch.phase.index[g]
 
     def rebound(ends: Tensor) -> tuple[Tensor, int]:       # a block start: one host read
@@ -70,6 +72,8 @@ def turn(batch: Batch, g: int, window: Window, *, model: Any, block_step: int,
     res = resolve(inp, decision, member.revises, budgeted=scheduler.step_budget(budgets[g]) is not None)
     if member.trace is not None:
         record(batch, g, inp, res, report())
+    if proposals is not None and member.key in proposals:
+        proposals[member.key] = proposal(inp, batch.bounds.gen_start[batch.groups[g][0]])
     revising = batch.phase.revising if index is None else batch.phase.revising[index]
     return Outcome.of(inp, decision, res, nonfinite, revising)
 

@@ -225,12 +225,13 @@ def torch_dtype(name: str | None) -> Any:
 def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
                          gen_length: int = 128, hint: str = "--model",
                          trust_remote_code: bool = False, runtime: str | None = None,
-                         tensor_parallel: int = 1) -> Any:
+                         tensor_parallel: int = 1, adapter: tuple[str, ...] = ()) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
     suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
-    tokenizer code run; `runtime` (`--runtime`) as `load_model` takes it.
+    tokenizer code run; `runtime` (`--runtime`) as `load_model` takes it; `adapter` (`--adapter`):
+    LoRA folders merged at load.
     """
     if tensor_parallel > 1 and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--tensor-parallel shards a diffusion LM checkpoint; "
@@ -251,9 +252,15 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
     from dllm_decode.modelspec import load_diffusion
 
     with usage_errors(hint):
-        return load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
-                              trust_remote_code=trust_remote_code, runtime=runtime,
-                              tensor_parallel=tensor_parallel)
+        model = load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
+                               trust_remote_code=trust_remote_code, runtime=runtime,
+                               tensor_parallel=tensor_parallel)
+    if adapter:
+        from dllm_decode.adapters import merge_folders
+
+        with usage_errors("--adapter"):
+            merge_folders(model, adapter)
+    return model
 
 
 def read_prompt(prompt: str | None) -> str:

@@ -70,7 +70,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   presets_path: str | None, log_level: str, playground: bool | None = None,
                   trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
-                  compile_step: bool = False, **record: Any) -> None:
+                  compile_step: bool = False, adapter: tuple[str, ...] = (), **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -91,7 +91,9 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     if served_model_name is not None and not served_model_name.strip():
         raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
     from dllm_decode.cli import launch
+    from dllm_decode.cli.adapters import split_adapters
 
+    adapters = split_adapters(adapter, named_ok=True)
     spec = model_spec(model_name)
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
@@ -124,7 +126,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
-               threads, host, port, log_level, groups, capture, playground)
+               threads, host, port, log_level, groups, capture, playground, adapters)
     finally:
         launch.finish(groups)
 
@@ -134,7 +136,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            runtime: str | None,
            tensor_parallel: int, served_model_name: str | None, max_tokens: int,
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
-           log_level: str, groups: Any, capture: str = "off", playground: bool | None = None) -> None:
+           log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
+           adapters: Any = None) -> None:
     from dllm_decode.cli.decode import for_model
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -147,8 +150,17 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
-                                     tensor_parallel=tensor_parallel)
+                                     tensor_parallel=tensor_parallel,
+                                     adapter=adapters.merged if adapters else ())
         kinds = ("scheduler",)
+    from dllm_decode.cli.adapters import attach_named
+
+    if spec.kind == "ar" and adapters and (adapters.merged or adapters.named):
+        raise click.BadParameter("LoRA adapters apply to diffusion models", param_hint="--adapter")
+    if adapters and adapters.named and capture != "off":
+        raise click.BadParameter("unmerged adapters (NAME=DIR) run the eager step; drop --cuda-graphs/"
+                                 "--compile-step or merge the adapter (DIR alone)", param_hint="--adapter")
+    adapter_names = attach_named(model, adapters.named) if adapters else ()
     if spec.kind != "ar":
         from dllm_decode.engine import check_cache
 
@@ -159,7 +171,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
                         config=for_model(config, model, block_given),
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
-                        presets=_request_presets(presets_path, spec, config, model))
+                        presets=_request_presets(presets_path, spec, config, model),
+                        adapters=adapter_names)
     with usage_errors("--model"):            # a uniform-noise model: no running batch yet
         engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
     problem = startup_check(engine, settings.config)        # every rank: the same steps

@@ -5,6 +5,7 @@ The implementation is chosen from `config.json`'s `model_type`; nothing is downl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
@@ -155,7 +156,8 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool = False,
-               runtime: str | None = None, tensor_parallel: int | None = None) -> nn.Module:
+               runtime: str | None = None, tensor_parallel: int | None = None,
+               adapter: str | Path | Sequence[str | Path] | None = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -175,6 +177,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             parallel). Each rank reads only its slices of the safetensors files, in the
             checkpoint's dtype unless `dtype` is given, and places them on `device`
             (`cuda` means `cuda:LOCAL_RANK`). None or 1: the whole model in this process.
+        adapter: a PEFT LoRA adapter folder (or several, applied in order) merged into the
+            weights at load (`dllm_decode.adapters`; safetensors only).
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
@@ -249,6 +253,13 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         set_runtime(model, runtime or default_runtime(model))
     except ValueError as err:
         raise ModelLoadError(f"{directory}: {first_line(err)}") from None
+    if adapter is not None:
+        from dllm_decode.adapters import merge_folders
+
+        try:
+            merge_folders(model, adapter)
+        except ValueError as err:
+            raise ModelLoadError(first_line(err)) from None
     return model
 
 

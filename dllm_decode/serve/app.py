@@ -37,9 +37,10 @@ from typing import Any
 from fastapi import Request as HTTPRequest   # module level: FastAPI reads the route annotations
 
 from dllm_decode.engine import Output, Request, Update
+from dllm_decode.serve import probes
 from dllm_decode.serve.metrics import Metrics
 from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
-                                        reply)
+                                        provisional_chunk, reply)
 from dllm_decode.serve.worker import EngineWorker
 
 log = logging.getLogger("dllm_decode.serve")
@@ -183,7 +184,8 @@ def create_app(state: ServerState) -> Any:
                                        + (f"; use {allowed}" if allowed else ""), code="method_not_allowed"))
         if err.status_code == 404:
             return error(APIError(404, f"no route {http.url.path}; routes: /v1/completions, "
-                                       f"/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json"))
+                                       f"/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json, "
+                                       f"/tokenize, /get_model_info"))
         return error(APIError(err.status_code, str(err.detail)))
 
     @app.exception_handler(RequestValidationError)
@@ -215,8 +217,9 @@ def create_app(state: ServerState) -> Any:
 
     @app.get("/v1/models", response_model=None)
     async def models() -> Any:
-        return {"object": "list", "data": [{"id": state.settings.model_id, "object": "model",
-                                            "created": int(state.started), "owned_by": "dllm-decode"}]}
+        names = [state.settings.model_id] + [f"{state.settings.model_id}:{a}" for a in state.settings.adapters]
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": int(state.started),
+                                            "owned_by": "dllm-decode"} for name in names]}
 
     async def handle(kind: str, http: HTTPRequest) -> Any:
         parsed = http.scope.get("state", {}).get(PARSED_BODY, _UNSET)      # parsed by the guard
@@ -234,6 +237,8 @@ def create_app(state: ServerState) -> Any:
         if reason in ("error", "cancelled"):
             raise _failure(output, reason, state)
         return JSONResponse(reply(job, state.settings.model_id, output, text, reason))
+
+    probes.add_routes(app, state)
 
     @app.post("/v1/completions", response_model=None, openapi_extra=schema.request_body(schema.CompletionRequest),
               responses={200: {"model": schema.CompletionResponse}, **errors})
@@ -297,7 +302,8 @@ def _admit(state: ServerState, job: Job) -> None:
 
 
 def _request(job: Job) -> Request:
-    return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens)
+    return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens,
+                   provisional=job.stream_mode == "provisional", adapter=job.adapter)
 
 
 class _Updates:
@@ -309,6 +315,7 @@ class _Updates:
         self.loop = asyncio.get_running_loop()
         self.done = False
         self.tokens: list[int] = []
+        self.draft: Any = None             # the last update's canvas (provisional streams)
 
     def put(self, update: Update) -> None:                # called on the worker thread
         with contextlib.suppress(RuntimeError):           # the loop is gone (shutdown)
@@ -318,6 +325,7 @@ class _Updates:
         update = await asyncio.wait_for(self.queue.get(), timeout)
         self.tokens += update.tokens
         self.done = update.finished
+        self.draft = update.draft
         return update
 
     def cancel(self) -> None:
@@ -362,7 +370,7 @@ async def _events(state: ServerState, job: Job, updates: _Updates,
                 yield text, replace(output, text=stops.text, tokens=kept), "stop"
                 return
             if update.output is None:
-                if text:
+                if text or update.draft is not None:
                     yield text, None, None
                 continue
             yield text + stops.flush(), update.output, update.output.finish_reason
@@ -398,15 +406,17 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
     try:
         if job.kind == "chat":
             yield _event(chunk(job, model, text="", role=True))
+        sent = ""
         async for text, output, reason in _events(state, job, updates):
+            sent += text
             if output is None:
-                yield _event(chunk(job, model, text=text))
+                yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
                 continue
             if reason in ("error", "cancelled"):
                 yield _event(_failure(output, reason, state).body())
                 break
-            if text:
-                yield _event(chunk(job, model, text=text))
+            if text or updates.draft is not None:
+                yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
             yield _event(chunk(job, model, text=None if job.kind == "chat" else "", finish_reason=reason))
             if job.include_usage:
                 yield _event(chunk(job, model, output=output))
@@ -494,7 +504,9 @@ def background(state: ServerState, host: str = "127.0.0.1", startup_timeout: flo
     (gracefully, as on a signal) on exit. For tests, benchmarks and notebooks."""
     import socket
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose
+    # proto says TCP, and with it on a reply sent in two writes waits ~40 ms for a delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]

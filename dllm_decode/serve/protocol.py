@@ -31,17 +31,19 @@ from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
+from dllm_decode.serve import router_compat
 from dllm_decode.serve.options import OptionError, check_options
 
-DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset")
+DLLM_KEYS = ("scheduler", "cache", "filters", "gen_length", "block_length", "stop_at_eos", "preset",
+             "stream_mode")
 """Keys of the `dllm` extension object."""
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
            "stream_options", "user", "presence_penalty", "frequency_penalty", "logit_bias",
            "logprobs", "dllm"}
-KEYS = {"completion": _COMMON | {"prompt", "echo", "best_of", "suffix"},
-        "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
-"""Accepted top-level keys per endpoint."""
+KEYS = {"completion": _COMMON | {"prompt", "echo", "best_of", "suffix"} | router_compat.keys("completion"),
+        "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"} | router_compat.keys("chat")}
+"""Accepted top-level keys per endpoint (load balancers' extension fields included)."""
 
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "n": lambda v: v in (None, 1), "best_of": lambda v: v in (None, 1),
@@ -92,6 +94,8 @@ class Settings:
             causal LM also takes the AR-only draft-length rules: `("scheduler", "draft_length")`).
         presets: records a request may start from by name (`dllm.preset` or the model name
             `MODEL_ID:NAME`), loaded and checked against the model at start-up (`--presets`).
+        adapters: names of the LoRA adapters attached unmerged at start-up (`--adapter
+            NAME=DIR`); a request picks one by the model name `MODEL_ID:NAME`.
     """
 
     model_id: str
@@ -101,9 +105,12 @@ class Settings:
     prepare: Callable[[DecodeConfig], DecodeConfig] = field(default=lambda config: config)
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
     presets: Mapping[str, DecodeConfig] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_types(self)
+        if clash := sorted(set(self.adapters) & set(self.presets)):
+            raise ValueError(f"{clash[0]!r} names both an adapter and a preset; rename one")
         if not self.model_id.strip():
             raise ValueError("model_id must be a non-empty name")
         if self.max_tokens < 1:
@@ -121,6 +128,8 @@ class Job:
         max_tokens: the answer cut (None: the canvas).
         stream, include_usage: SSE streaming, and a usage chunk at its end.
         stops: stop strings (the answer ends before the first one).
+        stream_mode: `committed` (chunks carry final text) or `provisional` (also the canvas
+            after each step).
         id, created: the response's id and creation time (int seconds).
         warning: a one-line note for the reply (words of the prompt the tokenizer does not
             know), or None.
@@ -137,6 +146,8 @@ class Job:
     created: int
     warning: str | None = None
     preset: str | None = None
+    stream_mode: str = "committed"
+    adapter: str | None = None
 
 
 def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
@@ -156,8 +167,11 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     for name, neutral in UNSUPPORTED.items():
         if name in body and not neutral(body[name]):
             raise APIError(400, f"{name}={body[name]!r} is not supported by this server", param=name)
+    if (refused := router_compat.refusal(kind, body)) is not None:
+        raise APIError(400, refused.message, param=refused.param)
     check_shape(kind, body)
-    preset = _preset(body, settings)
+    adapter = _adapter(body, settings)
+    preset = _preset(body if adapter is None else {**body, "model": settings.model_id}, settings)
     text_or_ids = _chat_text(body, settings, tokenizer) if kind == "chat" else _prompt(body, tokenizer)
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens, preset)
@@ -167,12 +181,25 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     if options is not None and not stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
     include_usage = bool((options or {}).get("include_usage"))
+    stream_mode = (body.get("dllm") or {}).get("stream_mode") or "committed"
+    if stream_mode != "committed" and not stream:
+        raise APIError(400, f"dllm.stream_mode {stream_mode!r} applies to streamed replies: send stream: true",
+                       param="dllm.stream_mode")
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     user_text = _user_text(body, kind)
     warning = unknown_words_warning(tokenizer, user_text, prompt) if user_text and tokenizer is not None else None
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
-               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset)
+               id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset,
+               stream_mode=stream_mode, adapter=adapter)
+
+
+def _adapter(body: Mapping[str, Any], settings: Settings) -> str | None:
+    """The LoRA adapter a request's model name `MODEL_ID:NAME` picks among those the server
+    attached at start-up (a name, never a folder), or None."""
+    model = body.get("model")
+    head, sep, tag = model.rpartition(":") if isinstance(model, str) else ("", "", "")
+    return tag if sep and head == settings.model_id and tag in settings.adapters else None
 
 
 def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
@@ -194,7 +221,8 @@ def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
     if name is not None and name not in settings.presets:
         known = ", ".join(sorted(settings.presets)) or \
             "none (`serve --presets FILE` loads them; a requests file takes the command's --preset)"
-        raise APIError(400, f"unknown preset {name[:80]!r}; presets loaded: {known}",
+        also = f"; adapters loaded: {', '.join(settings.adapters)}" if settings.adapters and given is None else ""
+        raise APIError(400, f"unknown preset {name[:80]!r}; presets loaded: {known}{also}",
                        param="dllm.preset" if given is not None else "model")
     return name
 
@@ -504,7 +532,8 @@ def usage(output: Output) -> dict[str, int]:
 
 def extension(job: Job, output: Output) -> dict[str, Any]:
     """The `dllm` object of a reply: the resolved decode record and the request's figures."""
-    return {"config": job.config.to_dict(), **({"preset": job.preset} if job.preset else {}), "nfe": output.nfe, "seconds": round(output.seconds, 6),
+    return {"config": job.config.to_dict(), **({"preset": job.preset} if job.preset else {}),
+            **({"adapter": job.adapter} if job.adapter else {}), "nfe": output.nfe, "seconds": round(output.seconds, 6),
             "queued_seconds": round(output.queued, 6)}
 
 
@@ -547,3 +576,12 @@ def chunk(job: Job, model_id: str, text: str | None = None, finish_reason: str |
     if job.warning and finish_reason is not None:
         body["warning"] = job.warning
     return body
+
+
+def provisional_chunk(body: dict[str, Any], draft: Any, sent: str) -> dict[str, Any]:
+    """A streamed chunk with a provisional stream's canvas as its top-level `dllm` object
+    (`dllm_decode.provisional.Draft.to_dict`; `committed_text` is the text sent so far, after
+    stop-string cuts); the chunk unchanged without a draft."""
+    if draft is None:
+        return body
+    return {**body, "dllm": {**draft.to_dict(), "committed_text": sent}}

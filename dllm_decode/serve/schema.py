@@ -31,6 +31,9 @@ class DllmOptions(BaseModel):
     stop_at_eos: bool | None = None
     preset: str | None = Field(None, description="A preset the server was started with (--presets), by name "
                                                  "(a task tag); the other dllm options apply over it.")
+    stream_mode: Literal["committed", "provisional"] | None = Field(
+        None, description="committed (default): chunks carry final text only; provisional: each chunk "
+                          "also carries the whole canvas after a step (a top-level `dllm` object).")
 
 
 class StreamOptions(BaseModel):
@@ -60,7 +63,17 @@ class _Common(BaseModel):
     dllm: DllmOptions | None = None
 
 
-class CompletionRequest(_Common):
+ROUTER = "Sent by load balancers (vllm-router, sglang-router); see `router_compat.FIELDS` for the values honoured."
+
+
+class _Routed(_Common):
+    ignore_eos: bool | None = Field(None, description=ROUTER + " (false)")
+    no_stop_trim: bool | None = Field(None, description=ROUTER + " (false)")
+    skip_special_tokens: bool | None = Field(None, description=ROUTER + " (true)")
+    return_hidden_states: bool | None = Field(None, description=ROUTER + " (false)")
+
+
+class CompletionRequest(_Routed):
     """`POST /v1/completions`."""
 
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
@@ -82,9 +95,13 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart]
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(_Routed):
     """`POST /v1/chat/completions`."""
 
+    continue_final_message: bool | None = Field(None, description=ROUTER + " (false)")
+    separate_reasoning: bool | None = Field(None, description=ROUTER + " (ignored)")
+    stream_reasoning: bool | None = Field(None, description=ROUTER + " (ignored)")
+    include_reasoning: bool | None = Field(None, description=ROUTER + " (ignored)")
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     top_logprobs: Any = Field(None, description=NEUTRAL + " (0)")
@@ -99,6 +116,7 @@ class Usage(BaseModel):
 class DllmReply(BaseModel):
     config: dict[str, Any]
     preset: str | None = None
+    adapter: str | None = None
     nfe: int
     seconds: float
     queued_seconds: float

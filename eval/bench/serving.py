@@ -97,6 +97,9 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
         "offline_requests_per_second": round(requests / offline_wall, 3), **phases,
         "throughput_ratio": round(phases["concurrent"]["requests_per_second"]
                                   / phases["sequential"]["requests_per_second"], 3),
+        # the server's own cost: a request through it at concurrency 1 against its offline decode
+        "server_over_offline": round(requests / offline_wall / phases["sequential"]["requests_per_second"], 3),
+        "concurrent_over_offline": round(phases["concurrent"]["requests_per_second"] * offline_wall / requests, 3),
     }
     return report
 
@@ -143,4 +146,6 @@ def format_serving(report: dict[str, Any]) -> str:
                      f"{p['answer_tokens_per_second']:>7} {p['latency_p50']:>7} {p['latency_p99']:>7} "
                      f"{p['engine_steps']:>6}")
     lines.append(f"throughput concurrent / sequential: {report['throughput_ratio']}x")
+    lines.append(f"time per request, server at concurrency 1 / offline: {report['server_over_offline']}x; "
+                 f"throughput concurrent / offline one at a time: {report['concurrent_over_offline']}x")
     return "\n".join(lines)

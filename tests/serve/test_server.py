@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -242,3 +245,23 @@ def test_a_causal_lm_is_served_the_same_way():
     alone = speculative_generate(target, prompt, SpecConfig(scheduler=config.scheduler, max_new_tokens=16),
                                  LookupDrafter())
     assert text == streamed == alone.text.strip() == heuristic.choices[0].text
+
+
+def test_replies_do_not_wait_for_a_delayed_ack(server):
+    """The server's own per-request cost: with Nagle's algorithm on, a reply written in two parts (headers, body) waits for the
+    client's delayed ACK: >= 40 ms on Linux, every time. The fastest of 10 keep-alive probes
+    shows it whatever the machine's load (measured here: 0.6 ms with TCP_NODELAY, 43 ms without)."""
+    url, _ = server
+    target = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+    times = []
+    for _ in range(10):                   # a completion between probes, as a client would send
+        connection.request("POST", "/v1/completions", '{"prompt": "sort: 1 2", "max_tokens": 4}',
+                           {"Content-Type": "application/json"})
+        connection.getresponse().read()
+        started = time.perf_counter()
+        connection.request("GET", "/health")
+        connection.getresponse().read()
+        times.append(time.perf_counter() - started)
+    connection.close()
+    assert min(times) < 0.02, times

@@ -25,6 +25,10 @@ def test_small_load_answers_everything_like_offline(tmp_path):
     assert (report["requests"], report["clients"], report["max_batch"]) == (6, 3, 4)   # given over --quick
     assert report["config"]["gen_length"] == 16
     assert report["throughput_ratio"] > 0 and "concurrent / sequential" in result.output
+    offline = report["offline_requests_per_second"]
+    assert report["server_over_offline"] == pytest.approx(offline / report["sequential"]["requests_per_second"],
+                                                          rel=0.01)
+    assert "server at concurrency 1 / offline" in result.output
 
 
 def test_a_model_without_the_task_suite_is_refused():

@@ -1,0 +1,121 @@
+"""Batch invariance, registry-wide, float32 on the CPU: a request's tokens do not depend on what it
+is batched with. Each request is decoded alone, then in one running batch with requests of other
+prompt lengths (so other padding), admitted in another order, and joining a batch already
+decoding; its tokens must be identical every time (0 differing tokens), for every scheduler, and
+for every cache on every family that takes it.
+
+This is the server's situation (`Decoding` with one member per request, each with its own
+generator), where `generate` of a B-row batch (tests/schedulers/test_contract.py) shares one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from dllm_decode.config import DecodeConfig
+from dllm_decode.engine import check_cache
+from dllm_decode.registry import component, registry
+from dllm_decode.sampler import Decoding
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10], [11, 12, 13, 14, 15]]
+ALONE = [[(i, 0)] for i in range(len(PROMPTS))]
+PLANS = {"in order": [(i, 0) for i in range(len(PROMPTS))],
+         "reversed": [(i, 0) for i in reversed(range(len(PROMPTS)))],
+         "joining later": [(2, 0), (0, 1), (3, 2), (1, 5)]}
+"""(prompt index, the step before which it is added): added mid-block, a request joins the running
+batch at its next block boundary."""
+
+
+@functools.cache
+def family(name: str):
+    from dllm_decode.testing import tiny_block_diffusion, tiny_llada
+    from tests.models.conftest import make_dream
+
+    if name == "llada":
+        return tiny_llada(seed=3)
+    if name == "dream":
+        return make_dream(seed=3)
+    return tiny_block_diffusion(name, seed=3)
+
+
+FAMILIES = ("llada", "dream", "fast_dllm", "sdar", "llada2")
+
+
+def decode(model, config: DecodeConfig, plan) -> dict[int, list[int]]:
+    """Each planned request's tokens, decoded in one running batch (own generator, seed = index)."""
+    decoding = Decoding(model, config.cache)
+    waiting, keys, step = sorted(plan, key=lambda p: p[1]), {}, 0
+    while waiting or not decoding.finished:
+        while waiting and waiting[0][1] <= step:
+            index, _ = waiting.pop(0)
+            keys[index] = decoding.add([PROMPTS[index]], config,
+                                       generator=torch.Generator().manual_seed(index))
+        if not decoding.finished:
+            decoding.step()
+        step += 1
+    return {index: decoding.result(key).tokens[0].tolist() for index, key in keys.items()}
+
+
+def check_invariant(model, config: DecodeConfig) -> None:
+    alone = {}
+    for plan in ALONE:
+        alone.update(decode(model, config, plan))
+    for name, plan in PLANS.items():
+        together = decode(model, config, plan)
+        differing = {i: (together[i], alone[i]) for i in together if together[i] != alone[i]}
+        assert not differing, f"{name}: {differing}"
+
+
+SLOW_SCHEDULERS = {"apd"}          # loads its verifier model: ~11 s here
+APPROXIMATE = {"prefix", "dual", "elastic"}
+"""Caches that reuse a bidirectional model's K/V across steps (an approximation): a request that
+joins a batch whose rows are in a later block changes the window every row shares, so the rows
+recompute K/V the cache would have frozen, and their tokens move. Known; marked strict xfail."""
+FAST_FAMILIES = {"llada", "sdar"}  # a bidirectional and a block-causal family; the rest are slow
+
+
+def scheduler_params():
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SCHEDULERS else n
+            for n in sorted(registry("scheduler"))]
+
+
+def cache_params():
+    out = []
+    for cache in sorted(registry("cache")):
+        for model in FAMILIES:
+            marks = [] if model in FAST_FAMILIES else [pytest.mark.slow]
+            if cache in APPROXIMATE and model in ("llada", "dream"):
+                marks.append(pytest.mark.xfail(strict=True, reason="approximate cache: a joining request "
+                                                                   "widens the shared window"))
+            out.append(pytest.param(cache, model, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("name", scheduler_params())
+def test_every_scheduler(name):
+    config = DecodeConfig(scheduler=component("scheduler", name), gen_length=8, block_length=4)
+    check_invariant(family("llada"), config)
+
+
+@pytest.mark.parametrize("cache_name, model_name", cache_params())
+def test_every_cache_on_every_family(cache_name, model_name):
+    model = family(model_name)
+    config = DecodeConfig(scheduler=component("scheduler", "low_confidence"), cache=component("cache", cache_name),
+                          gen_length=8, block_length=4)
+    try:
+        check_cache(model, config)
+    except ValueError as err:
+        pytest.skip(f"{cache_name} does not run on {model_name}: {err}")
+    check_invariant(model, config)
+
+
+@pytest.mark.parametrize("model_name", ["llada", "sdar"])
+def test_sampled(model_name):
+    config = DecodeConfig(scheduler=component("scheduler", "threshold"), gen_length=8, block_length=4,
+                          temperature=0.7)
+    check_invariant(family(model_name), config)
+    check_invariant(family(model_name), dataclasses.replace(config, scheduler=component("scheduler", "random")))
