@@ -99,10 +99,10 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
                    trust_remote_code: bool = False, runtime: str | None = None,
-                   tensor_parallel: int | None = None) -> Any:
+                   tensor_parallel: int | None = None, quantize: Any = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code`, `runtime` and `tensor_parallel` as `dllm_decode.models.load_model`
-    (`tiny` is built whole, then sharded in memory).
+    `trust_remote_code`, `runtime`, `tensor_parallel` and `quantize` as
+    `dllm_decode.models.load_model` (`tiny` is built whole, then sharded and quantized in memory).
 
     Raises:
         ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
@@ -118,6 +118,10 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
             from dllm_decode.parallel import init_parallel, shard_model
 
             model = shard_model(model, init_parallel(tensor_parallel, device))
+        if quantize is not None:
+            from dllm_decode.quant import quantize_model
+
+            model = quantize_model(model, quantize)
         model = model.to(device or "cpu")
         return model if runtime is None else set_runtime(model, runtime)
     if spec.kind != "diffusion":
@@ -125,4 +129,4 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
     from dllm_decode.models.loading import load_model
 
     return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                      runtime=runtime, tensor_parallel=tensor_parallel)
+                      runtime=runtime, tensor_parallel=tensor_parallel, quantize=quantize)

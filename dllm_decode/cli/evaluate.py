@@ -11,7 +11,7 @@ import click
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.options import (DTYPES, RegistryHelp, capture_options, key_values, registry_names,
-                                     runtime_option, trust_option)
+                                     quantize_option, runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -76,6 +76,7 @@ def command_line() -> str:
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 @trust_option
 @runtime_option
+@quantize_option
 @capture_options
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
@@ -91,7 +92,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                  chat_template: bool,
                  progress: bool, plots: bool, device: str | None, dtype: str | None,
                  trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool,
-                 tensor_parallel: int = 1, cuda_graphs: bool = False, compile_step: bool = False) -> None:
+                 tensor_parallel: int = 1, cuda_graphs: bool = False, compile_step: bool = False,
+                 quantize: str | None = None) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0); with
     --tensor-parallel T on a world of T x D processes, D data-parallel groups of T ranks."""
@@ -144,13 +146,14 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     if tensor_parallel == 1:
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
-                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture)
+                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture,
+                  quantize)
         return
     groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
     try:
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
-                  plots, as_json, capture)
+                  plots, as_json, capture, quantize)
     finally:
         launch.finish(groups)
 
@@ -158,7 +161,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
 def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
               trust_remote_code: bool, runtime: str | None, tensor_parallel: int, rank: int,
               skipped: Any, settings: Any, runs: Any, out_dir: str, batch_size: int,
-              progress: bool, combine: bool, plots: bool, as_json: bool, capture: str = "off") -> None:
+              progress: bool, combine: bool, plots: bool, as_json: bool, capture: str = "off",
+              quantize: str | None = None) -> None:
     from dllm_decode.cli.options import torch_dtype, usage_errors
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.records import combined_records
@@ -168,12 +172,14 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
                                          chat_template, trust_remote_code=trust_remote_code,
-                                         runtime=runtime, tensor_parallel=tensor_parallel, capture=capture)
+                                         runtime=runtime, tensor_parallel=tensor_parallel, capture=capture,
+                                         quantize=quantize)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)
     with usage_errors():
-        records = evaluate(decoder, str(spec), settings, runs, out_dir, tokenizer=tokenizer,
+        label = str(spec) if quantize is None else f"{spec} --quantize {quantize}"
+        records = evaluate(decoder, label, settings, runs, out_dir, tokenizer=tokenizer,
                            batch_size=batch_size,
                            progress=progress)
     if records is None:                                  # ranks > 0: rank 0 reports

@@ -76,14 +76,17 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str, group_size: int | No
     return model
 
 
-def prepare_quantized(model: nn.Module, spec: QuantSpec) -> nn.Module:
-    """Swap `model`'s linear layers for empty `QuantLinear` shells on the meta device, ready to
-    take a quantized checkpoint's tensors (`load_state_dict(assign=True)`)."""
+def prepare_quantized(model: nn.Module, spec: QuantSpec, only: set[str] | None = None) -> nn.Module:
+    """Swap `model`'s linear layers (those at the paths `only`, default all `quantizable`) for
+    empty `QuantLinear` shells on the meta device, ready to take a quantized checkpoint's tensors
+    (`load_state_dict(assign=True)`)."""
     check_group_size(model, spec)
     _before_swap(model)
     parents = {id(child): (parent, attr) for parent in model.modules()
                for attr, child in parent.named_children()}
-    for _, layer in list(quantizable(model)):
+    for name, layer in list(quantizable(model)):
+        if only is not None and name not in only:
+            continue
         new = QuantLinear(layer.in_features, layer.out_features, spec.format, spec.group_size,
                           layer.bias is not None, device="meta", dtype=layer.weight.dtype,
                           reduce=getattr(layer, "reduce", None))

@@ -9,20 +9,43 @@ subclasses are derived at run time (int8 and fp8 wrap the codes without a copy).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
 from dllm_decode.quant.codes import unpack_int4
 
+_NOISY = ("torchao", "torch.utils._pytree")
+"""Loggers torchao's import talks through: CUDA-only libraries it fails to load on a CPU build
+(harmless) and a torch deprecation notice."""
+
+
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _NOISY]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
 
 def int8_tensor(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
+    with _quiet_import():
+        from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
 
     return Int8Tensor(q, scale, [1, q.shape[1]], dtype)
 
 
 def float8_tensor(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    from torchao.quantization import Float8Tensor
+    with _quiet_import():
+        from torchao.quantization import Float8Tensor
 
     return Float8Tensor(q, scale, [1, q.shape[1]], dtype=dtype)
 
@@ -31,7 +54,8 @@ def int4_cpu_tensor(packed: Tensor, scale: Tensor, zero: Tensor, group_size: int
                     shape: tuple[int, int], dtype: torch.dtype) -> Tensor:
     """`Int4OpaqueTensor` (CPU): the codes repacked for `_weight_int4pack_mm_for_cpu`, scale and
     zero interleaved as its (K/G, N, 2) table in the activation dtype."""
-    from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
+    with _quiet_import():
+        from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
 
     opaque = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(packed), 1)
     table = torch.stack([scale.to(dtype), zero.to(dtype)], -1).transpose(0, 1).contiguous()

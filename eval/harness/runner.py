@@ -61,13 +61,14 @@ answer_tokens_per_step; seconds for the batch)."""
 def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
                 chat_template: bool = True, trust_remote_code: bool = False,
                 runtime: str | None = None, tensor_parallel: int | None = None,
-                capture: str = "off") -> tuple[Decoder, Any]:
+                capture: str = "off", quantize: str | None = None) -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
     `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default);
     `runtime` is the diffusion model's (`load_model`; the AR baseline names its own, `@compact`);
     `tensor_parallel` shards a diffusion model over this process's TP group (`load_model`);
-    `capture` is the diffusion decodes' step runtime (`generate`'s; one `GraphCache` for the run).
+    `capture` is the diffusion decodes' step runtime (`generate`'s; one `GraphCache` for the run);
+    `quantize` quantizes a diffusion model's linear layers on load (`load_model`).
 
     Raises:
         ValueError: the model cannot be loaded (`ModelLoadError`) or its options are bad; a
@@ -78,6 +79,8 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
                          f"{str(spec)!r}" + (" (use `@compact` on the AR target)" if spec.kind == "ar" else ""))
     if (tensor_parallel or 1) > 1 and spec.kind not in ("diffusion", "tiny"):
         raise ValueError(f"--tensor-parallel shards a diffusion LM checkpoint, not {str(spec)!r}")
+    if quantize is not None and spec.kind not in ("diffusion", "tiny"):
+        raise ValueError(f"--quantize applies to a diffusion LM checkpoint, not {str(spec)!r}")
     if capture != "off" and spec.kind == "ar":
         raise ValueError(f"capture {capture!r} runs a diffusion model's step; {str(spec)!r} is "
                          f"the AR baseline (use capture 'off')")
@@ -95,7 +98,7 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         return ar_decoder(with_runtime(target, spec.runtime), drafter, chat_template=chat_template), \
             target.tokenizer
     model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                           runtime=runtime, tensor_parallel=tensor_parallel)
+                           runtime=runtime, tensor_parallel=tensor_parallel, quantize=quantize)
     return diffusion_decoder(model, chat_template, capture), getattr(model, "tokenizer", None)
 
 

@@ -132,8 +132,11 @@ def test_quantized_model_is_smaller_by_the_target_ratios():
 def test_bad_requests_are_one_line_errors():
     with pytest.raises(QuantError, match=r"one of \['int8', 'int4', 'fp8'\]"):
         QuantSpec("int3")
-    with pytest.raises(QuantError, match="group_size must be one of"):
-        QuantSpec("int4", 48)
+    with pytest.raises(QuantError, match="group_size must be a positive integer"):
+        QuantSpec("int4", 0)
+    with pytest.raises(QuantError, match="must be an integer"):
+        QuantSpec.parse("int4:x")
+    assert QuantSpec.parse("int4:64") == QuantSpec("int4", 64) and str(QuantSpec("int4")) == "int4:128"
     with pytest.raises(QuantError, match="int4 only"):
         QuantSpec("int8", 64)
     with torch.device("meta"):
