@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from dllm_decode.cli.options import RegistryHelp, registry_names
+
 
 @click.command("quantize")
 @click.option("--model", "model_name", required=True,
@@ -21,8 +23,9 @@ import click
                    "the decoder visits); clean: prompt + reference answer, nothing masked.")
 @click.option("--calibration-tasks", default="all", show_default=True,
               help="Task names or groups (comma-separated) the calibration prompts come from.")
-@click.option("--scheduler", default="threshold", show_default=True,
-              help="The scheduler of the calibration decodes.")
+@click.option("--scheduler", default="threshold", show_default=True, cls=RegistryHelp,
+              help=lambda: f"The scheduler of the calibration decodes, one of "
+                           f"{registry_names('scheduler')}.")
 @click.option("--device", default=None, help="torch device of the calibration (default: cpu).")
 def quantize_command(model_name: str, out_dir: str, fmt: str, calibration: int,
                      calibration_source: str, calibration_tasks: str, scheduler: str,
