@@ -17,7 +17,7 @@ exactly: `scale * (q - z) = (q - 8) * scale + scale * (8 - z)`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -35,14 +35,19 @@ class Codes(NamedTuple):
     zero: Tensor | None = None
 
 
-def quantize_weight(w: Tensor, fmt: str, group_size: int | None = None) -> Codes:
-    """Round-to-nearest codes of a (N, K) weight."""
+def quantize_weight(w: Tensor, fmt: str, group_size: int | None = None,
+                    row_max: Callable[[Tensor], Tensor] | None = None) -> Codes:
+    """Round-to-nearest codes of a (N, K) weight. `row_max` combines the per-row maxima of a
+    row-parallel shard across the ranks holding the row's other columns (None: `w` is whole)."""
     w = w.detach().float()
+    absmax = w.abs().amax(1, keepdim=True)
+    if row_max is not None and fmt != "int4":
+        absmax = row_max(absmax)
     if fmt == "int8":
-        scale = _stored(w.abs().amax(1, keepdim=True) / 127)
+        scale = _stored(absmax / 127)
         return Codes((w / scale.float()).round().clamp(-127, 127).to(torch.int8), scale)
     if fmt == "fp8":
-        scale = _stored(w.abs().amax(1, keepdim=True) / FP8_MAX)
+        scale = _stored(absmax / FP8_MAX)
         return Codes((w / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale)
     if fmt == "int4":
         scale, zero = int4_params(w, group_size)

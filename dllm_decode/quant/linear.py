@@ -82,7 +82,9 @@ class QuantLinear(nn.Module):
         new = cls(linear.in_features, linear.out_features, fmt, group_size,
                   linear.bias is not None, device=weight.device, dtype=weight.dtype,
                   reduce=getattr(linear, "reduce", None), kernel=kernel)
-        new.set_codes(codes if codes is not None else quantize_weight(weight, fmt, group_size))
+        if codes is None:          # a row-parallel shard's row scale spans every rank's columns
+            codes = quantize_weight(weight, fmt, group_size, getattr(linear, "row_max", None))
+        new.set_codes(codes)
         if linear.bias is not None:
             new.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return new
