@@ -144,3 +144,20 @@ def test_bad_requests_are_one_line_errors():
     with pytest.raises(QuantError) as err:
         check_group_size(model, QuantSpec("int4", 64))
     assert "does not divide the input width 32" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_captured_step_calls_the_quantized_layers():
+    from dllm_decode import DecodeConfig, generate
+
+    model = quantize_model(tiny_llada(), "int4", 16)
+    calls = []
+    model.get_submodule("model.transformer.blocks.0.q_proj").register_forward_hook(
+        lambda *args: calls.append(1))
+    config = DecodeConfig.from_dict({"scheduler": {"name": "low_confidence"}, "gen_length": 8,
+                                     "block_length": 8})
+    prompts = [[3, 4, 5, 6], [7, 8]]
+    eager = generate(model, prompts, config)
+    eager_calls = len(calls)
+    captured = generate(model, prompts, config, capture="static")
+    assert torch.equal(captured.tokens, eager.tokens)
+    assert eager_calls > 0 and len(calls) > eager_calls
