@@ -112,17 +112,14 @@ def _before_swap(model: nn.Module) -> None:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer of `model` (each storage counted once): codes, scales,
-    zeros, and the float tensors left unquantized."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
+    """Bytes of the storages behind `model`'s parameters and buffers, each counted once (the
+    compact runtime's weights are views of shared fused matrices): codes, scales, zeros, and the
+    float tensors left unquantized."""
+    storages = {}
     for tensor in [*model.parameters(), *model.buffers()]:
-        key = (tensor.untyped_storage().data_ptr(), tensor.numel())
-        if key in seen:
-            continue
-        seen.add(key)
-        total += tensor.numel() * tensor.element_size()
-    return total
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def quantized_layers(model: nn.Module) -> list[tuple[str, QuantLinear]]:

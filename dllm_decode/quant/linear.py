@@ -9,7 +9,10 @@ Two kernels, the same maths:
   * `torchao`: the codes wrapped, without a copy for int8 and fp8, in torchao's weight tensor
     subclasses (`Int8Tensor`, `Float8Tensor`, and on CPU `Int4OpaqueTensor`, whose matmul is
     `aten._weight_int4pack_mm_for_cpu`) and multiplied with `F.linear`. Built on first use per
-    activation dtype and device.
+    activation dtype and device. One exception: int8 with bfloat16 / float16 activations on CPU
+    runs aten's `_weight_int8pack_mm` (gpt-fast's CPU int8 kernel), since torchao's weight-only
+    `Int8Tensor` casts the whole weight to the activation dtype at every call there (about 40x
+    slower on a 4096 x 4096 layer, `measurements/cpu_2026-11-29_quant`).
   * `dequant`: dequantize to the activation dtype, then `F.linear`. The fallback wherever the
     torchao kernel does not run (int4 off CPU, or shapes its packing refuses).
 """
@@ -135,8 +138,20 @@ class QuantLinear(nn.Module):
         self.__dict__["_ao"] = ((dtype, device), weight)     # derived: not a buffer, not saved
         return weight
 
+    def _int8_pack(self, x: Tensor) -> Tensor:
+        cached = self.__dict__.get("_ao")
+        if cached is None or cached[0] != (x.dtype, x.device):
+            cached = ((x.dtype, x.device), self.weight_scale.reshape(-1).to(x.dtype))
+            self.__dict__["_ao"] = cached
+        flat = x.reshape(-1, self.in_features).contiguous()
+        return torch._weight_int8pack_mm(flat, self.weight_q, cached[1]).reshape(
+            *x.shape[:-1], self.out_features)
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernel == "torchao" and self.torchao_runs(x.device):
+        if self.kernel == "torchao" and self.format == "int8" and x.device.type == "cpu" \
+                and x.dtype in (torch.bfloat16, torch.float16):
+            y = self._int8_pack(x)
+        elif self.kernel == "torchao" and self.torchao_runs(x.device):
             y = F.linear(x, self._torchao_weight(x.dtype, x.device))
         else:
             y = F.linear(x, self.dequantized(x.dtype))

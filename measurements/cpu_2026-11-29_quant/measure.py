@@ -28,15 +28,16 @@ ROUNDS = 15
 
 
 def resident(model: nn.Module) -> int:
+    """Stored bytes plus the tensors the kernels derived from them (not sharing their storage)."""
     derived = 0
     for m in model.modules():
         if isinstance(m, QuantLinear) and "_ao" in m.__dict__:
             weight = m.__dict__["_ao"][1]
-            for name in weight.__tensor_flatten__()[0]:
-                inner = getattr(weight, name)
-                if inner is not None and inner.untyped_storage().data_ptr() not in {
-                        m.weight_q.untyped_storage().data_ptr(), m.weight_scale.untyped_storage().data_ptr()}:
-                    derived += inner.numel() * inner.element_size()
+            inners = [getattr(weight, n) for n in weight.__tensor_flatten__()[0]] \
+                if hasattr(weight, "__tensor_flatten__") else [weight]
+            own = {t.untyped_storage().data_ptr() for t in m.codes() if t is not None}
+            derived += sum(t.untyped_storage().nbytes() for t in inners
+                           if t is not None and t.untyped_storage().data_ptr() not in own)
     return weight_bytes(model) + derived
 
 

@@ -52,7 +52,7 @@ def main() -> None:
                 cell = f"{100 * k / n:.1f} [{low:.1f}, {high:.1f}]"
                 if fmt != "bf16":
                     drop, half = paired([got[key] for key in keys], [base[key] for key in keys])
-                    cell += f"<br>{-drop:+.1f} ± {half:.1f}"
+                    cell += f"<br>{0.0 - drop + 0.0:+.1f} ± {half:.1f}"
                 cells.append(cell)
             print(f"| {model} | {threshold:g} | {group} | {len(base)} | " + " | ".join(cells) + " |")
 
