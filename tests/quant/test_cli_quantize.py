@@ -77,3 +77,15 @@ def test_calibration_sources_feed_the_hessians():
     assert model.runtime == "compact"                  # the recorder put the runtime back
     with pytest.raises(ValueError, match=r"\[1, 512\]"):
         calibration_examples(600)
+
+
+@pytest.mark.parametrize("command", [[], ["eval"], ["serve"]])
+def test_every_decoding_command_takes_quantize(command):
+    result = _run(*command, "--help")
+    assert result.exit_code == 0 and "--quantize" in result.output
+
+
+def test_quantize_refuses_the_compact_runtime_in_one_line():
+    result = _run("--model", "embedded", "--prompt", "x", "--quantize", "int8", "--runtime", "compact")
+    assert result.exit_code == 2 and "compact runtime does not cover" in result.output
+    assert "Traceback" not in result.output
