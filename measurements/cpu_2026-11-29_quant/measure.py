@@ -5,8 +5,9 @@
 Per embedded model (bfloat16 activations): stored bytes of every parameter and buffer
 (`quant.weight_bytes`), resident tensor bytes after a forward (stored + what the kernels derive:
 torchao's repacked int4 and its scale table; int8 / fp8 wrap the codes without a copy), and the
-median time of a forward (batch 1 and 8, canvas 64), the formats interleaved round by round so
-machine load hits all alike. Then one 4096 x 4096 linear at batch 1 and 32 (a weight-read-bound
+median and the fastest time of a forward (batch 1 and 8, canvas 64), the formats interleaved
+round by round so machine load hits all alike (on a loaded machine the fastest round is the
+steadier figure). Then one 4096 x 4096 linear at batch 1 and 32 (a weight-read-bound
 shape), the same way.
 """
 
@@ -24,7 +25,7 @@ from dllm_decode.models import load_model
 from dllm_decode.quant import QuantLinear, quantize_model, weight_bytes
 
 FORMATS = (None, "int8", "fp8", "int4:64")
-ROUNDS = 15
+ROUNDS = 25
 
 
 def resident(model: nn.Module) -> int:
@@ -69,9 +70,7 @@ def models_side_by_side(name: str) -> dict:
         row = {"weight_bytes": weight_bytes(model), "x_bf16": weight_bytes(model) / base,
                "resident_bytes": resident(model)}
         for batch in (1, 8):
-            ms = statistics.median(times[f"{key}/b{batch}"]) * 1e3
-            ref = statistics.median(times[f"bf16/b{batch}"]) * 1e3
-            row[f"ms_b{batch}"], row[f"x_bf16_b{batch}"] = ms, ms / ref
+            row.update(_speed(times, key, f"b{batch}"))
         out[key] = row
     return out
 
@@ -96,11 +95,17 @@ def linear_side_by_side() -> dict:
     for key in layers:
         row = {}
         for b in (1, 32):
-            ms = statistics.median(times[f"{key}/b{b}"]) * 1e3
-            row[f"ms_b{b}"] = ms
-            row[f"x_bf16_b{b}"] = ms / (statistics.median(times[f"bf16/b{b}"]) * 1e3)
+            row.update(_speed(times, key, f"b{b}"))
         out[key] = row
     return out
+
+
+def _speed(times: dict[str, list[float]], key: str, shape: str) -> dict[str, float]:
+    """Median and fastest ms of `key` at `shape`, and each as a multiple of bf16's."""
+    own, ref = times[f"{key}/{shape}"], times[f"bf16/{shape}"]
+    return {f"ms_{shape}": statistics.median(own) * 1e3,
+            f"x_bf16_{shape}": statistics.median(own) / statistics.median(ref),
+            f"min_ms_{shape}": min(own) * 1e3, f"min_x_bf16_{shape}": min(own) / min(ref)}
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
 """Accuracy per task group and format, with intervals, from the eval runs of run_eval.sh.
 
     python measurements/cpu_2026-11-29_quant/summarize.py > measurements/cpu_2026-11-29_quant/accuracy.md
+    python measurements/cpu_2026-11-29_quant/summarize.py measure   # tables of measure.json
 
 Per (model, threshold, format, group): mean score in % with its 95% Wilson interval, and the
 paired difference from bf16 on the same prompts with its 95% half-width (normal approximation,
-`eval.tune.search.paired`).
+`eval.tune.search.paired`); then the paired difference of the two int4 calibrations.
 """
 
 from __future__ import annotations
@@ -55,7 +56,50 @@ def main() -> None:
                     cell += f"<br>{0.0 - drop + 0.0:+.1f} ± {half:.1f}"
                 cells.append(cell)
             print(f"| {model} | {threshold:g} | {group} | {len(base)} | " + " | ".join(cells) + " |")
+    print()
+    print("Calibration from decodes against calibration on clean text (int4-decode - int4-clean, "
+          "paired, points, 95% half-width):")
+    print()
+    print("| model | threshold | group | n | decode - clean |")
+    print("|---|---|---|---|---|")
+    for model in ("embedded", "embedded-bd"):
+        try:
+            decode, clean = scores(f"{model}-int4-decode"), scores(f"{model}-int4-clean")
+        except FileNotFoundError:
+            continue
+        for cell in sorted(decode, key=lambda c: (-c[0], c[1])):
+            keys = sorted(set(decode[cell]) & set(clean.get(cell, {})))
+            if not keys:
+                continue
+            drop, half = paired([decode[cell][k] for k in keys], [clean[cell][k] for k in keys])
+            print(f"| {model} | {cell[0]:g} | {cell[1]} | {len(keys)} | "
+                  f"{0.0 - drop + 0.0:+.1f} ± {half:.1f} |")
+
+
+def measure_tables() -> None:
+    data = json.loads((HERE.parent / "measure.json").read_text())
+    print(f"Forward time: median (fastest) of {data['rounds']} interleaved rounds, one thread; "
+          f"x = multiple of the bf16 reference-runtime model's time.")
+    print()
+    print("| model | format | weight bytes | x bf16 | resident tensor bytes | batch 1 ms (fastest) "
+          "| x bf16 | batch 8 ms (fastest) | x bf16 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model in ("embedded", "embedded-bd"):
+        for fmt, row in data[model].items():
+            print(f"| {model} | {fmt} | {row['weight_bytes']:,} | {row['x_bf16']:.3f} | "
+                  f"{row['resident_bytes']:,} | {row['ms_b1']:.1f} ({row['min_ms_b1']:.1f}) | "
+                  f"{row['x_bf16_b1']:.2f} ({row['min_x_bf16_b1']:.2f}) | {row['ms_b8']:.1f} "
+                  f"({row['min_ms_b8']:.1f}) | {row['x_bf16_b8']:.2f} ({row['min_x_bf16_b8']:.2f}) |")
+    print()
+    print("| one 4096 x 4096 linear | batch 1 ms (fastest) | x bf16 | batch 32 ms (fastest) | x bf16 |")
+    print("|---|---|---|---|---|")
+    for fmt, row in data["linear_4096"].items():
+        print(f"| {fmt} | {row['ms_b1']:.2f} ({row['min_ms_b1']:.2f}) | {row['x_bf16_b1']:.2f} "
+              f"({row['min_x_bf16_b1']:.2f}) | {row['ms_b32']:.1f} ({row['min_ms_b32']:.1f}) | "
+              f"{row['x_bf16_b32']:.2f} ({row['min_x_bf16_b32']:.2f}) |")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    measure_tables() if sys.argv[1:] == ["measure"] else main()
