@@ -124,7 +124,12 @@ class QuantLinear(nn.Module):
         return out
 
     def torchao_runs(self, device: torch.device) -> bool:
-        """Whether the torchao kernel serves this layer's format and shape on `device`."""
+        """Whether the torchao kernel serves this layer's format and shape on `device` (and
+        torchao, the `quant` extra, is installed)."""
+        from dllm_decode.quant.torchao_bridge import torchao_available
+
+        if not torchao_available():
+            return False
         if self.format != "int4":
             return True
         return (device.type == "cpu" and self.group_size in _INT4_KERNEL_GROUPS

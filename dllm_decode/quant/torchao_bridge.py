@@ -10,6 +10,8 @@ subclasses are derived at run time (int8 and fp8 wrap the codes without a copy).
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import logging
 from typing import Iterator
 
@@ -21,6 +23,12 @@ from dllm_decode.quant.codes import unpack_int4
 _NOISY = ("torchao", "torch.utils._pytree")
 """Loggers torchao's import talks through: CUDA-only libraries it fails to load on a CPU build
 (harmless) and a torch deprecation notice."""
+
+
+@functools.lru_cache(maxsize=None)
+def torchao_available() -> bool:
+    """Whether torchao is installed (the `quant` extra); without it every layer dequantizes."""
+    return importlib.util.find_spec("torchao") is not None
 
 
 @contextlib.contextmanager

@@ -22,13 +22,22 @@ GROUP_OF = {task: group for group in ("waiting_line", "puzzles") for task in GRO
 
 
 def scores(label: str) -> dict[tuple[float, str], dict[str, float]]:
-    """(threshold, group) -> {sample key without the config: score}."""
+    """(threshold, group) -> {task|index: score}, from the run's samples.jsonl (kept out of git;
+    `run_eval.sh` remakes it) condensed into the committed scores.json beside it."""
+    folder = HERE / label
+    samples, condensed = folder / "samples.jsonl", folder / "scores.json"
+    if samples.is_file():
+        flat = {}
+        for line in samples.read_text().splitlines():
+            row = json.loads(line)
+            threshold = row["decode_config"]["scheduler"]["threshold"]
+            flat[f"{threshold}|{row['task']}|{row['index']}"] = float(row["score"])
+        condensed.write_text(json.dumps(flat, sort_keys=True) + "\n")
+    flat = json.loads(condensed.read_text())
     out: dict[tuple[float, str], dict[str, float]] = {}
-    for line in (HERE / label / "samples.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        threshold = row["decode_config"]["scheduler"]["threshold"]
-        key = f"{row['task']}|{row['index']}"
-        out.setdefault((threshold, GROUP_OF[row["task"]]), {})[key] = float(row["score"])
+    for key, score in flat.items():
+        threshold, task, index = key.split("|")
+        out.setdefault((float(threshold), GROUP_OF[task]), {})[f"{task}|{index}"] = score
     return out
 
 
@@ -37,8 +46,8 @@ def main() -> None:
     print("|---|---|---|---|" + "---|" * len(FORMATS))
     for model in ("embedded", "embedded-bd"):
         runs = {fmt: scores(f"{model}-{fmt}") for fmt in FORMATS
-                if (HERE / f"{model}-{fmt}" / "samples.jsonl").is_file()}
-        if "bf16" not in runs:
+                if any((HERE / f"{model}-{fmt}" / n).is_file() for n in ("samples.jsonl", "scores.json"))}
+        if not runs.get("bf16"):
             continue
         for (threshold, group), base in sorted(runs["bf16"].items(), key=lambda kv: (-kv[0][0], kv[0][1])):
             cells = []

@@ -161,3 +161,15 @@ def test_captured_step_calls_the_quantized_layers():
     captured = generate(model, prompts, config, capture="static")
     assert torch.equal(captured.tokens, eager.tokens)
     assert eager_calls > 0 and len(calls) > eager_calls
+
+
+def test_without_torchao_every_layer_dequantizes(monkeypatch):
+    from dllm_decode.quant import torchao_bridge
+
+    layer = _linear()
+    quant = QuantLinear.from_linear(layer, "int4", 32)
+    x = torch.randn(2, 128)
+    with_torchao = quant(x)
+    monkeypatch.setattr(torchao_bridge, "torchao_available", lambda: False)
+    assert not quant.torchao_runs(torch.device("cpu"))
+    torch.testing.assert_close(quant(x), with_torchao, rtol=1e-5, atol=1e-5)
