@@ -144,6 +144,10 @@ class QuantLinear(nn.Module):
         return weight
 
     def _int8_pack(self, x: Tensor) -> Tensor:
+        if self.weight_q.data_ptr() % 64:
+            # codes read from safetensors are views into the file at any 8-byte offset, and the
+            # kernel's vector loads fault on them (segfault at 8+ rows): own an aligned copy
+            self.weight_q = self.weight_q.clone()
         cached = self.__dict__.get("_ao")
         if cached is None or cached[0] != (x.dtype, x.device):
             cached = ((x.dtype, x.device), self.weight_scale.reshape(-1).to(x.dtype))

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Accuracy of the two embedded models per weight format (CPU, bfloat16 activations), at the
-# default scheduler (threshold 0.9) and a fast threshold (0.5), on 50 test prompts per task
-# (n = 500 for waiting_line, 100 for puzzles). Run from the repository root. The quantized
+# default scheduler (threshold 0.9) and a fast threshold (0.5): `embedded` on 50 test prompts
+# per task (n = 500 for waiting_line, 100 for puzzles), `embedded-bd` on 10 (n = 100 and 20:
+# the shared machine ran at load 25-28 and 50 did not fit the session). Run from the repository
+# root. The quantized
 # checkpoints are written to $CKPT (not committed; this script remakes them), int4 calibrated on
 # 128 train-split prompts (GPTQ) from real decodes or from clean prompt + answer text.
 set -e
@@ -17,13 +19,15 @@ for model in embedded embedded-bd; do
   nice -n 10 dllm-decode quantize --model $model --out $CKPT/$model-int4-clean --format int4:64 \
     --calibration 128 --calibration-source clean
 done
-run() {  # model-dir label
-  nice -n 10 dllm-decode eval --model "$1" --dtype bfloat16 --tasks all --limit 50 \
+run() {  # model-dir label limit
+  nice -n 10 dllm-decode eval --model "$1" --dtype bfloat16 --tasks all --limit "$3" \
     --scheduler threshold --sweep threshold=0.9,0.5 --no-plots --no-progress --out $HERE/eval/$2
 }
-for model in embedded embedded-bd; do
-  run $model $model-bf16
-  for fmt in int8 fp8 int4-rtn int4-decode int4-clean; do
-    run $CKPT/$model-$fmt $model-$fmt
-  done
+run embedded embedded-bf16 50
+for fmt in int8 fp8 int4-rtn int4-decode int4-clean; do
+  run $CKPT/embedded-$fmt embedded-$fmt 50
+done
+run embedded-bd embedded-bd-bf16 10
+for fmt in int4-decode int4-clean int8 fp8 int4-rtn; do
+  run $CKPT/embedded-bd-$fmt embedded-bd-$fmt 10
 done
