@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 nice -n 10 python measurements/cpu_2026-11-29_quant/mask_ratio_error.py CKPT OUT.json
 
-For 20 test-split prompts per task (seed 0, the eval's prompts), the canvas is prompt + reference
+For 10 test-split prompts per task (seed 0, the eval's prompts), the canvas is prompt + reference
 answer with each answer token masked with probability t (seeded), t in 0.1 ... 0.9, the
 training-time corruption. At the masked positions: top-1 agreement with the bfloat16 model and
 mean KL(bf16 || int4), per checkpoint (`run_eval.sh` writes them to CKPT).
@@ -22,7 +22,7 @@ RATIOS = (0.1, 0.3, 0.5, 0.7, 0.9)
 VARIANTS = ("int4-rtn", "int4-clean", "int4-decode", "int8", "fp8")
 
 
-def canvases(model, per_task: int = 20):
+def canvases(model, per_task: int = 10):
     tok = model.tokenizer
     rows = []
     for task in TASKS.values():
@@ -36,7 +36,7 @@ def canvases(model, per_task: int = 20):
 def main() -> None:
     ckpt, out_path = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    result = {"ratios": RATIOS, "prompts_per_task": 20, "tasks": len(TASKS)}
+    result = {"ratios": RATIOS, "prompts_per_task": 10, "tasks": len(TASKS)}
     for name in ("embedded", "embedded-bd"):
         base = load_model(name, dtype=torch.bfloat16)
         models = {v: load_model(f"{ckpt}/{name}-{v}", dtype=torch.bfloat16) for v in VARIANTS}
