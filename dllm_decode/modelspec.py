@@ -99,10 +99,10 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
                    trust_remote_code: bool = False, runtime: str | None = None,
-                   tensor_parallel: int | None = None, adapter: Any = None) -> Any:
+                   tensor_parallel: int | None = None, adapter: Any = None, quantize: Any = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code`, `runtime`, `tensor_parallel` and `adapter` as `dllm_decode.models.load_model`
-    (`tiny` is built whole, then sharded in memory).
+    `trust_remote_code`, `runtime`, `tensor_parallel`, `adapter` and `quantize` as
+    `dllm_decode.models.load_model` (`tiny` is built whole, then sharded and quantized in memory).
 
     Raises:
         ValueError: another kind of spec; `ModelLoadError` (a ValueError) for a missing or corrupt
@@ -118,6 +118,10 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
             from dllm_decode.parallel import init_parallel, shard_model
 
             model = shard_model(model, init_parallel(tensor_parallel, device))
+        if quantize is not None:
+            from dllm_decode.quant import quantize_model
+
+            model = quantize_model(model, quantize)
         model = model.to(device or "cpu")
         if adapter is not None:
             from dllm_decode.adapters import merge_folders
@@ -129,4 +133,4 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
     from dllm_decode.models.loading import load_model
 
     return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                      runtime=runtime, tensor_parallel=tensor_parallel, adapter=adapter)
+                      runtime=runtime, tensor_parallel=tensor_parallel, adapter=adapter, quantize=quantize)

@@ -20,6 +20,7 @@ from dllm_decode.cli.evaluate import eval_command
 from dllm_decode.cli.fetch import fetch_command
 from dllm_decode.cli.freq_table import freq_table_command
 from dllm_decode.cli.listing import list_command
+from dllm_decode.cli.quantize import quantize_command
 from dllm_decode.cli.serve import serve_command
 from dllm_decode.cli.spec import spec_command
 from dllm_decode.cli.train_filter import train_filter_command
@@ -51,5 +52,6 @@ def main(ctx: click.Context, **options: Any) -> None:
 
 
 for _command in (list_command, eval_command, spec_command, bench_command, train_filter_command,
-                 fetch_command, serve_command, tune_command, freq_table_command, verify_command):
+                 fetch_command, serve_command, tune_command, freq_table_command, verify_command,
+                 quantize_command):
     main.add_command(_command)

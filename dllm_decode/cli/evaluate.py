@@ -12,7 +12,7 @@ from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.adapters import adapter_option, split_adapters
 from dllm_decode.cli.options import (DTYPES, RegistryHelp, capture_options, key_values, registry_names,
-                                     runtime_option, trust_option)
+                                     quantize_option, runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -78,6 +78,7 @@ def command_line() -> str:
 @trust_option
 @runtime_option
 @adapter_option
+@quantize_option
 @capture_options
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
@@ -94,7 +95,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                  progress: bool, plots: bool, device: str | None, dtype: str | None,
                  trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool,
                  tensor_parallel: int = 1, cuda_graphs: bool = False, compile_step: bool = False,
-                 adapter: tuple[str, ...] = ()) -> None:
+                 adapter: tuple[str, ...] = (), quantize: str | None = None) -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0); with
     --tensor-parallel T on a world of T x D processes, D data-parallel groups of T ranks."""
@@ -147,13 +148,14 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     if tensor_parallel == 1:
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
-                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture)
+                  settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture,
+                  quantize)
         return
     groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
     try:
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
-                  plots, as_json, capture, split_adapters(adapter, named_ok=False).merged)
+                  plots, as_json, capture, split_adapters(adapter, named_ok=False).merged, quantize)
     finally:
         launch.finish(groups)
 
@@ -162,7 +164,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
               trust_remote_code: bool, runtime: str | None, tensor_parallel: int, rank: int,
               skipped: Any, settings: Any, runs: Any, out_dir: str, batch_size: int,
               progress: bool, combine: bool, plots: bool, as_json: bool, capture: str = "off",
-              adapters: tuple[str, ...] = ()) -> None:
+              adapters: tuple[str, ...] = (), quantize: str | None = None) -> None:
     from dllm_decode.cli.options import torch_dtype, usage_errors
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.records import combined_records
@@ -173,12 +175,13 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
                                          chat_template, trust_remote_code=trust_remote_code,
                                          runtime=runtime, tensor_parallel=tensor_parallel, capture=capture,
-                                         adapter=adapters)
+                                         adapter=adapters, quantize=quantize)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)
     with usage_errors():
         label = str(spec) + "".join(f"+lora:{folder}" for folder in adapters)   # adapters change answers
+        label = label if quantize is None else f"{label} --quantize {quantize}"
         records = evaluate(decoder, label, settings, runs, out_dir, tokenizer=tokenizer,
                            batch_size=batch_size,
                            progress=progress)

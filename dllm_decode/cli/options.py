@@ -136,6 +136,29 @@ def runtime_option(command: Any) -> Any:
                         help=RUNTIME_HELP)(command)
 
 
+QUANTIZE_HELP = ("Quantize the diffusion model's linear layers on load (weight-only): int8 or fp8 "
+                 "per output channel, int4 group-wise as int4:GROUP (int4 alone: group 128). A "
+                 "quantized checkpoint (`dllm-decode quantize`, compressed-tensors FP8, GPTQ "
+                 "int4) loads quantized without it.")
+
+
+def quantize_option(command: Any) -> Any:
+    """`--quantize`: weight-only quantization on load (`dllm_decode.quant`), checked at parse."""
+    return click.option("--quantize", default=None, metavar="int8|fp8|int4[:GROUP]",
+                        callback=_check_quantize, help=QUANTIZE_HELP)(command)
+
+
+def _check_quantize(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from dllm_decode.quant.spec import QuantError, QuantSpec
+
+    try:
+        return str(QuantSpec.parse(value))
+    except QuantError as err:
+        raise click.BadParameter(str(err), param_hint="--quantize") from None
+
+
 def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
     """Click callback: `-o key=value` (repeatable) -> dict; a missing `=` is a usage error."""
     out: dict[str, str] = {}
@@ -225,14 +248,18 @@ def torch_dtype(name: str | None) -> Any:
 def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None = None,
                          gen_length: int = 128, hint: str = "--model",
                          trust_remote_code: bool = False, runtime: str | None = None,
-                         tensor_parallel: int = 1, adapter: tuple[str, ...] = ()) -> Any:
+                         tensor_parallel: int = 1, adapter: tuple[str, ...] = (),
+                         quantize: str | None = None) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
     suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
-    tokenizer code run; `runtime` (`--runtime`) as `load_model` takes it; `adapter` (`--adapter`):
-    LoRA folders merged at load.
+    tokenizer code run; `runtime` (`--runtime`) and `quantize` (`--quantize`) as `load_model`
+    takes them; `adapter` (`--adapter`): LoRA folders merged at load (before quantizing).
     """
+    if quantize is not None and spec.kind not in ("diffusion", "tiny"):
+        raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--quantize")
     if tensor_parallel > 1 and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--tensor-parallel shards a diffusion LM checkpoint; "
                                  f"{str(spec)!r} is not one", param_hint=hint)
@@ -254,12 +281,8 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
     with usage_errors(hint):
         model = load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
                                trust_remote_code=trust_remote_code, runtime=runtime,
-                               tensor_parallel=tensor_parallel)
-    if adapter:
-        from dllm_decode.adapters import merge_folders
-
-        with usage_errors("--adapter"):
-            merge_folders(model, adapter)
+                               tensor_parallel=tensor_parallel, quantize=quantize,
+                               adapter=list(adapter) or None)
     return model
 
 

@@ -70,7 +70,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   presets_path: str | None, log_level: str, playground: bool | None = None,
                   trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
-                  compile_step: bool = False, adapter: tuple[str, ...] = (), **record: Any) -> None:
+                  compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
+                  **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -126,7 +127,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
-               threads, host, port, log_level, groups, capture, playground, adapters)
+               threads, host, port, log_level, groups, capture, playground, adapters, quantize)
     finally:
         launch.finish(groups)
 
@@ -137,7 +138,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            tensor_parallel: int, served_model_name: str | None, max_tokens: int,
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
-           adapters: Any = None) -> None:
+           adapters: Any = None, quantize: str | None = None) -> None:
     from dllm_decode.cli.decode import for_model
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -145,12 +146,15 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     from dllm_decode.serve.protocol import Settings
     from dllm_decode.serve.worker import EngineWorker, follow, startup_check
 
+    if spec.kind == "ar" and quantize is not None:
+        raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--quantize")
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
-                                     tensor_parallel=tensor_parallel,
+                                     tensor_parallel=tensor_parallel, quantize=quantize,
                                      adapter=adapters.merged if adapters else ())
         kinds = ("scheduler",)
     from dllm_decode.cli.adapters import attach_named

@@ -264,6 +264,9 @@ def compact_problem(model: Any) -> str | None:
         return f"{type(model).__name__} has blocks other than the Llama-style pre-norm block"
     if model.rotary_dim() != model.config.head_dim:
         return "partial rotary embeddings"
+    projections = [p for b in blocks for i, p in enumerate(b.parts()) if i not in (0, 5)]
+    if not all(isinstance(p, nn.Linear) for p in projections):
+        return "its projections are not float nn.Linear layers (quantized); it fuses float weights"
     return None
 
 

@@ -34,6 +34,9 @@ def _build_native(directory: Path, config: dict[str, Any], config_cls: type, mod
         raise ModelLoadError(f"{directory / 'config.json'}: {first_line(err)}") from None
     with torch.device("meta"):
         model = model_cls(parsed)
+    quantized, spec = _QUANTIZED.get(), _QUANTIZE.get()
+    if spec is not None:                   # quantize on load: refuse a bad group size now
+        _quant_problem(directory, lambda: _check_group_size(model, spec))
     if sharding is not None:               # tensor parallel: this rank's slices only
         from dllm_decode.parallel.loading import load_sharded
 
@@ -41,8 +44,31 @@ def _build_native(directory: Path, config: dict[str, Any], config_cls: type, mod
     state = read_safetensors(directory)
     for name in drop:
         state.pop(name, None)
+    if quantized is not None:              # a quantized checkpoint: codes into QuantLinear shells
+        from dllm_decode.quant import prepare_quantized
+
+        state, layers = _quant_problem(directory, lambda: quantized.convert(state))
+        _quant_problem(directory, lambda: prepare_quantized(model, quantized.spec, layers))
     load_state_strict(model, state, directory, assign=True)
     return model
+
+
+def _check_group_size(model: nn.Module, spec: Any) -> None:
+    from dllm_decode.quant import check_group_size
+
+    check_group_size(model, spec)
+
+
+def _quant_problem(directory: Path, work: Callable[[], Any]) -> Any:
+    """`work()`, its `QuantError` as a one-line `ModelLoadError` naming the directory."""
+    from dllm_decode.quant import QuantError
+
+    try:
+        return work()
+    except QuantError as err:
+        message = first_line(err)
+        raise ModelLoadError(message if str(directory) in message else f"{directory}: {message}") \
+            from None
 
 
 def _build_llada(directory: Path, config: dict[str, Any]) -> nn.Module:
@@ -113,6 +139,12 @@ def _build_diffusion_gemma(directory: Path, config: dict[str, Any]) -> nn.Module
 _SHARDING: ContextVar[tuple[Any, torch.dtype | None] | None] = ContextVar("sharding", default=None)
 """(ParallelGroups, dtype) while `load_model(tensor_parallel=N > 1)` builds a model."""
 
+_QUANTIZED: ContextVar[Any] = ContextVar("quantized", default=None)
+"""The checkpoint's `quant.checkpoint.CheckpointQuantization` while a quantized checkpoint loads."""
+
+_QUANTIZE: ContextVar[Any] = ContextVar("quantize", default=None)
+"""The `QuantSpec` of `load_model(quantize=...)` while the float model is built."""
+
 
 BUILDERS: dict[str, Callable[[Path, dict[str, Any]], nn.Module]] = {   # key: lower-case model_type
     "llada": _build_llada,
@@ -157,7 +189,7 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool = False,
                runtime: str | None = None, tensor_parallel: int | None = None,
-               adapter: str | Path | Sequence[str | Path] | None = None) -> nn.Module:
+               adapter: str | Path | Sequence[str | Path] | None = None, quantize: Any = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -179,6 +211,11 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             (`cuda` means `cuda:LOCAL_RANK`). None or 1: the whole model in this process.
         adapter: a PEFT LoRA adapter folder (or several, applied in order) merged into the
             weights at load (`dllm_decode.adapters`; safetensors only).
+        quantize: quantize the linear layers on load (`dllm_decode.quant`): `int8`, `fp8`,
+            `int4` or `int4:GROUP` (or a `QuantSpec`), after tensor-parallel sharding (each rank
+            quantizes its shard). A checkpoint that is already quantized (its `config.json` has
+            a `quantization_config`: this package's own, compressed-tensors FP8 or GPTQ int4)
+            loads quantized without it. Quantized models run the `reference` runtime.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
@@ -204,6 +241,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             raise ModelLoadError(f"runtime must be one of {list(DLLM_RUNTIMES)}, got {runtime!r}")
     directory = resolve_model_dir(path)
     config = read_config(directory)
+    spec, quantized = _quantization(directory, config, quantize, device, tensor_parallel)
     model_type = config.get("model_type")
     builder = BUILDERS.get(str(model_type).lower())
     if builder is None and (kind := _model_kind(config)) != "masked":
@@ -222,21 +260,40 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
 
         raise ParallelError(f"{directory}: tensor parallelism covers this package's own model "
                             f"families, not a generic transformers masked LM")
-    if groups is not None:
-        token = _SHARDING.set((groups, dtype))
-        try:
+    if quantized is not None and builder is None:
+        raise ModelLoadError(f"{directory}: a quantized checkpoint loads for this package's own "
+                             f"model families ({sorted(BUILDERS)}), not a generic masked LM")
+    tokens = (_QUANTIZED.set(quantized), _QUANTIZE.set(spec))
+    try:
+        if groups is not None:
+            token = _SHARDING.set((groups, dtype))
+            try:
+                model = builder(directory, config)
+            finally:
+                _SHARDING.reset(token)
+            device = _rank_device(device)
+        elif builder is not None:
             model = builder(directory, config)
-        finally:
-            _SHARDING.reset(token)
-        device = _rank_device(device)
-    elif builder is not None:
-        model = builder(directory, config)
-    else:                                                # generic fallback: any transformers MLM
-        from dllm_decode.models.hf import load_masked_lm
+        else:                                                # generic fallback: any transformers MLM
+            from dllm_decode.models.hf import load_masked_lm
 
-        model = load_masked_lm(directory, tokenizer, trust_remote_code)
+            model = load_masked_lm(directory, tokenizer, trust_remote_code)
+    finally:
+        _QUANTIZE.reset(tokens[1])
+        _QUANTIZED.reset(tokens[0])
     if groups is None or dtype is not None:     # TP keeps the checkpoint's dtype unless told
         model = model.to(dtype=dtype or torch.float32)
+    if adapter is not None:                     # LoRA merges into the float weights, before quantizing
+        from dllm_decode.adapters import merge_folders
+
+        try:
+            merge_folders(model, adapter)
+        except ValueError as err:
+            raise ModelLoadError(first_line(err)) from None
+    if spec is not None:                        # after sharding: each rank quantizes its shard
+        from dllm_decode.quant import quantize_model
+
+        _quant_problem(directory, lambda: quantize_model(model, spec))
     model = model.to(device=device or "cpu").eval()
     model.tokenizer = tokenizer
     # config.json may leave EOS to the tokenizer (Qwen-based checkpoints): take what it defines
@@ -253,14 +310,31 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         set_runtime(model, runtime or default_runtime(model))
     except ValueError as err:
         raise ModelLoadError(f"{directory}: {first_line(err)}") from None
-    if adapter is not None:
-        from dllm_decode.adapters import merge_folders
-
-        try:
-            merge_folders(model, adapter)
-        except ValueError as err:
-            raise ModelLoadError(first_line(err)) from None
     return model
+
+
+def _quantization(directory: Path, config: dict[str, Any], quantize: Any, device: Any,
+                  tensor_parallel: int | None) -> tuple[Any, Any]:
+    """(the `QuantSpec` to quantize to on load, the checkpoint's own quantization), checked
+    before anything is built: a bad format, a format the device cannot run, an unknown
+    `quantization_config`, a quantized checkpoint asked to quantize again or to shard."""
+    from dllm_decode.quant import QuantSpec
+    from dllm_decode.quant.checkpoint import checkpoint_quantization
+    from dllm_decode.quant.device import check_device_runs
+
+    spec = _quant_problem(directory, lambda: QuantSpec.of(quantize))
+    quantized = _quant_problem(directory, lambda: checkpoint_quantization(
+        config, str(directory / "config.json")))
+    if quantized is not None and spec is not None:
+        raise ModelLoadError(f"{directory} is already quantized ({quantized.spec}); leave out "
+                             f"quantize")
+    if quantized is not None and tensor_parallel and tensor_parallel > 1:
+        raise ModelLoadError(f"{directory}: a quantized checkpoint loads in one process; for "
+                             f"tensor parallelism quantize the float checkpoint on load (quantize=)")
+    for wanted in (spec, quantized.spec if quantized else None):
+        if wanted is not None:
+            _quant_problem(directory, lambda: check_device_runs(wanted, device))
+    return spec, quantized
 
 
 def _tensor_parallel_groups(tensor_parallel: int | None, device: Any) -> Any:

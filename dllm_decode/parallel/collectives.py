@@ -31,6 +31,13 @@ def all_reduce(x: Tensor, group_name: str | None) -> Tensor:
     return _FUNCTIONAL.wait_tensor(_FUNCTIONAL.all_reduce(x.contiguous(), "sum", group_name))
 
 
+def all_reduce_max(x: Tensor, group_name: str | None) -> Tensor:
+    """Elementwise max of `x` over the group (a new tensor); `x` itself when there is no group."""
+    if group_name is None:
+        return x
+    return _FUNCTIONAL.wait_tensor(_FUNCTIONAL.all_reduce(x.contiguous(), "max", group_name))
+
+
 def all_gather_last(x: Tensor, size: int, group_name: str | None) -> Tensor:
     """The group's shards of `x` (..., n) concatenated along the last dim, rank order:
     (..., size * n). One all_gather of the shards."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.parallel.collectives import all_gather_last, all_reduce
+from dllm_decode.parallel.collectives import all_gather_last, all_reduce, all_reduce_max
 
 
 class RowParallelLinear(nn.Linear):
@@ -40,6 +40,11 @@ class RowParallelLinear(nn.Linear):
     def reduce(self, x: Tensor) -> Tensor:
         """The all_reduce alone (the compact runtime multiplies the fused weights itself)."""
         return all_reduce(x, self.group_name)
+
+    def row_max(self, x: Tensor) -> Tensor:
+        """Elementwise max over the ranks: a per-output-channel quantization scale spans the
+        whole row, so a rank's shard gets the codes the whole matrix would (`dllm_decode.quant`)."""
+        return all_reduce_max(x, self.group_name)
 
 
 class VocabParallelEmbedding(nn.Module):
