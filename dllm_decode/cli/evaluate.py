@@ -145,17 +145,18 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
     writable_dir(out_dir, "--out")
+    adapters = split_adapters(adapter, named_ok=False).merged
     if tensor_parallel == 1:
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
                   settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture,
-                  quantize)
+                  adapters=adapters, quantize=quantize)
         return
     groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
     try:
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
-                  plots, as_json, capture, split_adapters(adapter, named_ok=False).merged, quantize)
+                  plots, as_json, capture, adapters=adapters, quantize=quantize)
     finally:
         launch.finish(groups)
 
