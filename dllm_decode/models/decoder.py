@@ -218,3 +218,15 @@ class DecoderLM(BlockStackLM):
         # The shift, on hidden states so the head runs on b - a rows only.
         h = unshift(h, positions, lo, a, b) if self.token_shift else h
         return self.head(h)
+
+    def verify_forward(self, input_ids: Tensor, key_mask: Tensor, positions: Tensor,
+                       rows: tuple[int, int]) -> Tensor:
+        """Logits (B, b - a, V) of canvas rows `rows = (a, b)` under an explicit attention pattern
+        `key_mask` (B, 1, L, L) bool (True = attend), no cache; the shift undone as in `forward`.
+        Self-speculative verifiers run the same weights in another mode with it (a block model
+        with block size 1 is autoregressive)."""
+        h, positions, (lo, a, b) = self.hidden_states(input_ids, None, positions, None, rows,
+                                                      lookback=self.token_shift, key_mask=key_mask)
+        h = self.model.norm(h)
+        h = unshift(h, positions, lo, a, b) if self.token_shift else h
+        return self.head(h)
