@@ -17,6 +17,7 @@ their own: every loop iteration runs one batched forward over the rows still dec
 
 from __future__ import annotations
 
+import abc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
+from dllm_decode.fields import Checked
 from dllm_decode.interfaces import DiffusionLM, NoCache, Scheduler
 from dllm_decode.member import check_request
 from dllm_decode.models.block_grid import block_start_columns, grid_canvas, grid_tails
@@ -122,6 +124,18 @@ class BlockRun:
     counters: Counters
     tokenizer: Any = None
     started: float = field(default_factory=time.perf_counter)
+
+    @staticmethod
+    def checked(what: str, model: DiffusionLM, prompts: Sequence[str | Sequence[int]],
+                config: DecodeConfig, tokenizer: Any, generator: torch.Generator | None,
+                verifier: bool) -> tuple[BlockRun, torch.Generator]:
+        """The batch of decoder `what` after its checks (`check_verifier` when it verifies in
+        AR mode, `check_base`), and the request's generator (seeded by `config.seed` if None)."""
+        if verifier:
+            check_verifier(model, what)
+        check_base(config, what)
+        run = BlockRun.open(model, prompts, config, tokenizer)
+        return run, generator or torch.Generator(device=run.x.device).manual_seed(config.seed)
 
     @staticmethod
     def open(model: DiffusionLM, prompts: Sequence[str | Sequence[int]], config: DecodeConfig,
@@ -224,16 +238,16 @@ class BlockRun:
 
     # ---- the base rule's step -----------------------------------------------------------
     def view(self, rows: Tensor, logits: Tensor, canvas: Tensor | None = None,
-             exclude: Tensor | None = None, first: Tensor | None = None) -> list[tuple[Tensor, StepInput]]:
+             exclude: Tensor | None = None, steps: Tensor | None = None) -> list[tuple[Tensor, StepInput]]:
         """The scheduler's views of `rows` (grouped by their block step, which every row of a
         view shares), over the generation columns, on `canvas` (default the batch's) and the
-        (b, W - gen_start, V) logits; `first` (b,) bool marks rows in their block's first step
-        (the block-start rule of a token-shifted model applies there; default step == 0)."""
+        (b, W - gen_start, V) logits, at block steps `steps` (b,) (default the rows' own; the
+        block-start rule of a token-shifted model applies at step 0)."""
         x = self.x[rows] if canvas is None else canvas
         g = self.gen_start
         current = x[:, g:]
-        steps = self.step[rows]
-        first = steps == 0 if first is None else first
+        steps = self.step[rows] if steps is None else steps
+        first = steps == 0
         mask = self.model.mask_token_id
         views = []
         for value in torch.unique(steps).tolist():
@@ -258,14 +272,14 @@ class BlockRun:
         return views
 
     def rule_step(self, rows: Tensor, logits: Tensor, canvas: Tensor | None = None,
-                  exclude: Tensor | None = None, first: Tensor | None = None,
+                  exclude: Tensor | None = None, steps: Tensor | None = None,
                   scheduler: Scheduler | None = None) -> tuple[Tensor, Tensor]:
         """One step of the base rule (or `scheduler`) for `rows` on `canvas`: the (b, W) canvas
         after it and the (b, W) bool columns it committed."""
         x = (self.x[rows] if canvas is None else canvas).clone()
         committed = torch.zeros_like(x, dtype=torch.bool)
         rule = scheduler or self.config.scheduler
-        for pick, inp in self.view(rows, logits, x, exclude, first):
+        for pick, inp in self.view(rows, logits, x, exclude, steps):
             decision, _ = rule.select(inp, None)
             resolved = resolve(inp, decision)
             x[pick, self.gen_start:] = write(inp.current, resolved, self.model.mask_token_id)
@@ -288,6 +302,57 @@ class BlockRun:
                               seconds=time.perf_counter() - self.started, text=text,
                               forward_rows=self.counters.rows.clone())
         return SpecDecode(result, self.counters.verifies.clone(), dict(extra or {}))
+
+
+def accept_chain(draft: Tensor, p: Tensor, q_logits: Tensor, mask_id: int, *, greedy: bool,
+                 generator: torch.Generator | None, gamma: float = 1.0, top_p: float = 1.0,
+                 resample: bool = True) -> tuple[Tensor, int]:
+    """Verify a chain of drafted tokens (n,) left to right against the verifier's logits (n, V)
+    at their columns; returns the tokens to commit from the chain's first column on and how many
+    drafts were accepted.
+
+    `greedy`: accept while the draft equals the verifier's argmax; the first mismatch commits the
+    argmax (lossless w.r.t. the verifier's greedy decode). Otherwise speculative sampling: accept
+    column i with probability min(1, (q_i(x_i) / p_i(x_i))^gamma), q the verifier's softmax cut
+    to its `top_p` nucleus and p (n, V) the draft's law, uniforms from `generator`; the first
+    rejection commits a draw from norm(max(0, q - p)) (`resample`; q when that is empty) or its
+    draft. [MASK] is never the verifier's token.
+    """
+    q_logits = q_logits.float().index_fill(-1, torch.tensor([mask_id], device=q_logits.device),
+                                           torch.finfo(torch.float32).min)
+    if greedy:
+        target = q_logits.argmax(-1)
+        miss = (target != draft).nonzero()
+        n = int(miss[0]) if miss.numel() else len(draft)
+        return torch.cat([draft[:n], target[n:n + 1]]), n
+    q = top_p_law(q_logits.softmax(-1), top_p)
+    q_sel = q.gather(-1, draft[:, None]).squeeze(-1)
+    p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
+    ratio = ((q_sel / p_sel) ** gamma).clamp(max=1.0)
+    uniform = torch.rand(len(draft), generator=generator, device=draft.device)
+    reject = (uniform >= ratio).nonzero()
+    if not reject.numel():
+        return draft, len(draft)
+    n = int(reject[0])
+    token = draft[n:n + 1]
+    if resample:
+        residual = (q[n] - p[n]).clamp_min(0)
+        law = residual if float(residual.sum()) > 0 else q[n]
+        token = torch.multinomial(law / law.sum(), 1, generator=generator)
+    return torch.cat([draft[:n], token]), n
+
+
+def top_p_law(probs: Tensor, top_p: float) -> Tensor:
+    """The nucleus law: the smallest most-probable set reaching `top_p`, renormalised (S2D2's
+    `_probs_from_logits`)."""
+    if top_p >= 1:
+        return probs
+    ordered, index = probs.sort(-1, descending=True)
+    drop = ordered.cumsum(-1) > top_p
+    drop[..., 1:] = drop[..., :-1].clone()
+    drop[..., 0] = False
+    kept = probs.masked_fill(torch.zeros_like(drop).scatter(-1, index, drop), 0)
+    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
 @dataclass
@@ -337,10 +402,10 @@ def ar_mode_generate(model: DiffusionLM, prompts: Sequence[str | Sequence[int]],
     return run.result()
 
 
-@dataclass(frozen=True)
-class SelfDecoder:
-    """A self-speculative decoder of a `SELF_DECODERS` entry: a frozen dataclass of its options
-    (built by `registry.build` like a scheduler) that decodes a batch with the model alone.
+class SelfDecoder(Checked, abc.ABC):
+    """A `SELF_DECODERS` entry: a frozen dataclass of a self-speculative decoder's options (built
+    by `registry.build` like a scheduler, every field type-checked) that decodes a batch with the
+    model alone.
 
     Class attributes declare what it supports: `needs_verifier` (True: a token-shifted block
     model's autoregressive mode verifies, `check_verifier`), and `strict_base`, the decode its
@@ -351,11 +416,17 @@ class SelfDecoder:
     needs_verifier: ClassVar[bool] = True
     strict_base: ClassVar[str] = "ar_mode"
 
+    @abc.abstractmethod
     def decode(self, model: DiffusionLM, prompts: Sequence[str | Sequence[int]], config: DecodeConfig,
                generator: torch.Generator | None = None, tokenizer: Any = None) -> SpecDecode:
-        raise NotImplementedError
+        """Decode `prompts` (texts with a tokenizer, or token ids) under `config`'s base rule.
+
+        Raises:
+            ValueError: a model or config the decoder refuses (`check_verifier`, `check_base`),
+                or what every decode entry point refuses (`member.check_request`).
+        """
 
     @property
+    @abc.abstractmethod
     def strict(self) -> bool:
         """Whether this configuration is the lossless one (reproduces `strict_base`)."""
-        raise NotImplementedError

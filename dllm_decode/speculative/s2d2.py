@@ -57,7 +57,7 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.speculative.blockrun import BlockRun, SelfDecoder, SpecDecode, check_base, check_verifier
+from dllm_decode.speculative.blockrun import BlockRun, SelfDecoder, SpecDecode, accept_chain
 from dllm_decode.step import propose
 
 MODES = ("strict", "published")
@@ -101,16 +101,16 @@ class S2D2(SelfDecoder):
                                      ("score_type", self.score_type, ("static", "dynamic")),
                                      ("estimator", self.estimator, ESTIMATORS)):
             if value not in allowed:
-                raise ValueError(f"s2d2 {name} must be one of {list(allowed)}, got {value!r}")
+                raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
         if self.min_span < 1:
-            raise ValueError(f"s2d2 min_span must be >= 1, got {self.min_span}")
+            raise ValueError(f"min_span must be >= 1, got {self.min_span}")
         if not 0 < self.top_p <= 1 or self.gamma <= 0 or self.penalty < 0 or self.margin < 0 \
                 or self.entropy_temperature < 0:
-            raise ValueError(f"s2d2 needs top_p in (0, 1], gamma > 0 and penalty, margin, "
+            raise ValueError(f"needs top_p in (0, 1], gamma > 0 and penalty, margin, "
                              f"entropy_temperature >= 0; got {self.top_p}, {self.gamma}, "
                              f"{self.penalty}, {self.margin}, {self.entropy_temperature}")
         if self.on < self.off:
-            raise ValueError(f"s2d2 hysteresis needs on >= off, got on {self.on}, off {self.off}")
+            raise ValueError(f"hysteresis needs on >= off, got on {self.on}, off {self.off}")
 
     @property
     def strict(self) -> bool:
@@ -119,9 +119,8 @@ class S2D2(SelfDecoder):
     @torch.inference_mode()
     def decode(self, model: DiffusionLM, prompts: Sequence[str | Sequence[int]], config: DecodeConfig,
                generator: torch.Generator | None = None, tokenizer: Any = None) -> SpecDecode:
-        check_verifier(model, "s2d2")
-        check_base(config, "s2d2")
-        run = BlockRun.open(model, prompts, config, tokenizer)
+        run, generator = BlockRun.checked("s2d2", model, prompts, config, tokenizer, generator,
+                                          verifier=True)
         mask = model.mask_token_id
         hysteresis = torch.zeros(len(run.x), dtype=torch.bool)
         verified = accepted = 0
@@ -151,8 +150,9 @@ class S2D2(SelfDecoder):
                 verified += len(check)
                 for k, row in enumerate(check.tolist()):
                     columns = span[row].nonzero().squeeze(1)
-                    tokens, n = self._accept(lg[row, columns], probs[row, columns], draft[row, columns],
-                                             q_logits[k, columns], mask, generator)
+                    tokens, n = accept_chain(draft[row, columns], probs[row, columns], q_logits[k, columns],
+                                             mask, greedy=self.strict, generator=generator,
+                                             gamma=self.gamma, top_p=self.top_p, resample=self.resample)
                     accepted += n
                     x[row, g + columns[:len(tokens)]] = tokens
             run.x[rows] = x
@@ -168,9 +168,7 @@ class S2D2(SelfDecoder):
             return torch.ones(len(rows), dtype=torch.bool, device=rows.device)
         if self.policy == "mask_span_length":
             return span.sum(-1) >= self.min_span
-        alpha = self._alpha(probs)                                           # (b, W)
-        run_alpha = torch.where(span, alpha, torch.ones_like(alpha)).cumprod(-1)
-        expected = (run_alpha * span).sum(-1)                               # E[K] over the span
+        expected = expected_tokens(self._alpha(probs), span)
         if self.score_type == "dynamic":
             threshold = float(getattr(run.config.scheduler, "threshold", 0.9))
             confident = probs.gather(-1, draft.unsqueeze(-1)).squeeze(-1) > threshold
@@ -180,8 +178,7 @@ class S2D2(SelfDecoder):
         if self.policy == "score_threshold":
             return score >= self.score_threshold
         index = rows.cpu()
-        was = hysteresis[index].to(score.device)
-        now = torch.where(was, ~(score < self.off), score > self.on)
+        now = hysteresis_step(hysteresis[index].to(score.device), score, self.on, self.off)
         hysteresis[index] = now.cpu()
         return now
 
@@ -193,33 +190,17 @@ class S2D2(SelfDecoder):
         entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)
         return torch.exp(-self.entropy_temperature * entropy / math.log(probs.shape[-1]))
 
-    # ---- acceptance ---------------------------------------------------------------------
-    def _accept(self, logits: Tensor, p: Tensor, draft: Tensor, q_logits: Tensor, mask: int,
-                generator: torch.Generator | None) -> tuple[Tensor, int]:
-        """Tokens to commit from the span's first column on, and how many drafts were accepted."""
-        q_logits = q_logits.float().index_fill(-1, torch.tensor([mask], device=q_logits.device),
-                                               torch.finfo(torch.float32).min)
-        if self.strict:
-            target = q_logits.argmax(-1)
-            miss = (target != draft).nonzero()
-            n = int(miss[0]) if miss.numel() else len(draft)
-            return torch.cat([draft[:n], target[n:n + 1]]), n
-        q = _top_p(q_logits.softmax(-1), self.top_p)
-        q_sel = q.gather(-1, draft[:, None]).squeeze(-1)
-        p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
-        ratio = ((q_sel / p_sel) ** self.gamma).clamp(max=1.0)
-        uniform = torch.rand(len(draft), generator=generator, device=draft.device) if generator is not None \
-            else torch.rand(len(draft), device=draft.device)
-        reject = (uniform >= ratio).nonzero()
-        if not reject.numel():
-            return draft, len(draft)
-        n = int(reject[0])
-        token = draft[n:n + 1]
-        if self.resample:
-            residual = (q[n] - p[n]).clamp_min(0)
-            law = residual if float(residual.sum()) > 0 else q[n]
-            token = torch.multinomial(law / law.sum(), 1, generator=generator)
-        return torch.cat([draft[:n], token]), n
+
+def expected_tokens(alpha: Tensor, span: Tensor) -> Tensor:
+    """(b,) E[K] = sum_k prod_{i<=k} alpha_i over each row's span (alpha (b, W), span (b, W) a
+    contiguous run): the expected accepted prefix length."""
+    return (torch.where(span, alpha.clamp(0, 1), torch.ones_like(alpha)).cumprod(-1) * span).sum(-1)
+
+
+def hysteresis_step(was: Tensor, score: Tensor, on: float, off: float) -> Tensor:
+    """(b,) routing under hysteresis: an off row turns on when score > on (the reference's `>`;
+    its paper writes >=), an on row stays on unless score < off."""
+    return torch.where(was, ~(score < off), score > on)
 
 
 def _first_span(masked: Tensor) -> Tensor:
@@ -241,16 +222,3 @@ def _restricted(run: BlockRun, rows: Tensor) -> Tensor:
     if allowed is None:
         return torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
     return (run.step[rows] == 0) & ~allowed.all(-1)
-
-
-def _top_p(probs: Tensor, top_p: float) -> Tensor:
-    """The nucleus law: the smallest most-probable set reaching `top_p`, renormalised (the
-    reference's `_probs_from_logits`)."""
-    if top_p >= 1:
-        return probs
-    ordered, index = probs.sort(-1, descending=True)
-    drop = ordered.cumsum(-1) > top_p
-    drop[..., 1:] = drop[..., :-1].clone()
-    drop[..., 0] = False
-    kept = probs.masked_fill(torch.zeros_like(drop).scatter(-1, index, drop), 0)
-    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
