@@ -221,12 +221,10 @@ class DecoderLM(BlockStackLM):
 
     def verify_forward(self, input_ids: Tensor, key_mask: Tensor, positions: Tensor,
                        rows: tuple[int, int]) -> Tensor:
-        """Logits (B, b - a, V) of canvas rows `rows = (a, b)` under an explicit attention pattern
-        `key_mask` (B, 1, L, L) bool (True = attend), no cache; the shift undone as in `forward`.
-        Self-speculative verifiers run the same weights in another mode with it (a block model
-        with block size 1 is autoregressive)."""
-        h, positions, (lo, a, b) = self.hidden_states(input_ids, None, positions, None, rows,
-                                                      lookback=self.token_shift, key_mask=key_mask)
-        h = self.model.norm(h)
-        h = unshift(h, positions, lo, a, b) if self.token_shift else h
-        return self.head(h)
+        """The network's own logits (B, b - a, V) of fed rows `rows = (a, b)` under an explicit
+        attention pattern `key_mask` (B, 1, L, L) bool (True = attend) at explicit `positions`
+        (duplicates allowed), no cache. The shift is NOT undone: a token-shifted family's row i
+        predicts position i + 1. Self-speculative verifiers run the same weights in another mode
+        with it (a block model with block size 1 is autoregressive)."""
+        h, _, _ = self.hidden_states(input_ids, None, positions, None, rows, key_mask=key_mask)
+        return self.head(self.model.norm(h))

@@ -76,23 +76,27 @@ def check_verifier(model: DiffusionLM, what: str) -> None:
 @dataclass
 class Counters:
     """Per sample: forwards (NFE, verification forwards included), canvas rows computed (a
-    forward over k canvases of one sample counts k), and the forwards that verified."""
+    forward over k canvases of one sample counts k), the forwards that verified, and the token
+    columns fed (a verification with query copies feeds more columns than the canvas)."""
 
     forwards: Tensor
     rows: Tensor
     verifies: Tensor
+    fed: Tensor
 
     @staticmethod
     def zeros(batch: int) -> Counters:
-        return Counters(*(torch.zeros(batch, dtype=torch.long) for _ in range(3)))
+        return Counters(*(torch.zeros(batch, dtype=torch.long) for _ in range(4)))
 
-    def count(self, rows: Tensor, canvases: int = 1, verify: bool = False) -> None:
-        """One forward in which the (device) batch `rows` each computed `canvases` canvases."""
+    def count(self, rows: Tensor, fed: int, verify: bool = False) -> None:
+        """One forward in which each of the (device) batch rows `rows` (a sample may repeat: one
+        canvas each) fed `fed` token columns."""
         index = rows.cpu()
-        self.forwards[index] += 1
-        self.rows[index] += canvases
+        self.forwards[index.unique()] += 1
+        self.rows.index_add_(0, index, torch.ones_like(index))
+        self.fed.index_add_(0, index, torch.full_like(index, fed))
         if verify:
-            self.verifies[index] += 1
+            self.verifies[index.unique()] += 1
 
 
 @dataclass
@@ -209,32 +213,61 @@ class BlockRun:
         return (~self.done).nonzero().squeeze(1)
 
     # ---- forwards -----------------------------------------------------------------------
-    def logits(self, rows: Tensor, canvas: Tensor | None = None) -> Tensor:
-        """(b, W - gen_start, V) block-diffusion logits of the generation columns (one forward)."""
+    def logits(self, rows: Tensor, canvas: Tensor | None = None, verify: bool = False) -> Tensor:
+        """(b, W - gen_start, V) block-diffusion logits of the generation columns: one forward,
+        counted (`rows` may repeat a sample: one canvas each; `verify`: it verifies drafts)."""
         x = self.x[rows] if canvas is None else canvas
         attention = None if self.attention is None else self.attention[rows]
+        self.counters.count(rows, x.shape[1], verify)
         return self.model(x, attention, rows=(self.gen_start, self.x.shape[1]))
 
     def ar_logits(self, rows: Tensor, canvas: Tensor, order: Tensor | None = None) -> Tensor:
-        """(b, W - gen_start, V) logits of the generation columns with each row's active model
-        block run in autoregressive mode (block size 1): its columns attend the earlier blocks
-        as the model does and, inside the block, only columns not later than themselves, or,
-        given `order` (b, W), only columns whose order is not greater than their own (SimSD's
-        step-causal data half). Columns of finished blocks keep the model's own pattern, so
-        their K/V are the cached prefix's (not the reference's `cache_ver`)."""
+        """(b, W - gen_start, V) verifier logits of the generation columns (one verification
+        forward, counted): the row's active model block run in autoregressive mode (block size 1). Columns of finished blocks keep the
+        model's own pattern, so their K/V are the cached prefix's (not S2D2's `cache_ver`).
+
+        Without `order`: one forward of the canvas, the active block causal; column i's logits
+        are the network's row i - 1 (a token-shifted model: no [MASK] copies needed).
+        With `order` (b, W), SimSD's step-causal layout: inside the active block a canvas row j
+        attends columns k <= j with order[k] <= order[j], and a query copy per column i, fed after
+        the canvas at the position of i - 1 with the token column i - 1 held before i was drafted
+        (its token when order[i - 1] < order[i], else [MASK]), attends the earlier blocks, the
+        columns k < i - 1 with order[k] < order[i], and itself; its output is column i's logits.
+        With order increasing along the columns both are the same autoregressive forward."""
         positions = self.positions[rows]
         attention = None if self.attention is None else self.attention[rows]
-        width = canvas.shape[1]
+        width, g = canvas.shape[1], self.gen_start
         native = block_causal_mask(positions, (0, width), self.model.block_size, attention)[:, 0]
         grid = torch.div(positions, self.model.block_size, rounding_mode="floor")
-        active = grid.gather(1, self.start[rows, None])                         # (b, 1)
-        inside = (grid == active)                                               # (b, W)
-        key = self.columns() if order is None else order
-        later = (key[..., None, :] > key[..., :, None]) if order is not None else \
-            (self.columns()[None, :] > self.columns()[:, None]).expand(len(rows), width, width)
-        blocked = inside[:, :, None] & inside[:, None, :] & later
-        mask = native & ~blocked
-        return self.model.verify_forward(canvas, mask[:, None], positions, (self.gen_start, width))
+        inside = grid == grid.gather(1, self.start[rows, None])                 # (b, W) active block
+        pair = inside[:, :, None] & inside[:, None, :]
+        cols = self.columns()
+        causal = cols[None, :] <= cols[:, None]                                # (W, W) [q, k]
+        if order is None:
+            mask = native & (~pair | causal)
+            self.counters.count(rows, width, verify=True)
+            return self.model.verify_forward(canvas, mask[:, None], positions, (g - 1, width - 1))
+        data = native & (~pair | (causal & (order[:, None, :] <= order[:, :, None])))
+        query_cols = cols[g:]                                                  # one copy per column
+        before = query_cols - 1
+        known = order.gather(1, before.expand(len(rows), -1)) < order[:, g:]
+        tokens = torch.where(known, canvas[:, before], self.model.mask_token_id)
+        q_pos = positions[:, before]
+        # a copy of a column in the active block: the earlier blocks, and the columns before it
+        # unmasked before the column it verifies; of a column before the block: its own pattern
+        seen = inside[:, None, :] & (cols[None, None, :] < before[None, :, None]) \
+            & (order[:, None, :] < order[:, g:, None])
+        in_block = (~inside[:, None, :] | seen) & native[:, before]
+        to_canvas = torch.where(inside[:, before, None], in_block, native[:, before]) \
+            & (cols[None, :] != before[:, None])                 # the copy stands for its column
+        n = len(query_cols)
+        itself = torch.eye(n, dtype=torch.bool, device=canvas.device).expand(len(rows), n, n)
+        top = torch.cat([data, torch.zeros(len(rows), width, n, dtype=torch.bool, device=canvas.device)], -1)
+        mask = torch.cat([top, torch.cat([to_canvas, itself], -1)], 1)
+        fed = torch.cat([canvas, tokens], 1)
+        self.counters.count(rows, fed.shape[1], verify=True)
+        return self.model.verify_forward(fed, mask[:, None], torch.cat([positions, q_pos], 1),
+                                         (width, width + n))
 
     # ---- the base rule's step -----------------------------------------------------------
     def view(self, rows: Tensor, logits: Tensor, canvas: Tensor | None = None,
@@ -301,7 +334,7 @@ class BlockRun:
         result = DecodeResult(tokens=tokens, nfe=self.counters.forwards.clone(), answer_lengths=answer,
                               seconds=time.perf_counter() - self.started, text=text,
                               forward_rows=self.counters.rows.clone())
-        return SpecDecode(result, self.counters.verifies.clone(), dict(extra or {}))
+        return SpecDecode(result, self.counters.verifies.clone(), self.counters.fed.clone(), dict(extra or {}))
 
 
 def accept_chain(draft: Tensor, p: Tensor, q_logits: Tensor, mask_id: int, *, greedy: bool,
@@ -363,17 +396,19 @@ class SpecDecode:
         result: the decode (`DecodeResult`: `nfe` counts every forward, verification forwards
             included; `forward_rows` the canvases those forwards computed).
         verifies: (B,) the forwards that verified drafts.
+        tokens_fed: (B,) token columns those forwards fed (query copies included).
         stats: decoder-specific totals (accepted tokens, rounds, ...).
     """
 
     result: DecodeResult
     verifies: Tensor
+    tokens_fed: Tensor
     stats: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         r = self.result
         return {"tokens": r.tokens.tolist(), "text": r.text, "nfe": r.nfe.tolist(),
-                "forward_rows": r.forward_rows.tolist(), "verifies": self.verifies.tolist(),
+                "forward_rows": r.forward_rows.tolist(), "verifies": self.verifies.tolist(), "tokens_fed": self.tokens_fed.tolist(),
                 "answer_lengths": r.answer_lengths.tolist(), "seconds": r.seconds, **self.stats}
 
 
@@ -390,7 +425,6 @@ def ar_mode_generate(model: DiffusionLM, prompts: Sequence[str | Sequence[int]],
     while not bool(run.done.all()):
         rows = run.live()
         logits = run.ar_logits(rows, run.x[rows])
-        run.counters.count(rows)
         x = run.x[rows]
         frontier = (run.masked_in_block(rows)).int().argmax(-1)
         _, _, top = propose(logits, mask)

@@ -79,7 +79,6 @@ class PSD(SelfDecoder):
         run, _ = BlockRun.checked("psd", model, prompts, config, tokenizer, generator, verifier=False)
         everyone = run.live()
         fresh = run.logits(everyone)                          # (B, W - g, V) logits of each row's x
-        run.counters.count(everyone)
         accepted: list[int] = []
         while not bool(run.done.all()):
             rows = run.live()
@@ -89,10 +88,7 @@ class PSD(SelfDecoder):
             owners = rows[:, None].expand(-1, depth)[need]
             out = None
             if bool(need.any()):
-                out = run.logits(owners, drafts[need])                     # the verify forward
-                verifying = need.any(-1)
-                run.counters.count(rows[verifying], verify=True)
-                run.counters.rows[rows[verifying].cpu()] += need.sum(-1)[verifying].cpu() - 1
+                out = run.logits(owners, drafts[need], verify=True)       # the verify forward
             index = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
             index[need] = torch.arange(int(need.sum()), device=need.device)
             best = self._walk(run, rows, drafts, out, index)

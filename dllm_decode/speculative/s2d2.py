@@ -127,7 +127,6 @@ class S2D2(SelfDecoder):
         while not bool(run.done.all()):
             rows = run.live()
             logits = run.logits(rows)                                   # the diffusion draft
-            run.counters.count(rows)
             g = run.gen_start
             lg, probs, draft = propose(logits, mask)
             masked = run.masked_in_block(rows)[:, g:]
@@ -146,7 +145,6 @@ class S2D2(SelfDecoder):
                 fill = run.masked_in_block(sub)
                 filled[:, g:] = torch.where(fill[:, g:], draft[check], filled[:, g:])
                 q_logits = run.ar_logits(sub, filled)                  # the verification
-                run.counters.count(sub, verify=True)
                 verified += len(check)
                 for k, row in enumerate(check.tolist()):
                     columns = span[row].nonzero().squeeze(1)

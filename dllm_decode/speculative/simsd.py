@@ -94,7 +94,6 @@ class SimSD(SelfDecoder):
             cols, width = run.columns(), x.shape[1]
             key = torch.where(order >= 0, order, torch.where(x == mask, 2 * width + cols, cols - width))
             q_logits = run.ar_logits(rows, x, None if self.strict else key)    # the verification
-            run.counters.count(rows, verify=True)
             out = run.x[rows].clone()
             for k in range(len(rows)):
                 columns = span[k].nonzero().squeeze(1)
@@ -122,7 +121,6 @@ class SimSD(SelfDecoder):
         going = torch.arange(len(rows), device=x.device)
         while going.numel():
             logits = run.logits(rows[going], x[going])
-            run.counters.count(rows[going])
             probs = propose(logits, mask)[1]
             if law is None:
                 law = torch.zeros(len(rows), *probs.shape[1:], device=probs.device)

@@ -135,24 +135,38 @@ def test_simsd_published_on_one_column_blocks_is_the_ar_mode_decode(bd, prompts)
 
 # ---- the layouts and the acceptance rules ---------------------------------------------------
 
-def test_step_causal_layout_with_increasing_steps_is_the_ar_mode_layout(bd, monkeypatch):
+def test_ar_mode_mask_is_causal_in_the_active_block_only(bd, monkeypatch):
     run = BlockRun.open(bd, [[5, 6, 7], [5, 6, 7, 8, 9]], config())
     masks = []
     monkeypatch.setattr(type(bd), "verify_forward",
                         lambda self, ids, mask, positions, rows: masks.append(mask) or torch.zeros(1))
-    rows = torch.arange(2)
-    run.ar_logits(rows, run.x)
-    run.ar_logits(rows, run.x, order=run.columns().expand(2, -1) * 3)      # any increasing steps
-    assert torch.equal(masks[0], masks[1])
-    # row 1 (no padding): prompt of 5, block [0, 8) active: columns 0..7 causal, block 1 unseen
+    run.ar_logits(torch.arange(2), run.x)
+    # row 1 (no padding): prompt of 5, block [0, 8) active: columns 0..7 causal, later blocks as
+    # the model has them, the grid tail past the row's canvas never attended
     width = run.x.shape[1]
     expected = torch.zeros(width, width, dtype=torch.bool)
     for q in range(width):
         for k in range(width):
-            same = k // 8 == q // 8
-            expected[q, k] = (k <= q) if (same and q // 8 == 0) else (k // 8 <= q // 8)
-    expected &= run.attention[1].bool()[None, :]            # the grid tail it does not decode
+            expected[q, k] = (k <= q) if (q // 8 == k // 8 == 0) else (k // 8 <= q // 8)
+    expected &= run.attention[1].bool()[None, :]
     assert torch.equal(masks[0][1, 0], expected)
+
+
+@pytest.mark.parametrize("block", [8, 4])
+def test_step_causal_layout_with_increasing_steps_is_the_ar_mode_forward(bd, prompts, block):
+    # SimSD's query copies under a left-to-right order compute the autoregressive rows again
+    run = BlockRun.open(bd, prompts[:4], config(block=block))
+    rows = torch.arange(4)
+    run.start = run.end.clone()                      # the second block of each row is active
+    run.end = run.block_end(run.start)
+    x = run.x.clone()
+    filled = torch.randint(0, bd.mask_token_id, x.shape, generator=torch.Generator().manual_seed(0))
+    x = torch.where(x == bd.mask_token_id, filled, x)
+    order = run.columns().expand(4, -1).clone()
+    plain = run.ar_logits(rows, x)
+    copies = run.ar_logits(rows, x, order)
+    active = run.in_block(rows)[:, run.gen_start:]
+    torch.testing.assert_close(copies[active], plain[active], atol=1e-4, rtol=1e-4)
 
 
 def test_expected_tokens_and_hysteresis_follow_the_reference():
