@@ -4,35 +4,46 @@ SimSD (Cui, Ye, Tian, ... Shang, arXiv 2606.02544; code `airevo2/SimSD-release@a
 `speculative_decoding/cache_aware.py:_verify_block_with_cache`, `speculative_decoding/mrs.py`;
 whether the release is the authors' own is unverified). A draft dLLM denoises the active block
 with its unmasking rule, recording the step t_i at which each column was unmasked; the target then
-verifies all drafted tokens in ONE forward in which each drafted token attends only tokens
-unmasked no later than itself (the step-causal mask: the data half of the release's layout,
-d_i -> d_j iff t_j <= t_i, every row -> the committed prefix), and the drafts are checked in
-position order: `greedy_match` (the release default) accepts while the target's argmax equals the
-draft and commits the target's argmax at the first mismatch (the bonus); `mrs` accepts with
+verifies all drafted tokens in ONE forward (data copies and [MASK] copies at duplicated
+positions under a step-causal mask, so that each [MASK] copy sees the canvas the draft saw when it
+unmasked its column), and the drafts are checked in position order: `greedy_match` (the release
+default) accepts while the target's argmax equals the draft and commits the target's argmax at the first mismatch (the bonus); `mrs` accepts with
 probability min(1, q/p) and draws the first rejected column from norm(max(0, q - p)) (q the
 target's softmax, p the draft's law when the token was committed; draws from the request's
 generator). The accepted prefix and the bonus are committed, the rest of the block is masked
 again, and the next round drafts what is left.
 
 Here the draft is the model itself (self-draft) under the config's rule, and the target is the same
-block model in its autoregressive mode (block size 1, `blockrun.BlockRun.ar_logits`). Two modes:
+block model in its autoregressive mode (block size 1, `blockrun.BlockRun.ar_logits`): the release
+verifies with a second, larger SDAR in its diffusion view, where a self-draft is accepted whole
+and saves nothing, so self-speculation takes the verifier mode S2D2 uses. Two modes:
 
 * `strict` (default, lossless): the verification layout is position-causal (t_i = i, the spec's
   left-to-right case), with greedy match: every committed token is the AR-mode greedy token given
   the committed prefix, so the decode equals `blockrun.ar_mode_generate` token for token (tested),
   whatever the draft proposed.
-* `published`: the release's step-causal layout with `acceptance` (`greedy_match` default, or
+* `published`: the step-causal layout below with `acceptance` (`greedy_match` default, or
   `mrs`). It only approximates sequential decoding (the release itself calls greedy-match "an
   approximation of sequential denoising"): a column may be verified against tokens drafted at
   later positions that are then rejected. Its accuracy is reported, not assumed.
 
-Deviations: a token-shifted block model (Fast-dLLM v2 layout, e.g. `embedded-bd`) predicts column
-i from row i - 1's own hidden state, so the layout needs only the data copies: the [MASK] copies at
-duplicated positions that the release feeds for an unshifted SDAR are not fed (the 2L layout is not
-implemented, nor SDAR/LLaDA2); the EOS gate (`_spurious_eos_bonus`) and the release's separate
-cache-extend forwards are absent (forwards recompute the canvas, no cache, `blockrun`); batched
-with rows advancing independently (the release's batched paths assume lock-step rows); drafting
-stops at the end of the active decode block (`block_length`); [MASK] is never a draft or a bonus.
+Layout for a token-shifted block model (Fast-dLLM v2, e.g. `embedded-bd`), whose column i is
+predicted by row i - 1: the canvas rows of the active block attend the columns before them unmasked
+no later than themselves (the release's data half, d_i -> d_j iff t_j <= t_i, made causal), and one
+query copy per column i, fed after the canvas at the position of i - 1 (the release's [MASK] copies
+at duplicated positions), holds the token column i - 1 had when i was drafted ([MASK] if it was
+drafted later) and attends the earlier blocks, the columns before i - 1 unmasked before i, and
+itself: the context the draft had for i, made autoregressive (`BlockRun.ar_logits`). A copy never
+sees the token it verifies (a data row at i - 1 drafted after i would). Under a left-to-right order
+the copies compute the AR-mode rows exactly (tested), so the published mode with one-column blocks
+is the strict decode.
+
+Deviations: the SDAR/LLaDA2 (unshifted) 2L layout is not implemented; the EOS gate
+(`_spurious_eos_bonus`) and the release's separate cache-extend forwards are absent (forwards
+recompute the canvas, no cache, `blockrun`); batched with rows advancing independently (the
+release's batched paths assume lock-step rows); drafting stops at the end of the active decode
+block (`block_length`); [MASK] is never a draft or a bonus; the draft model is the target itself.
+`forward_rows` counts canvases, `tokens_fed` the columns (query copies included).
 NFE counts every draft forward and every verification forward.
 """
 

@@ -188,3 +188,23 @@ def test_ratio_acceptance_accepts_a_draft_the_verifier_agrees_with_and_resamples
     assert n == 1 and tokens.tolist() == [0, 2]                 # q(0) ~ 0 at column 2: residual is token 2
     tokens, n = accept_chain(draft, p, q_logits, mask_id=3, greedy=True, generator=None)
     assert n == 1 and tokens.tolist() == [0, 2]                 # greedy: the argmax replaces the miss
+
+
+# ---- honest counters -------------------------------------------------------------------------
+
+def test_every_forward_is_counted_verifications_included(bd, prompts):
+    cfg = config()
+    prompt = prompts[:1]
+    opened = BlockRun.open(bd, prompt, cfg)
+    width, gen = opened.x.shape[1], opened.x.shape[1] - opened.gen_start
+    psd = SELF_DECODERS["psd"](draft_steps=4).decode(bd, prompt, cfg)
+    nfe, verifies = int(psd.result.nfe[0]), int(psd.verifies[0])
+    assert nfe - verifies in (0, 1)                   # every forward but the first verifies
+    assert verifies <= int(psd.result.forward_rows[0]) - (nfe - verifies) <= 4 * verifies   # 1..K drafts each
+    simsd = SELF_DECODERS["simsd"](mode="published").decode(bd, prompt, cfg)
+    nfe, verifies = int(simsd.result.nfe[0]), int(simsd.verifies[0])
+    # drafts feed the canvas; a verification feeds it plus one query copy per generated column
+    assert int(simsd.tokens_fed[0]) == nfe * width + verifies * gen
+    assert int(simsd.result.forward_rows[0]) == nfe
+    s2d2 = S2D2().decode(bd, prompt, cfg)
+    assert 0 < int(s2d2.verifies[0]) < int(s2d2.result.nfe[0])   # each verification follows a draft
