@@ -63,14 +63,14 @@ def check_base(config: DecodeConfig, what: str) -> None:
 
 
 def check_verifier(model: DiffusionLM, what: str) -> None:
-    """Raise a one-line ValueError unless `model` is a token-shifted block-diffusion model with
-    `verify_forward` (its block-size-1 mode is its own causal forward, no [MASK] copies)."""
-    if not getattr(model, "block_size", None) or getattr(model, "token_shift", 0) != 1 \
+    """Raise a one-line ValueError unless `model` is a block-diffusion model with
+    `verify_forward` (a `DecoderLM` family: Fast-dLLM v2 with the token shift, or SDAR)."""
+    if not getattr(model, "block_size", None) or getattr(model, "token_shift", None) not in (0, 1) \
             or not hasattr(model, "verify_forward"):
         name = getattr(model, "name_or_path", None) or type(model).__name__
         raise ValueError(f"{what} verifies in the block model's autoregressive mode and needs a "
-                         f"token-shifted block-diffusion model with verify_forward (Fast-dLLM v2 "
-                         f"family, e.g. embedded-bd); {name} is not one")
+                         f"block-diffusion model with verify_forward (Fast-dLLM v2 family, e.g. "
+                         f"embedded-bd, or SDAR); {name} is not one")
 
 
 @dataclass
@@ -226,14 +226,16 @@ class BlockRun:
         forward, counted): the row's active model block run in autoregressive mode (block size 1). Columns of finished blocks keep the
         model's own pattern, so their K/V are the cached prefix's (not S2D2's `cache_ver`).
 
-        Without `order`: one forward of the canvas, the active block causal; column i's logits
-        are the network's row i - 1 (a token-shifted model: no [MASK] copies needed).
+        Without `order`, a token-shifted model (Fast-dLLM v2): one forward of the canvas, the
+        active block causal; column i's logits are the network's row i - 1 (no copies needed).
         With `order` (b, W), SimSD's step-causal layout: inside the active block a canvas row j
         attends columns k <= j with order[k] <= order[j], and a query copy per column i, fed after
-        the canvas at the position of i - 1 with the token column i - 1 held before i was drafted
-        (its token when order[i - 1] < order[i], else [MASK]), attends the earlier blocks, the
-        columns k < i - 1 with order[k] < order[i], and itself; its output is column i's logits.
-        With order increasing along the columns both are the same autoregressive forward."""
+        the canvas at the position of the column r whose row predicts i (i - 1 when shifted, else
+        i itself) with the token r held before i was drafted (shifted and order[r] < order[i]:
+        its token; else [MASK]), attends the earlier blocks, the columns k < r with
+        order[k] < order[i], and itself; its output is column i's logits. An unshifted model
+        (SDAR) always takes this layout (without `order`: order by column, S2D2's 2L layout).
+        With order increasing along the columns every form is the same autoregressive decode."""
         positions = self.positions[rows]
         attention = None if self.attention is None else self.attention[rows]
         width, g = canvas.shape[1], self.gen_start
@@ -243,15 +245,18 @@ class BlockRun:
         pair = inside[:, :, None] & inside[:, None, :]
         cols = self.columns()
         causal = cols[None, :] <= cols[:, None]                                # (W, W) [q, k]
-        if order is None:
+        shift = self.model.token_shift
+        if order is None and shift:
             mask = native & (~pair | causal)
             self.counters.count(rows, width, verify=True)
             return self.model.verify_forward(canvas, mask[:, None], positions, (g - 1, width - 1))
+        if order is None:                       # unshifted: [MASK] copies, position-causal
+            order = cols.expand(len(rows), -1)
         data = native & (~pair | (causal & (order[:, None, :] <= order[:, :, None])))
         query_cols = cols[g:]                                                  # one copy per column
-        before = query_cols - 1
+        before = query_cols - shift                  # the column whose row predicts it
         known = order.gather(1, before.expand(len(rows), -1)) < order[:, g:]
-        tokens = torch.where(known, canvas[:, before], self.model.mask_token_id)
+        tokens = torch.where(known & bool(shift), canvas[:, before], self.model.mask_token_id)
         q_pos = positions[:, before]
         # a copy of a column in the active block: the earlier blocks, and the columns before it
         # unmasked before the column it verifies; of a column before the block: its own pattern

@@ -6,7 +6,7 @@ model with block size 1 is autoregressive, so after each diffusion step (one for
 candidates x̂ and their probabilities p) the same weights can check the first contiguous run of
 masked columns (the span) in one more forward, with the block's masks replaced by x̂ and the active
 block run causally: a token-shifted model needs no [MASK] copies (its row i - 1 predicts i), as
-the reference notes. A routing policy decides per step whether verifying is worth the forward;
+the reference notes; an unshifted one (SDAR) gets one [MASK] copy per column (the 2L layout). A routing policy decides per step whether verifying is worth the forward;
 without verification the step is the base rule's.
 
 Two modes:
@@ -41,8 +41,10 @@ that verify); forwards recompute the canvas (no cache; the same forward count as
 `block` cache, `blockrun`); finished blocks keep the model's own attention pattern (the
 reference's default, not `cache_ver`); [MASK] is never a draft, an accepted or a resampled token;
 the contextual-bandit policy (`contextual_bandit_ucb`) is not implemented; the base rule is the
-project's (`threshold` commits ties, the reference's `>` does not). Token-shifted block models
-only (Fast-dLLM v2 layout); SDAR/LLaDA2's 2L [MASK]-copy layout is not implemented.
+project's (`threshold` commits ties, the reference's `>` does not). Families: Fast-dLLM v2
+(token-shifted, the causal forward above) and SDAR (unshifted: the reference's 2L layout, one
+[MASK] copy per column at its position, `BlockRun.ar_logits`); LLaDA2 (no `verify_forward`) is
+refused.
 """
 
 from __future__ import annotations

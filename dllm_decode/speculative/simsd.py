@@ -38,7 +38,10 @@ sees the token it verifies (a data row at i - 1 drafted after i would). Under a 
 the copies compute the AR-mode rows exactly (tested), so the published mode with one-column blocks
 is the strict decode.
 
-Deviations: the SDAR/LLaDA2 (unshifted) 2L layout is not implemented; the EOS gate
+An unshifted model (SDAR, the release's family) takes the same layout with each copy at its own
+column: a [MASK] at i's position, the release's m_i, made autoregressive (it attends no [MASK] copies of other
+columns). Deviations: that AR-mode target (the release's m_i also attends the masks of columns
+drafted later); LLaDA2 (no `verify_forward`) is refused; the EOS gate
 (`_spurious_eos_bonus`) and the release's separate cache-extend forwards are absent (forwards
 recompute the canvas, no cache, `blockrun`); batched with rows advancing independently (the
 release's batched paths assume lock-step rows); drafting stops at the end of the active decode

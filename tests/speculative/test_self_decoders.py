@@ -68,11 +68,12 @@ def test_every_decoder_builds_by_name_defaults_strict_and_refuses_what_it_cannot
 
 
 @pytest.mark.parametrize("name", ["s2d2", "simsd"])
-def test_ar_mode_verifiers_refuse_a_model_without_a_token_shifted_block_mode(name):
-    from dllm_decode.testing import tiny_llada
+def test_ar_mode_verifiers_refuse_a_model_without_a_block_size_1_mode(name):
+    from dllm_decode.testing import tiny_block_diffusion, tiny_llada
 
-    with pytest.raises(ValueError, match="token-shifted block-diffusion"):
-        SELF_DECODERS[name]().decode(tiny_llada(), [[1, 2, 3]], config(block=8))
+    for model in (tiny_llada(), tiny_block_diffusion("llada2")):     # bidirectional; no verify_forward
+        with pytest.raises(ValueError, match="block-diffusion model with verify_forward"):
+            SELF_DECODERS[name]().decode(model, [[1, 2, 3]], config(block=4))
 
 
 # ---- strict modes equal their base decodes; batched equals one by one ----------------------
@@ -208,3 +209,44 @@ def test_every_forward_is_counted_verifications_included(bd, prompts):
     assert int(simsd.result.forward_rows[0]) == nfe
     s2d2 = S2D2().decode(bd, prompt, cfg)
     assert 0 < int(s2d2.verifies[0]) < int(s2d2.result.nfe[0])   # each verification follows a draft
+
+
+# ---- the AR mode on both layouts, against a one-query-at-a-time reference --------------------
+
+def _one_query_ar_decode(model, prompt: list[int], gen: int) -> list[int]:
+    """Greedy block-size-1 decode, one hand-built forward per token: the finished blocks under the
+    model's own block-causal pattern, the active block causal, and the token at i predicted by
+    row i - 1 (token-shifted) or by a [MASK] at i's position attending only what lies before i."""
+    from dllm_decode.models.layers import block_causal_mask
+
+    size, shift, mask_id = model.block_size, model.token_shift, model.mask_token_id
+    x = list(prompt)
+    while len(x) < len(prompt) + gen:
+        i = len(x)
+        fed = x + ([] if shift else [mask_id])
+        positions = torch.arange(len(fed))[None]
+        allowed = block_causal_mask(positions, (0, len(fed)), size, None)[0, 0]
+        same = (positions[0][:, None] // size == i // size) & (positions[0][None, :] // size == i // size)
+        later = torch.arange(len(fed))[None, :] > torch.arange(len(fed))[:, None]
+        allowed = allowed & ~(same & later)
+        logits = model.verify_forward(torch.tensor([fed]), allowed[None, None], positions, (0, len(fed)))
+        row = logits[0, i - shift].clone()
+        row[mask_id] = -float("inf")
+        x.append(int(row.argmax()))
+    return x[len(prompt):]
+
+
+@pytest.mark.parametrize("family", ["fast_dllm", "sdar"])
+def test_ar_mode_and_strict_decoders_match_a_one_query_reference(family):
+    from dllm_decode.testing import tiny_block_diffusion
+
+    torch.manual_seed(0)
+    model = tiny_block_diffusion(family).eval()
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    cfg = DecodeConfig(scheduler=component("scheduler", "threshold"), gen_length=12, block_length=4,
+                       stop_at_eos=False)
+    ar = ar_mode_generate(model, prompts, cfg).result.tokens
+    for row, prompt in enumerate(prompts):
+        assert ar[row].tolist() == _one_query_ar_decode(model, prompt, 12), row
+    for name in ("s2d2", "simsd"):
+        assert torch.equal(SELF_DECODERS[name]().decode(model, prompts, cfg).result.tokens, ar), name
