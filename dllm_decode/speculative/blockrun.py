@@ -353,8 +353,8 @@ def accept_chain(draft: Tensor, p: Tensor, q_logits: Tensor, mask_id: int, *, gr
     argmax (lossless w.r.t. the verifier's greedy decode). Otherwise speculative sampling: accept
     column i with probability min(1, (q_i(x_i) / p_i(x_i))^gamma), q the verifier's softmax cut
     to its `top_p` nucleus and p (n, V) the draft's law, uniforms from `generator`; the first
-    rejection commits a draw from norm(max(0, q - p)) (`resample`; q when that is empty) or its
-    draft. [MASK] is never the verifier's token.
+    rejection commits a draw from norm(max(0, q - p)) (`resample`; q when that is empty), or
+    nothing (the accepted prefix alone, possibly empty). [MASK] is never the verifier's token.
     """
     q_logits = q_logits.float().index_fill(-1, torch.tensor([mask_id], device=q_logits.device),
                                            torch.finfo(torch.float32).min)
@@ -372,12 +372,11 @@ def accept_chain(draft: Tensor, p: Tensor, q_logits: Tensor, mask_id: int, *, gr
     if not reject.numel():
         return draft, len(draft)
     n = int(reject[0])
-    token = draft[n:n + 1]
-    if resample:
-        residual = (q[n] - p[n]).clamp_min(0)
-        law = residual if float(residual.sum()) > 0 else q[n]
-        token = torch.multinomial(law / law.sum(), 1, generator=generator)
-    return torch.cat([draft[:n], token]), n
+    if not resample:
+        return draft[:n], n
+    residual = (q[n] - p[n]).clamp_min(0)
+    law = residual if float(residual.sum()) > 0 else q[n]
+    return torch.cat([draft[:n], torch.multinomial(law / law.sum(), 1, generator=generator)]), n
 
 
 def top_p_law(probs: Tensor, top_p: float) -> Tensor:

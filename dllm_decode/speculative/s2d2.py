@@ -21,8 +21,9 @@ Two modes:
   probability min(1, (q_i(x̂_i) / p_i(x̂_i))^gamma), q the AR-mode law after top-p 0.95 (the
   reference's default, applied to q even at temperature 0) and p the diffusion softmax, so
   acceptance is random even at temperature 0 (the reference's pitfall, reproduced); the first
-  rejected column is committed with a token drawn from norm(max(0, q - p)) (`resample`, default)
-  or with its draft. Uniforms and residual draws come from the request's generator, in row order
+  rejected column is committed with a token drawn from norm(max(0, q - p)) (`resample`, default);
+  without resampling only the accepted prefix is committed, and when that is empty the step falls
+  back to the base rule (the reference's stall guard). Uniforms and residual draws come from the request's generator, in row order
   (the reference uses the global RNG, batch 1).
 
 Routing (`policy`): `always`; `mask_span_length` (verify iff the span has >= `min_span` columns);
@@ -77,7 +78,8 @@ class S2D2(SelfDecoder):
             entropy_temperature: the published mode's routing.
         gamma: ratio tempering exponent (`ssd_ratio_tempering_factor`).
         top_p: nucleus cut applied to the verifier's law q in the published acceptance.
-        resample: draw the first rejected column from the residual (else keep its draft).
+        resample: draw the first rejected column from the residual (else commit only the accepted
+            prefix, and fall back to the base rule when it is empty).
     Raises:
         ValueError: an unknown mode, policy, score type or estimator; a count or probability out
             of range; hysteresis with on < off.
@@ -155,6 +157,8 @@ class S2D2(SelfDecoder):
                                              gamma=self.gamma, top_p=self.top_p, resample=self.resample)
                     accepted += n
                     x[row, g + columns[:len(tokens)]] = tokens
+                    if not len(tokens):   # first draft rejected, no resampling: the base rule's step
+                        x[row:row + 1], _ = run.rule_step(rows[row:row + 1], logits[row:row + 1])
             run.x[rows] = x
             run.step[rows] += 1
             run.advance()

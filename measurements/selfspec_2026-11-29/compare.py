@@ -2,7 +2,7 @@
 
 "Best single-model rule at equal accuracy": of the `generate` rows (rules under the block cache),
 the one with the fewest forwards per answer token whose pooled accuracy is at least the decoder's.
-Usage: python compare.py DIR  (reads DIR/rows.jsonl, writes DIR/compare.md)
+Usage: python compare.py OUT.md DIR [DIR ...]  (reads each DIR/rows.jsonl, writes OUT.md)
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 
 
 def main() -> None:
-    folder = Path(sys.argv[1])
-    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    out = Path(sys.argv[1])
+    rows = [json.loads(line) for folder in sys.argv[2:]
+            for line in (Path(folder) / "rows.jsonl").read_text().splitlines()]
     rules = [r for r in rows if r["kind"] == "generate"]
     lines = ["| row | n | accuracy % (95% CI) | forwards / answer token (95% CI) | rows / answer token | "
              "verify share | best rule at >= its accuracy | its fwd / answer token | ratio |",
@@ -29,7 +30,7 @@ def main() -> None:
         lines.append(f"| {r['label']} | {r['n']} | {r['accuracy']:.1f} ({lo:.1f}-{hi:.1f}) | {fpat:.3f} "
                      f"({f_lo:.3f}-{f_hi:.3f}) | {r['rows_per_answer_token']:.3f} | {r['verify_share']:.2f} | "
                      f"{versus} |")
-    (folder / "compare.md").write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -7,7 +7,8 @@ the first end-of-text, with a 95% bootstrap interval over prompts), canvas rows 
 and the share of forwards that verified. Single-model rules run through `generate` with the exact
 `block` cache; the self-speculative decoders recompute the canvas (same forward count, `blockrun`).
 
-Usage: python measure.py OUT_DIR [per_task]   (writes rows.jsonl, samples.jsonl, summary.json)
+Usage: python measure.py OUT_DIR [per_task] [kinds]   (writes rows.jsonl, samples.jsonl,
+summary.json; `kinds`: comma-separated row kinds to run, e.g. `s2d2,simsd`; default all)
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def decode(model, kind, options, scheduler, block, prompts):
 def main() -> None:
     out_dir = Path(sys.argv[1])
     per_task = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    kinds = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model("embedded-bd")
@@ -128,6 +130,8 @@ def main() -> None:
     summary = []
     with open(out_dir / "rows.jsonl", "w") as rows_file, open(out_dir / "samples.jsonl", "w") as sample_file:
         for label, (kind, options, scheduler, block) in rows().items():
+            if kinds is not None and kind not in kinds:
+                continue
             started = time.perf_counter()
             texts, nfe, rows_, answer, verifies, fed = decode(model, kind, options, scheduler, block, prompts)
             seconds = time.perf_counter() - started

@@ -250,3 +250,14 @@ def test_ar_mode_and_strict_decoders_match_a_one_query_reference(family):
         assert ar[row].tolist() == _one_query_ar_decode(model, prompt, 12), row
     for name in ("s2d2", "simsd"):
         assert torch.equal(SELF_DECODERS[name]().decode(model, prompts, cfg).result.tokens, ar), name
+
+
+def test_without_resampling_only_the_accepted_prefix_is_committed(bd, prompts):
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.9, 0.1, 0.0, 0.0]])
+    q_logits = torch.log(torch.tensor([[0.5, 0.5, 1e-9, 0.9], [1e-9, 1e-9, 1.0, 0.9]]))
+    tokens, n = accept_chain(torch.tensor([0, 0]), p, q_logits, mask_id=3, greedy=False,
+                             generator=torch.Generator().manual_seed(0), resample=False)
+    assert n == 1 and tokens.tolist() == [0]
+    # a first rejection with nothing accepted falls back to the base rule: the decode still ends
+    out = S2D2(mode="published", policy="always", resample=False).decode(bd, prompts[:3], config())
+    assert not bool((out.result.tokens == bd.mask_token_id).any())
