@@ -5,9 +5,8 @@ S2D2, PSD and SimSD (`dllm_decode.speculative.s2d2`, `psd`, `simsd`) each drive 
 block grid (`models.block_grid.grid_canvas`), each row's active decode block and step within it,
 and the honest counters (forwards and canvas rows per sample, verification forwards included).
 This module holds that record, the base rule's step (the view every scheduler sees in `generate`,
-built by `dllm_decode.step`, with the loop's block-start rule for token-shifted models), the
-autoregressive ("block size 1") attention pattern a block model verifies its own drafts under, and
-the one-token-per-forward AR-mode greedy decode the strict modes are tested against.
+built by `dllm_decode.step`, with the loop's block-start rule for token-shifted models), and the
+autoregressive ("block size 1") forward a block model verifies its own drafts with.
 
 Forwards are full-canvas forwards without a cache: on a block-causal model the exact `block` cache
 gives the same logits and the same forward count (one per step), so NFE compares with `generate`
@@ -17,18 +16,16 @@ their own: every loop iteration runs one batched forward over the rows still dec
 
 from __future__ import annotations
 
-import abc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.devices import device_of
-from dllm_decode.fields import Checked
 from dllm_decode.interfaces import DiffusionLM, NoCache, Scheduler
 from dllm_decode.member import check_request
 from dllm_decode.models.block_grid import block_start_columns, grid_canvas, grid_tails
@@ -342,56 +339,6 @@ class BlockRun:
         return SpecDecode(result, self.counters.verifies.clone(), self.counters.fed.clone(), dict(extra or {}))
 
 
-def accept_chain(draft: Tensor, p: Tensor, q_logits: Tensor, mask_id: int, *, greedy: bool,
-                 generator: torch.Generator | None, gamma: float = 1.0, top_p: float = 1.0,
-                 resample: bool = True) -> tuple[Tensor, int]:
-    """Verify a chain of drafted tokens (n,) left to right against the verifier's logits (n, V)
-    at their columns; returns the tokens to commit from the chain's first column on and how many
-    drafts were accepted.
-
-    `greedy`: accept while the draft equals the verifier's argmax; the first mismatch commits the
-    argmax (lossless w.r.t. the verifier's greedy decode). Otherwise speculative sampling: accept
-    column i with probability min(1, (q_i(x_i) / p_i(x_i))^gamma), q the verifier's softmax cut
-    to its `top_p` nucleus and p (n, V) the draft's law, uniforms from `generator`; the first
-    rejection commits a draw from norm(max(0, q - p)) (`resample`; q when that is empty), or
-    nothing (the accepted prefix alone, possibly empty). [MASK] is never the verifier's token.
-    """
-    q_logits = q_logits.float().index_fill(-1, torch.tensor([mask_id], device=q_logits.device),
-                                           torch.finfo(torch.float32).min)
-    if greedy:
-        target = q_logits.argmax(-1)
-        miss = (target != draft).nonzero()
-        n = int(miss[0]) if miss.numel() else len(draft)
-        return torch.cat([draft[:n], target[n:n + 1]]), n
-    q = top_p_law(q_logits.softmax(-1), top_p)
-    q_sel = q.gather(-1, draft[:, None]).squeeze(-1)
-    p_sel = p.gather(-1, draft[:, None]).squeeze(-1).clamp_min(1e-12)
-    ratio = ((q_sel / p_sel) ** gamma).clamp(max=1.0)
-    uniform = torch.rand(len(draft), generator=generator, device=draft.device)
-    reject = (uniform >= ratio).nonzero()
-    if not reject.numel():
-        return draft, len(draft)
-    n = int(reject[0])
-    if not resample:
-        return draft[:n], n
-    residual = (q[n] - p[n]).clamp_min(0)
-    law = residual if float(residual.sum()) > 0 else q[n]
-    return torch.cat([draft[:n], torch.multinomial(law / law.sum(), 1, generator=generator)]), n
-
-
-def top_p_law(probs: Tensor, top_p: float) -> Tensor:
-    """The nucleus law: the smallest most-probable set reaching `top_p`, renormalised (S2D2's
-    `_probs_from_logits`)."""
-    if top_p >= 1:
-        return probs
-    ordered, index = probs.sort(-1, descending=True)
-    drop = ordered.cumsum(-1) > top_p
-    drop[..., 1:] = drop[..., :-1].clone()
-    drop[..., 0] = False
-    kept = probs.masked_fill(torch.zeros_like(drop).scatter(-1, index, drop), 0)
-    return kept / kept.sum(-1, keepdim=True).clamp_min(1e-12)
-
-
 @dataclass
 class SpecDecode:
     """What a self-speculative decoder returns.
@@ -414,57 +361,3 @@ class SpecDecode:
         return {"tokens": r.tokens.tolist(), "text": r.text, "nfe": r.nfe.tolist(),
                 "forward_rows": r.forward_rows.tolist(), "verifies": self.verifies.tolist(), "tokens_fed": self.tokens_fed.tolist(),
                 "answer_lengths": r.answer_lengths.tolist(), "seconds": r.seconds, **self.stats}
-
-
-@torch.inference_mode()
-def ar_mode_generate(model: DiffusionLM, prompts: Sequence[str | Sequence[int]], config: DecodeConfig,
-                     tokenizer: Any = None) -> SpecDecode:
-    """The model's own block-size-1 greedy decode: each forward runs the active model block in
-    autoregressive mode (`BlockRun.ar_logits`) and commits the argmax at each row's first masked
-    column, block by block under the loop's end-of-text stop. The strict modes of S2D2 and SimSD
-    reproduce it token for token (its scheduler is unused)."""
-    check_verifier(model, "AR-mode decoding")
-    run = BlockRun.open(model, prompts, config, tokenizer)
-    mask = model.mask_token_id
-    while not bool(run.done.all()):
-        rows = run.live()
-        logits = run.ar_logits(rows, run.x[rows])
-        x = run.x[rows]
-        frontier = (run.masked_in_block(rows)).int().argmax(-1)
-        _, _, top = propose(logits, mask)
-        token = top.gather(1, (frontier - run.gen_start)[:, None]).squeeze(1)
-        x[torch.arange(len(rows), device=x.device), frontier] = token
-        run.x[rows] = x
-        run.step[rows] += 1
-        run.advance()
-    return run.result()
-
-
-class SelfDecoder(Checked, abc.ABC):
-    """A `SELF_DECODERS` entry: a frozen dataclass of a self-speculative decoder's options (built
-    by `registry.build` like a scheduler, every field type-checked) that decodes a batch with the
-    model alone.
-
-    Class attributes declare what it supports: `needs_verifier` (True: a token-shifted block
-    model's autoregressive mode verifies, `check_verifier`), and `strict_base`, the decode its
-    strict mode reproduces token for token (`"generate"`: the base rule's own decode;
-    `"ar_mode"`: `ar_mode_generate`).
-    """
-
-    needs_verifier: ClassVar[bool] = True
-    strict_base: ClassVar[str] = "ar_mode"
-
-    @abc.abstractmethod
-    def decode(self, model: DiffusionLM, prompts: Sequence[str | Sequence[int]], config: DecodeConfig,
-               generator: torch.Generator | None = None, tokenizer: Any = None) -> SpecDecode:
-        """Decode `prompts` (texts with a tokenizer, or token ids) under `config`'s base rule.
-
-        Raises:
-            ValueError: a model or config the decoder refuses (`check_verifier`, `check_base`),
-                or what every decode entry point refuses (`member.check_request`).
-        """
-
-    @property
-    @abc.abstractmethod
-    def strict(self) -> bool:
-        """Whether this configuration is the lossless one (reproduces `strict_base`)."""

@@ -40,7 +40,8 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.speculative.blockrun import BlockRun, SelfDecoder, SpecDecode
+from dllm_decode.speculative.blockrun import BlockRun, SpecDecode
+from dllm_decode.speculative.self_decoder import SelfDecoder
 from dllm_decode.step import propose
 
 ACCEPTANCE = ("strict", "lenient")

@@ -14,7 +14,7 @@ Two modes:
 * `strict` (default, lossless): verify every step; a span column is accepted while x̂ equals the
   AR-mode argmax, and the first mismatch commits the AR-mode argmax. Every committed token is the
   block-size-1 greedy token given the committed prefix, so the decode equals
-  `blockrun.ar_mode_generate` token for token (tested). A block's first step on a token-shifted
+  `self_decoder.ar_mode_generate` token for token (tested). A block's first step on a token-shifted
   model commits the block start alone, by the base rule (its logit comes from the previous block,
   so it already is the AR-mode token).
 * `published`: the reference's routing (`policy`) and its acceptance: column i is accepted with
@@ -60,7 +60,9 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.speculative.blockrun import BlockRun, SelfDecoder, SpecDecode, accept_chain
+from dllm_decode.speculative.acceptance import accept_chain
+from dllm_decode.speculative.blockrun import BlockRun, SpecDecode
+from dllm_decode.speculative.self_decoder import SelfDecoder
 from dllm_decode.step import propose
 
 MODES = ("strict", "published")

@@ -7,7 +7,8 @@ its options (`blockrun.SelfDecoder`), built by `registry.component("self_decoder
 FreeDave chain check of batch 1 stays `selfspec.self_speculative_generate`.
 """
 
-from dllm_decode.speculative.blockrun import SelfDecoder, SpecDecode, ar_mode_generate
+from dllm_decode.speculative.blockrun import SpecDecode
+from dllm_decode.speculative.self_decoder import SelfDecoder, ar_mode_generate
 from dllm_decode.speculative.psd import PSD
 from dllm_decode.speculative.s2d2 import S2D2
 from dllm_decode.speculative.simsd import SimSD

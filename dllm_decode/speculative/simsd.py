@@ -20,7 +20,7 @@ and saves nothing, so self-speculation takes the verifier mode S2D2 uses. Two mo
 
 * `strict` (default, lossless): the verification layout is position-causal (t_i = i, the spec's
   left-to-right case), with greedy match: every committed token is the AR-mode greedy token given
-  the committed prefix, so the decode equals `blockrun.ar_mode_generate` token for token (tested),
+  the committed prefix, so the decode equals `self_decoder.ar_mode_generate` token for token (tested),
   whatever the draft proposed.
 * `published`: the step-causal layout below with `acceptance` (`greedy_match` default, or
   `mrs`). It only approximates sequential decoding (the release itself calls greedy-match "an
@@ -61,7 +61,9 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.speculative.blockrun import BlockRun, SelfDecoder, SpecDecode, accept_chain
+from dllm_decode.speculative.acceptance import accept_chain
+from dllm_decode.speculative.blockrun import BlockRun, SpecDecode
+from dllm_decode.speculative.self_decoder import SelfDecoder
 from dllm_decode.step import propose
 
 MODES = ("strict", "published")
