@@ -1,10 +1,10 @@
 #!/bin/sh
 # From the repository root, with the package installed (editable) from branch selfspec.
 # The shared machine was slow (load 11-24 from other sessions): the rows ran in niced processes side
-# by side, each writing its own folder; each was stopped with SIGINT at the deadline (the row in
-# flight is lost; finished rows and their samples are kept). compare.py reads them all; a label
-# measured in a later folder replaces an earlier one (the AR-mode row of n240 lost its samples when
-# that process was stopped, and was measured again in n240_e).
+# by side, each writing its own folder, and all finished except n240's, which was a full run
+# stopped (kill) after its AR-mode row, its later kinds measured by the other processes. compare.py
+# reads every folder; a label measured again in a later folder replaces the earlier one (n240's
+# AR-mode samples were cut short by the stop, so the row was measured again in n240_e: same figures).
 D=measurements/selfspec_2026-11-29
 run() { OMP_NUM_THREADS=1 nice -n 10 python $D/measure.py $D/$1 20 $2 > $D/$1.log 2>&1; }
 run n240 generate,ar_mode &
