@@ -185,12 +185,10 @@ class BlockRun:
         """Rows whose block holds no mask move to their next block, or finish (the loop's stop
         after an end-of-text block, or the last block)."""
         mask, eos = self.model.mask_token_id, tuple(self.model.eos_token_ids)
-        live = ~self.done
-        full = live & ~((self.in_block(torch.arange(len(self.x), device=self.x.device))
-                         & (self.x == mask)).any(-1))
+        in_block = self.in_block(torch.arange(len(self.x), device=self.x.device))
+        full = ~self.done & ~(in_block & (self.x == mask)).any(-1)
         if not bool(full.any()):
             return
-        in_block = self.in_block(torch.arange(len(self.x), device=self.x.device))
         has_eos = (in_block & torch.isin(self.x, torch.tensor(eos, device=self.x.device))).any(-1)
         stop = full & (self.end >= self.gen_end)
         if self.config.stop_at_eos:
