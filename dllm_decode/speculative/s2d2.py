@@ -134,12 +134,14 @@ class S2D2(SelfDecoder):
             rows = run.live()
             logits = run.logits(rows)                                   # the diffusion draft
             g = run.gen_start
-            lg, probs, draft = propose(logits, mask)
+            _, probs, draft = propose(logits, mask)
             masked = run.masked_in_block(rows)[:, g:]
             span = _first_span(masked)
-            restricted = _restricted(run, rows)
-            route = ~restricted & span.any(-1) & self._route(run, rows, lg, probs, draft, masked, span,
-                                                             hysteresis)
+            # a token-shifted block start commits alone, unrouted (the reference's AR step)
+            routed = (~_restricted(run, rows) & span.any(-1)).nonzero().squeeze(1)
+            route = torch.zeros(len(rows), dtype=torch.bool, device=rows.device)
+            route[routed] = self._route(run, rows[routed], probs[routed], draft[routed], masked[routed],
+                                        span[routed], hysteresis)
             x = run.x[rows].clone()
             plain = (~route).nonzero().squeeze(1)
             if plain.numel():
@@ -167,8 +169,8 @@ class S2D2(SelfDecoder):
         return run.result({"verify_rounds": verified, "accepted": accepted})
 
     # ---- routing ------------------------------------------------------------------------
-    def _route(self, run: BlockRun, rows: Tensor, logits: Tensor, probs: Tensor, draft: Tensor,
-               masked: Tensor, span: Tensor, hysteresis: Tensor) -> Tensor:
+    def _route(self, run: BlockRun, rows: Tensor, probs: Tensor, draft: Tensor, masked: Tensor,
+               span: Tensor, hysteresis: Tensor) -> Tensor:
         """(b,) bool: rows whose step verifies."""
         if self.strict or self.policy == "always":
             return torch.ones(len(rows), dtype=torch.bool, device=rows.device)

@@ -7,8 +7,9 @@ the first end-of-text, with a 95% bootstrap interval over prompts), canvas rows 
 and the share of forwards that verified. Single-model rules run through `generate` with the exact
 `block` cache; the self-speculative decoders recompute the canvas (same forward count, `blockrun`).
 
-Usage: python measure.py OUT_DIR [per_task] [kinds]   (writes rows.jsonl, samples.jsonl,
-summary.json; `kinds`: comma-separated row kinds to run, e.g. `s2d2,simsd`; default all)
+Usage: python measure.py OUT_DIR [per_task] [kinds] [label part]   (writes rows.jsonl,
+samples.jsonl, summary.json; `kinds`: comma-separated row kinds to run, e.g. `s2d2,simsd`, default
+all; `label part`: only rows whose label contains it)
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     per_task = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     kinds = set(sys.argv[3].split(",")) if len(sys.argv) > 3 else None
+    only = sys.argv[4] if len(sys.argv) > 4 else ""           # rows whose label contains it
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = load_model("embedded-bd")
@@ -135,7 +137,7 @@ def main() -> None:
     summary = []
     with open(out_dir / "rows.jsonl", "w") as rows_file, open(out_dir / "samples.jsonl", "w") as sample_file:
         for label, (kind, options, scheduler, block) in rows().items():
-            if kinds is not None and kind not in kinds:
+            if (kinds is not None and kind not in kinds) or only not in label:
                 continue
             started = time.perf_counter()
             texts, nfe, rows_, answer, verifies, fed = decode(model, kind, options, scheduler, block, prompts)
