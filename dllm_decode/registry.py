@@ -27,14 +27,16 @@ HOMES: dict[str, tuple[str, str]] = {
     "filter": ("dllm_decode.filters", "FILTERS"),
     "draft_length": ("dllm_decode.speculative.draft_lengths", "DRAFT_LENGTHS"),
     "drafter": ("dllm_decode.speculative.drafters", "DRAFTERS"),
+    "self_decoder": ("dllm_decode.speculative.self_decoders", "SELF_DECODERS"),
 }
 """Kind of component -> (package, registry attribute). `draft_length` holds the AR-only rules;
-`drafter` the speculative drafters (each entry builds its drafter for a target)."""
+`drafter` the speculative drafters (each entry builds its drafter for a target); `self_decoder`
+the self-speculative decoders of diffusion models."""
 
 
 def registry(kind: str) -> Mapping[str, type]:
     """The registry of one kind of component (`scheduler`, `cache`, `filter`, `draft_length`,
-    `drafter`)."""
+    `drafter`, `self_decoder`)."""
     if kind not in HOMES:
         raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
     module, attribute = HOMES[kind]

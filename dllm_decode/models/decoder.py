@@ -218,3 +218,13 @@ class DecoderLM(BlockStackLM):
         # The shift, on hidden states so the head runs on b - a rows only.
         h = unshift(h, positions, lo, a, b) if self.token_shift else h
         return self.head(h)
+
+    def verify_forward(self, input_ids: Tensor, key_mask: Tensor, positions: Tensor,
+                       rows: tuple[int, int]) -> Tensor:
+        """The network's own logits (B, b - a, V) of fed rows `rows = (a, b)` under an explicit
+        attention pattern `key_mask` (B, 1, L, L) bool (True = attend) at explicit `positions`
+        (duplicates allowed), no cache. The shift is NOT undone: a token-shifted family's row i
+        predicts position i + 1. Self-speculative verifiers run the same weights in another mode
+        with it (a block model with block size 1 is autoregressive)."""
+        h, _, _ = self.hidden_states(input_ids, None, positions, None, rows, key_mask=key_mask)
+        return self.head(self.model.norm(h))

@@ -352,11 +352,13 @@ class BlockStackLM(nn.Module):
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor | None,
                       positions: Tensor | None, kv: KVCache | None, rows: tuple[int, int] | None,
-                      lookback: int = 0) -> tuple[Tensor, Tensor, tuple[int, int, int]]:
+                      lookback: int = 0, key_mask: Tensor | None = None,
+                      ) -> tuple[Tensor, Tensor, tuple[int, int, int]]:
         """Run the blocks over what canvas rows `rows = (a, b)` need (see `DiffusionLM`).
 
         A filled cache supplies every other column, so only `[a - lookback, b)` is computed;
-        otherwise every row is (and, with an empty cache, stored).
+        otherwise every row is (and, with an empty cache, stored). `key_mask` (B, 1, Lq, L) bool
+        replaces the family's attention pattern (a verification forward under its own mask).
         Returns:
             (B, b - lo, d) hidden states of rows `[lo, b)` after the last block, with
             `lo = max(a - lookback, 0)`; the (B, L) positions used; and `(lo, a, b)`.
@@ -368,7 +370,8 @@ class BlockStackLM(nn.Module):
         if defaulted:
             positions = default_positions(attention_mask, batch, length, input_ids.device)
         fed = (lo, b) if kv is not None and kv.filled else (0, length)   # compute only what's needed
-        key_mask = self.key_mask(attention_mask, positions, fed)
+        if key_mask is None:
+            key_mask = self.key_mask(attention_mask, positions, fed)
         embed, blocks = self.parts()
         h = embed(input_ids[:, fed[0]:fed[1]])
         fed_positions = positions[:, fed[0]:fed[1]]
