@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor
 
 from dllm_decode.caches.layerwise import Stack, check_model
@@ -165,11 +163,17 @@ class DLLMCache(Cache):
         similarity with the cached ones); every response value is replaced by its new one."""
         new = stack.values(layer, h[:, p:])
         old = state.values[layer][:, :, p:]
-        sim = F.cosine_similarity(rearrange(new, "b h l d -> b l (h d)").float(),
-                                  rearrange(old, "b h l d -> b l (h d)").float(), dim=-1)
+        a, b = new.float(), old.float()
+        # cosine over every head's values: the local heads' sums, then one all_reduce under TP,
+        # so every rank picks the same columns (d2 and elastic reduce over heads the same way)
+        sums = stack.head_sum(torch.stack([(a * b).sum((1, 3)), (a * a).sum((1, 3)), (b * b).sum((1, 3))]))
+        sim = sums[0] / (sums[1] * sums[2]).clamp_min(1e-16).sqrt()
+        # unchanged columns sit at 1.0 up to rounding, which differs with the summation order
+        # (one process or TP ranks): rounded, they tie, and ties go to the lower column
+        sim = (sim * 4096).round()
         state.values[layer] = torch.cat([state.values[layer][:, :, :p], new], 2)
         count = int(new.shape[2] * self.ratio)
-        return sim.topk(count, dim=-1, largest=False).indices + p
+        return sim.argsort(dim=-1, stable=True)[:, :count] + p
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return state.select_rows(rows) if isinstance(state, FeatureState) else state
