@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model, confidence
 from dllm_decode.interfaces import Cache, DiffusionLM
 
@@ -77,9 +78,9 @@ class D2Cache(Cache):
         suffix_window: None, or the masks after the block kept in attention and selectable.
     """
 
-    current_k: int = 32
+    current_k: int = bounded(32, most=65536, scales="work")
     rollout_p: float = 0.1
-    rollout_cap: int = 8
+    rollout_cap: int = bounded(8, most=65536, scales="work")
     sigma: float = 10.0
     refresh_k: int | None = None
     suffix_window: int | None = None

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
 
@@ -77,7 +78,7 @@ class ElasticCache(Cache):
     """
 
     gamma: float = 0.9
-    track_num: int = 1
+    track_num: int = bounded(1, most=65536, scales="work")
     suffix_window: int | None = None
     drift: str = "keys"
     depth_aware: bool = True

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, topk_mask
 
@@ -89,7 +90,7 @@ class DUSScheduler(Scheduler):
     """
 
     base: int = 2
-    skip_exp: int = 1
+    skip_exp: int = bounded(1, most=64, scales="steps")
     remask_threshold: float = 0.3
     order: str = "schedule"
 

@@ -71,6 +71,12 @@ class MultiBlockScheduler(Scheduler):
         if self.max_blocks < 0:
             raise ValueError(f"max_blocks must be >= 0 (0: the whole generation), got {self.max_blocks}")
 
+    def check_config(self, config: Any) -> None:
+        # sub-blocks tile the region: one that does not divide the canvas leaves a ragged last one
+        if self.sub_block < config.gen_length and config.gen_length % self.sub_block:
+            raise ValueError(f"{type(self).__name__}.sub_block ({self.sub_block}) must divide gen_length ({config.gen_length}) "
+                             f"or cover it")
+
     def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
         end = inp.gen_span[:, 1]
         if self.max_blocks:

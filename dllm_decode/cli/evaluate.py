@@ -123,13 +123,16 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                                block_length=block_length, temperature=temperature, seed=seed)
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
     if preset_specs:
+        from dllm_decode.cli.decode import preset_sampling
         from dllm_decode.eval.harness.presets import find_preset, identity_of, preset_setting
 
         with usage_errors("--preset"):
             identity = identity_of(spec)
-            presets = [preset_setting(find_preset(text, identity), gen_length=None if gen_length == ANSWER
-                                      else int(gen_length), block_length=block_length, temperature=temperature,
-                                      seed=seed) for text in preset_specs]
+            found = [find_preset(text, identity) for text in preset_specs]
+            presets = [preset_setting(preset, gen_length=None if gen_length == ANSWER else int(gen_length),
+                                      block_length=block_length,
+                                      **preset_sampling(preset, temperature=temperature, seed=seed))
+                       for preset in found]
         source = click.get_current_context().get_parameter_source("scheduler_specs")
         settings = presets if source == click.core.ParameterSource.DEFAULT else [*settings, *presets]
     if spec.kind == "ideal":                     # refuse before decoding what it cannot read
