@@ -167,6 +167,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
     from dllm_decode.eval.harness.records import combined_records
     from dllm_decode.eval.harness.report import write_outputs
     from dllm_decode.eval.harness.runner import decoder_for, evaluate
+    from dllm_decode.runkey import model_identity
 
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
@@ -177,8 +178,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
             click.echo(message, err=True)
     with usage_errors():
         records = evaluate(decoder, str(spec), settings, runs, out_dir, tokenizer=tokenizer,
-                           batch_size=batch_size,
-                           progress=progress)
+                           batch_size=batch_size, progress=progress, identity=model_identity(str(spec)))
     if records is None:                                  # ranks > 0: rank 0 reports
         return
     if combine:
