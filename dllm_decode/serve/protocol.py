@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dllm_decode.cost import OverBudget, check_budget
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
 from dllm_decode.fields import check_types
@@ -92,6 +93,9 @@ class Settings:
             causal LM also takes the AR-only draft-length rules: `("scheduler", "draft_length")`).
         presets: records a request may start from by name (`dllm.preset` or the model name
             `MODEL_ID:NAME`), loaded and checked against the model at start-up (`--presets`).
+        max_request_bytes: the budget of one request's step (`dllm_decode.cost`): a request
+            estimated over it is a 400 naming the option that scales it (None: no budget).
+        vocab_size: the model's vocabulary, for that estimate (None: the tokenizer's length).
     """
 
     model_id: str
@@ -101,6 +105,8 @@ class Settings:
     prepare: Callable[[DecodeConfig], DecodeConfig] = field(default=lambda config: config)
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
     presets: Mapping[str, DecodeConfig] = field(default_factory=dict)
+    max_request_bytes: int | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -162,6 +168,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens, preset)
     prompt = _encode(text_or_ids, tokenizer)
+    _check_cost(config, len(prompt), settings, tokenizer)
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -173,6 +180,17 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     return Job(kind=kind, prompt=prompt, config=config, max_tokens=max_tokens, stream=stream,
                include_usage=include_usage, stops=_stops(body.get("stop")),
                id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), warning=warning, preset=preset)
+
+
+def _check_cost(config: DecodeConfig, prompt_length: int, settings: Settings, tokenizer: Any) -> None:
+    """A 400 naming the option when the request's step is over the server's budget."""
+    vocab = settings.vocab_size or (len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else 0)
+    if settings.max_request_bytes is None or not vocab:
+        return
+    try:
+        check_budget(config, prompt_length, vocab, settings.max_request_bytes)
+    except OverBudget as err:
+        raise APIError(400, str(err), param=err.option) from None
 
 
 def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:

@@ -303,10 +303,12 @@ RUN_FILE = "run.json"
 
 
 def same_model(out: Path, identity: dict[str, Any]) -> None:
-    """Record the model of an evaluation folder (`run.json`), or refuse one written with another.
+    """Record the identity of each model an evaluation folder holds samples of (`run.json`, by
+    model name: a folder may hold several models, `--combine`), or refuse to resume samples of a
+    model name whose checkpoint has changed since (its config or weight files differ).
 
     Raises:
-        ValueError: naming the recorded and the current model.
+        ValueError: naming the model and what changed.
     """
     import json
 
@@ -314,21 +316,20 @@ def same_model(out: Path, identity: dict[str, Any]) -> None:
     from dllm_decode.runkey import check_resume
 
     path = out / RUN_FILE
-    current = {"model": identity}
+    models: dict[str, Any] = {}
     if path.is_file():
         try:
-            recorded = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            models = json.loads(path.read_text(encoding="utf-8"))["models"]
+            if not isinstance(models, dict):
+                raise ValueError
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             raise ValueError(f"{path} is not this tool's run record; move it away or choose another --out") from None
-        check_resume(recorded if isinstance(recorded, dict) else {}, current, f"the folder {str(out)!r}",
+    name = identity.get("name")
+    if name in models:
+        check_resume({"model": models[name]}, {"model": identity}, f"the folder {str(out)!r}",
                      "choose another --out")
-    elif any(out.glob("samples*.jsonl")):
-        models = {r.get("model") for r in read_records(out / SAMPLES)} - {None}
-        if models and models != {identity.get("name")}:
-            raise ValueError(f"the folder {str(out)!r} holds samples of {', '.join(sorted(map(str, models)))}, "
-                             f"not {identity.get('name')!r}; choose another --out")
-    if not path.is_file():
-        atomic_write(path, json.dumps(current, sort_keys=True) + "\n", "run record")
+        return
+    atomic_write(path, json.dumps({"models": {**models, name: identity}}, sort_keys=True) + "\n", "run record")
 
 
 @contextlib.contextmanager
