@@ -313,6 +313,12 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], director
              if k in state and state[k].shape != v.shape]
     if wrong:
         raise ModelLoadError(f"{directory}: weights do not match the config (shape of {wrong[0]})")
+    kinds = [f"{k} is {str(state[k].dtype).removeprefix('torch.')}" for k, v in expected.items()
+             if k in state and v.is_floating_point() and not state[k].is_floating_point()]
+    if kinds:                 # integer or boolean values are not weights: a quantised format
+        raise ModelLoadError(f"{directory}: weights must be floating point ({kinds[0]}); this loader "
+                             f"reads float32/bfloat16/float16 (or float8) safetensors, not integer-"
+                             f"quantised checkpoints")
     missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
     if missing or unexpected:
         raise ModelLoadError(f"{directory}: weights do not match the config "

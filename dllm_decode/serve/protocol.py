@@ -30,7 +30,7 @@ from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
 from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
-from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
+from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, render_chat, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
 from dllm_decode.serve.options import OptionError, check_options
 
@@ -343,7 +343,10 @@ def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> s
     if not has_template:
         raise APIError(400, "this model has no chat template: send a single user message",
                        param="messages")
-    return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    try:
+        return render_chat(tokenizer, plain)
+    except ValueError as err:
+        raise APIError(400, first_line(err), param="messages") from None
 
 
 def _content(content: Any, i: int) -> str:
