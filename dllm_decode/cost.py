@@ -17,6 +17,13 @@ from typing import Any, NamedTuple
 
 from dllm_decode.fields import scaling_fields
 
+MAX_CANVAS = 1 << 20
+"""The longest generation length a command takes as text (far past any model's context: the
+model's own limit is checked once it is loaded)."""
+MAX_PROMPTS = 100_000
+"""The most prompts per task an evaluation or a tuning split takes (`eval --limit`, `tune
+--calibration/--held-out`, `select_tasks(limit=)`): the task generators are cheap, but a count of
+10^8 would never return."""
 DEFAULT_REQUEST_BYTES = 8 << 30
 """The server's default budget of one request's step (8 GiB)."""
 STEP_COPIES = 3

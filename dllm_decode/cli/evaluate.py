@@ -10,7 +10,7 @@ import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
-from dllm_decode.cli.options import (DTYPES, RegistryHelp, capture_options, key_values, registry_names,
+from dllm_decode.cli.options import (DTYPES, MAX_CANVAS, MAX_PROMPTS, RegistryHelp, capture_options, key_values, registry_names,
                                      runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
@@ -49,7 +49,7 @@ def command_line() -> str:
               help="Set a cache field; repeatable.")
 @click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
               help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order.")
-@click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
+@click.option("--limit", type=click.IntRange(1, MAX_PROMPTS), default=None, help="Examples per task [100 / whole file].")
 @click.option("--gen-length", default="32", show_default=True,
               help="Canvas length, or `answer` for each example's reference length (infilling).")
 @click.option("--block-length", type=click.IntRange(1), default=None, help="Semi-AR block [whole canvas].")
@@ -106,8 +106,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     if spec.kind == "ar" and (cache_name != "none" or cache_opts or filter_specs):
         raise click.UsageError(f"--cache and --filter apply to diffusion models; {model_name!r} "
                                f"is the AR baseline (it has neither)")
-    if gen_length != ANSWER and not (gen_length.isdigit() and int(gen_length) >= 1):
-        raise click.BadParameter(f"expected an integer >= 1 or {ANSWER!r}, got {gen_length!r}",
+    if gen_length != ANSWER and not (gen_length.isascii() and gen_length.isdigit() and 1 <= int(gen_length) <= MAX_CANVAS):
+        raise click.BadParameter(f"expected an integer in [1, {MAX_CANVAS}] or {ANSWER!r}, got {gen_length!r}",
                                  param_hint="--gen-length")
     with usage_errors("--cache"):
         cache_name, inline = parse_spec(cache_name)       # `--cache elastic:track_num=4` too

@@ -35,7 +35,7 @@ def tensor_parallel_option(command: Any) -> Any:
 def world_size() -> int:
     """The launcher's world size (`WORLD_SIZE`, 1 without a launcher)."""
     text = os.environ.get("WORLD_SIZE", "1")
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise click.UsageError(f"WORLD_SIZE={text!r} is not a positive integer (set by torchrun)")
     return int(text)
 

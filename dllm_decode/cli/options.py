@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from dllm_decode.cost import MAX_CANVAS, MAX_PROMPTS  # noqa: F401 - the commands' bounds, re-exported
 from dllm_decode.modelspec import ModelSpec, parse_options
 
 DTYPES = ("float32", "bfloat16", "float16")
