@@ -140,7 +140,22 @@ def write_with(path: str | os.PathLike, writer: Callable[[str], object], what: s
             writer(str(tmp))
         except OSError as err:
             raise OutputError(f"cannot write the {what} {os.fspath(path)!r}: {describe(err)}") from None
+        except Exception as err:
+            code = os_error_code(err)            # a library's own error around the OS's (safetensors)
+            if code is None:
+                raise
+            raise OutputError(f"cannot write the {what} {os.fspath(path)!r}: "
+                              f"{describe(OSError(code, os.strerror(code)))}") from None
     return Path(path).expanduser()
+
+
+def os_error_code(err: BaseException) -> int | None:
+    """The OS error number a library's exception carries in its text (`(os error 28)`, Rust's
+    `Os { code: 28, ... }`), or None."""
+    import re
+
+    found = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(err))
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def lock_path(path: str | os.PathLike) -> Path:
