@@ -216,8 +216,10 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
     block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
-    groups = launch.start(tensor_parallel, where, "dllm-decode")
+    groups = launch.start(tensor_parallel, where, "dllm-decode", spec=spec)
     try:
+        launch.agree(groups, model=str(spec), config=config.to_dict(), prompt=text,
+                     requests=batch.read_lines(input_path) if input_path else None)
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel)

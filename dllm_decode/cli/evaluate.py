@@ -149,8 +149,10 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
                   settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture)
         return
-    groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
+    groups = launch.start(tensor_parallel, where, "eval", data_parallel=True, spec=spec)
     try:
+        launch.agree(groups, model=str(spec), settings=[s.to_dict() for s in settings],
+                     runs=[(r.name, [e.prompt for e in r.examples]) for r in runs])
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
                   plots, as_json, capture)

@@ -120,8 +120,9 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
                         body_timeout=body_timeout)
-    groups = launch.start(tensor_parallel, where, "serve")
+    groups = launch.start(tensor_parallel, where, "serve", spec=spec)
     try:
+        launch.agree(groups, model=str(spec), config=config.to_dict(), max_tokens=max_tokens)
         block_given = record["block_length"] is not None or (
             preset is not None and "block_length" in preset.parts)
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
