@@ -15,11 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-from dllm_decode.fields import scaling_fields
+from dllm_decode.fields import MAX_CANVAS, scaling_fields  # noqa: F401 - MAX_CANVAS re-exported
 
-MAX_CANVAS = 1 << 20
-"""The longest generation length a command takes as text (far past any model's context: the
-model's own limit is checked once it is loaded)."""
 MAX_PROMPTS = 100_000
 """The most prompts per task an evaluation or a tuning split takes (`eval --limit`, `tune
 --calibration/--held-out`, `select_tasks(limit=)`): the task generators are cheap, but a count of

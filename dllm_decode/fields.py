@@ -73,6 +73,9 @@ def _kinds(cls: type) -> dict[str, tuple[str, type, bool]]:
     return out
 
 
+MAX_CANVAS = 1 << 20
+"""The longest canvas any count may name (a generation length, a window, a radius, steps per
+block): far past any model's context, and small enough that a tensor of it never stalls a step."""
 FILE_OPTION = "loads_file"
 """Field metadata key: the field names a file (see `file_option`)."""
 FREE_NAMES = "file_free_names"

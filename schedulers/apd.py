@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dllm_decode.fields import file_option
+from dllm_decode.fields import MAX_CANVAS, bounded, file_option
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 
 
@@ -57,7 +57,7 @@ class APDScheduler(Scheduler):
     needs_noise: ClassVar[bool] = True
 
     mixture: float = 0.7
-    lookahead: int = 0
+    lookahead: int = bounded(0, most=MAX_CANVAS, scales="memory")
     verifier: str = file_option("auto")            # start-up only: loads a model
     published_target: bool = True
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.fields import bounded
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, topk_mask
 
@@ -89,7 +89,7 @@ class DUSScheduler(Scheduler):
     shortened by end-of-text truncation is rescheduled from its new length).
     """
 
-    base: int = 2
+    base: int = bounded(2, most=MAX_CANVAS, scales="memory")
     skip_exp: int = bounded(1, most=64, scales="steps")
     remask_threshold: float = 0.3
     order: str = "schedule"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import aligned_uniform, masked_scores, neg_entropy, tokens_per_step, top2, topk_mask
 
@@ -28,7 +29,7 @@ class _FixedSteps(Scheduler):
     `floor(M/K) + (k < M mod K)` whenever the plan was followed.
     """
 
-    steps_per_block: int | None = None
+    steps_per_block: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         if self.steps_per_block is not None and self.steps_per_block < 1:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, neg_entropy
 
@@ -53,10 +54,10 @@ class MultiBlockScheduler(Scheduler):
     chooses_block_bounds = True
 
     threshold: float = 0.5
-    sub_block: int = 32
+    sub_block: int = bounded(32, most=MAX_CANVAS, scales="memory")
     add_threshold: float = 0.1
     activate_threshold: float = 0.95
-    max_blocks: int = 0
+    max_blocks: int = bounded(0, most=MAX_CANVAS, scales="memory")
     global_min: bool = True
     infinite_ok = ("threshold",)
 
