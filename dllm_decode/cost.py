@@ -17,6 +17,18 @@ from typing import Any, NamedTuple
 
 from dllm_decode.fields import MAX_CANVAS, scaling_fields  # noqa: F401 - MAX_CANVAS re-exported
 
+def _cores() -> int:
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+CORES = _cores()
+"""CPU cores this process may run on: the most threads a command starts (more only thrash, and
+far more fail to start)."""
 MAX_PROMPTS = 100_000
 """The most prompts per task an evaluation or a tuning split takes (`eval --limit`, `tune
 --calibration/--held-out`, `select_tasks(limit=)`): the task generators are cheap, but a count of

@@ -12,24 +12,11 @@ from typing import Any
 
 import click
 
-from dllm_decode.cost import MAX_CANVAS, MAX_PROMPTS  # noqa: F401 - the commands' bounds, re-exported
+from dllm_decode.cost import CORES, MAX_CANVAS, MAX_PROMPTS  # noqa: F401 - the commands' bounds, re-exported
 from dllm_decode.modelspec import ModelSpec, parse_options
 
 DTYPES = ("float32", "bfloat16", "float16")
 
-
-def _cores() -> int:
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-CORES = _cores()
-"""CPU cores this process may run on: the most threads a command starts (more only thrash, and
-far more fail to start)."""
 TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTokenizer). Only for "
               "directories you trust.")
 

@@ -29,7 +29,7 @@ import click
 import torch
 from torch import Tensor
 
-from dllm_decode.cli.options import CORES
+from dllm_decode.cost import CORES
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.filters.learned import LearnedFilter

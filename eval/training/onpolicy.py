@@ -27,7 +27,7 @@ from typing import Any
 import click
 import torch
 
-from dllm_decode.cli.options import CORES
+from dllm_decode.cost import CORES
 from dllm_decode.config import DecodeConfig
 from dllm_decode.filters.eotp import EoTPFilter
 from dllm_decode.filters.learned import LearnedFilter
