@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model, confidence
 from dllm_decode.interfaces import Cache, DiffusionLM
 
@@ -79,12 +80,12 @@ class D2Cache(Cache):
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
-    current_k: int = 32
+    current_k: int = bounded(32, most=65536, scales="work")
     rollout_p: float = 0.1
-    rollout_cap: int = 8
+    rollout_cap: int = bounded(8, most=65536, scales="work")
     sigma: float = 10.0
-    refresh_k: int | None = None
-    suffix_window: int | None = None
+    refresh_k: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
+    suffix_window: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         for name in ("current_k", "rollout_cap"):

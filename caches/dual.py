@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.caches.kv import BlockKVCache
 
 
@@ -31,8 +32,8 @@ class DualCache(BlockKVCache):
             dual:prefix_look=1024` measures both).
     """
 
-    prefix_look: int = 0
-    after_look: int = 0
+    prefix_look: int = bounded(0, most=MAX_CANVAS, scales="memory")
+    after_look: int = bounded(0, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         super().__post_init__()

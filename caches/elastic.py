@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
 
@@ -79,8 +80,8 @@ class ElasticCache(Cache):
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
     gamma: float = 0.9
-    track_num: int = 1
-    suffix_window: int | None = None
+    track_num: int = bounded(1, most=65536, scales="work")
+    suffix_window: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
     drift: str = "keys"
     depth_aware: bool = True
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
@@ -37,7 +38,7 @@ class BlockKVCache(Cache):
             active one keep the K/V of their last step, computed before its final commits.
     """
 
-    refresh_every: int | None = None
+    refresh_every: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
     block_refresh: bool = True
 
     def __post_init__(self) -> None:

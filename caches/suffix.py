@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.models.layers import KVCache, default_positions
 
@@ -73,11 +74,11 @@ class SuffixCache(Cache):
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
 
     mode: str = "window"
-    window: int = 96
-    tail_keep: int = 1
+    window: int = bounded(96, most=MAX_CANVAS, scales="memory")
+    tail_keep: int = bounded(1, most=MAX_CANVAS, scales="memory")
     k: float = 4.0
     scale: float = 2.0
-    dpad_window: int = 256
+    dpad_window: int = bounded(256, most=MAX_CANVAS, scales="memory")
     kv: str = "none"
     seed: int = 0
 

@@ -93,6 +93,7 @@ class DecodeConfig:
         if not self.scheduler.chooses_block_bounds and self.gen_length % self.block_length:
             raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length "
                              f"({self.block_length}) for fixed blocks")
+        self.scheduler.check_config(self)
         if self.scheduler.revises not in REVISION_SCOPES:
             raise ValueError(f"scheduler {type(self.scheduler).__name__} declares revises="
                              f"{self.scheduler.revises!r}; accepted: {list(REVISION_SCOPES)}")

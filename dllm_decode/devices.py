@@ -58,6 +58,9 @@ def check_dtype(value: Any) -> torch.dtype | None:
                         f"{type(value).__name__} {value!r}")
     if not value.is_floating_point:
         raise ValueError(f"dtype {value} is not a floating dtype; choose from {sorted(DTYPES)}")
+    if torch.finfo(value).bits < 16:       # float8: a storage format, no matmul computes in it
+        raise ValueError(f"dtype {value} is a storage format, not a compute dtype; choose from "
+                         f"{sorted(DTYPES)} (float8 checkpoints load into these)")
     return value
 
 

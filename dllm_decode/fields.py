@@ -13,6 +13,14 @@ The rules, for fields annotated with plain types (optionally `| None`, or `tuple
   * `str` refuses anything but text.
 Fields of any other annotation (components, tensors, callables) are left to the class.
 The message names the class, the field, the value and what is accepted.
+
+Two markers on a field's metadata, read by this module and by the server's request check
+(`serve/options.py`), so no list of special options is kept by hand:
+  * `file_option(default, names=...)`: the field names a file (weights, a table, a model). The
+    listed `names` (and the default) are shipped resources that need no file; any other value
+    is a start-up option: a server request may only repeat a value the server started with;
+  * `bounded(default, most=N, scales=...)`: a count that scales a step's work or memory; a value
+    above `most` is refused here, at construction, wherever the component comes from.
 """
 
 from __future__ import annotations
@@ -65,6 +73,70 @@ def _kinds(cls: type) -> dict[str, tuple[str, type, bool]]:
     return out
 
 
+MAX_CANVAS = 1 << 20
+"""The longest canvas any count may name (a generation length, a window, a radius, steps per
+block): far past any model's context, and small enough that a tensor of it never stalls a step."""
+FILE_OPTION = "loads_file"
+"""Field metadata key: the field names a file (see `file_option`)."""
+FREE_NAMES = "file_free_names"
+"""Field metadata key: the values of a file option that open no user file (shipped names)."""
+MOST = "most"
+"""Field metadata key: the largest value of a bounded count (see `bounded`)."""
+SCALES = "scales"
+"""Field metadata key: what a bounded count scales (`rows`: forward rows per step; `work`,
+`memory`)."""
+
+
+def file_option(default: str, *, names: tuple[str, ...] = ()) -> Any:
+    """A component field that names a file (or one of the shipped `names`, which need none).
+
+    Files are start-up options: the server lets a request use only the default, a shipped name,
+    or a value the server was started with."""
+    return dataclasses.field(default=default, metadata={FILE_OPTION: True, FREE_NAMES: (default, *names)})
+
+
+def bounded(default: Any, *, most: int, scales: str = "work") -> Any:
+    """A numeric component field with an upper bound `most` (checked at construction)."""
+    return dataclasses.field(default=default, metadata={MOST: most, SCALES: scales})
+
+
+def names_file(field: dataclasses.Field) -> bool:
+    """Whether a dataclass field is a `file_option`."""
+    return bool(field.metadata.get(FILE_OPTION))
+
+
+def free_names(field: dataclasses.Field) -> tuple[str, ...]:
+    """The values of a `file_option` field that open no user file."""
+    return tuple(field.metadata.get(FREE_NAMES, ()))
+
+
+def scaling_fields(cls: type, scales: str | None = None) -> dict[str, int]:
+    """field -> bound of the `bounded` fields of a dataclass (those scaling `scales`, if given)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    return {f.name: f.metadata[MOST] for f in dataclasses.fields(cls)
+            if MOST in f.metadata and (scales is None or f.metadata.get(SCALES) == scales)}
+
+
+def check_probability(obj: Any, *names: str, infinite_ok: bool = False) -> None:
+    """Raise ValueError unless each named float field lies in [0, 1] (or is +inf, meaning "never",
+    when `infinite_ok`): a finite bar above 1 silently means the same as inf."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue                                  # `check_types` words it
+        if not (0.0 <= value <= 1.0 or (infinite_ok and value == math.inf)):
+            accepted = "[0, 1] or inf (never)" if infinite_ok else "[0, 1]"
+            raise ValueError(f"{_label(obj, name)} is a probability bar: it must be in {accepted}, got {value}")
+
+
+def check_order(obj: Any, low: str, high: str) -> None:
+    """Raise ValueError unless field `low` <= field `high` (ordered thresholds)."""
+    a, b = getattr(obj, low), getattr(obj, high)
+    if isinstance(a, numbers.Real) and isinstance(b, numbers.Real) and not a <= b:
+        raise ValueError(f"{_label(obj, low)} ({a}) must be <= {high} ({b})")
+
+
 _ACCEPTED = {bool: "a boolean (true/false)", int: "an integer", float: "a number", str: "text"}
 
 
@@ -107,10 +179,33 @@ def check_types(obj: Any, only: tuple[str, ...] | None = None) -> None:
                                     f"got {type(item).__name__} {item!r} in {value!r}")
         elif _wrong_type(kind, value):
             raise TypeError(f"{_label(obj, name)} must be {accepted}, got {type(value).__name__} {value!r}")
+        most = _bounds(type(obj)).get(name)
         for item in (value if shape == "tuple" else (value,)):
             # Counts reach torch as int64: a larger one would overflow deep inside a step.
             if kind is int and item is not None and not -INT64_LIMIT < item < INT64_LIMIT:
                 raise ValueError(f"{_label(obj, name)} must lie within +-(2**63 - 1), got {item}")
+            if most is not None and item is not None and item > most:
+                raise ValueError(f"{_label(obj, name)} must be <= {most} (it scales each step's "
+                                 f"{_scales(type(obj), name)}), got {item}")
+    for name in _files(type(obj)):
+        value = getattr(obj, name)
+        if not isinstance(value, str):
+            raise TypeError(f"{_label(obj, name)} names a file or a shipped resource: it must be "
+                            f"text, got {type(value).__name__} {value!r}")
+        if "\x00" in value:
+            raise ValueError(f"{_label(obj, name)} must not hold a NUL character, got {value!r}")
+
+
+def _bounds(cls: type) -> dict[str, int]:
+    return scaling_fields(cls)
+
+
+def _scales(cls: type, name: str) -> str:
+    return next(f.metadata.get(SCALES, "work") for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _files(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if names_file(f))
 
 
 def check_finite(obj: Any, infinite_ok: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:

@@ -253,6 +253,11 @@ class Scheduler(Checked, abc.ABC):
         reference of another length). Called once per request, before any work; rules that
         name no ids keep the default."""
 
+    def check_config(self, config: Any) -> None:
+        """Raise a one-line `ValueError` when the rule's fields contradict the decode record it
+        is part of (`DecodeConfig`: a sub-block that does not tile the canvas). Called by
+        `DecodeConfig.__post_init__`, so every entry point checks it."""
+
     def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
         """At step 0 of a block: (B,) canvas column where this block ends, or None for the default.
 

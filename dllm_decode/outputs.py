@@ -20,6 +20,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 
@@ -139,7 +140,22 @@ def write_with(path: str | os.PathLike, writer: Callable[[str], object], what: s
             writer(str(tmp))
         except OSError as err:
             raise OutputError(f"cannot write the {what} {os.fspath(path)!r}: {describe(err)}") from None
+        except Exception as err:
+            code = os_error_code(err)            # a library's own error around the OS's (safetensors)
+            if code is None:
+                raise
+            raise OutputError(f"cannot write the {what} {os.fspath(path)!r}: "
+                              f"{describe(OSError(code, os.strerror(code)))}") from None
     return Path(path).expanduser()
+
+
+def os_error_code(err: BaseException) -> int | None:
+    """The OS error number a library's exception carries in its text (`(os error 28)`, Rust's
+    `Os { code: 28, ... }`), or None."""
+    import re
+
+    found = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(err))
+    return int(found.group(1) or found.group(2)) if found else None
 
 
 def lock_path(path: str | os.PathLike) -> Path:
@@ -167,9 +183,11 @@ def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.Pa
     where = Path(lock) if lock is not None else lock_path(path)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        handle = where.open("a+")
+        handle = _open_lock(where)
     except OSError as err:
         raise OutputError(f"cannot lock the {what} {os.fspath(path)!r}: {describe(err)}") from None
+    except OutputError as err:
+        raise OutputError(f"cannot lock the {what} {os.fspath(path)!r}: {err}") from None
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -185,6 +203,41 @@ def output_lock(path: str | os.PathLike, what: str = "output", lock: str | os.Pa
         yield
     finally:
         handle.close()
+
+
+MAX_LOCK_BYTES = 32
+"""A lock file this package wrote holds one pid: anything longer is someone else's file."""
+
+
+def _open_lock(where: Path) -> Any:
+    """The lock file, opened read-write without following a symbolic link. An existing one is reused only when it is what a lock writes (a regular file of
+    one link holding a pid), so a lock never truncates a file it did not create.
+
+    Raises:
+        OutputError: the lock path is a link, a special file, a hard link or another file.
+        OSError: the file system refused.
+    """
+    flags = os.O_RDWR | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+    created = True
+    try:
+        fd = os.open(where, flags | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        created = False
+        try:
+            fd = os.open(where, flags | getattr(os, "O_NONBLOCK", 0))
+        except OSError as err:
+            if err.errno == errno.ELOOP or where.is_symlink():
+                raise OutputError(f"the lock file {str(where)!r} is a symbolic link; remove it") from None
+            raise
+    info = os.fstat(fd)
+    if not created:
+        content = os.pread(fd, MAX_LOCK_BYTES + 1, 0)
+        if (not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or len(content) > MAX_LOCK_BYTES
+                or not content.strip().isdigit() and content.strip()):
+            os.close(fd)
+            raise OutputError(f"{str(where)!r} is not a lock file this tool wrote (a link, a special "
+                              f"file or other data); move it away")
+    return os.fdopen(fd, "r+", encoding="ascii")
 
 
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EPIPE, errno.EIO}

@@ -206,6 +206,30 @@ def chat_prompt(tokenizer: Any, prompt: str, enabled: bool = True) -> str:
     check_text(prompt, tokenizer)
     if not enabled or tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return prompt
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                         add_generation_prompt=True, tokenize=False)
+    return render_chat(tokenizer, [{"role": "user", "content": prompt}])
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """The messages in the tokenizer's chat template, ready for the answer.
+
+    A template is the checkpoint's own code (jinja2, sandboxed by transformers): one that raises
+    (`raise_exception`), is stopped by the sandbox, loops too deep or renders no text is a
+    one-line error, not a traceback.
+
+    Raises:
+        ValueError: naming the template's failure and the way around it.
+    """
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except RecursionError:
+        raise ValueError("the model's chat template recursed too deeply; decode without it "
+                         "(--no-chat-template)") from None
+    except Exception as err:  # noqa: BLE001 - a template raises what its author wrote (or jinja2's errors)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"the model's chat template failed ({type(err).__name__}: {reason[:200]}); "
+                         f"decode without it (--no-chat-template)") from None
+    if not isinstance(text, str):
+        raise ValueError(f"the model's chat template rendered {type(text).__name__}, not text; decode "
+                         f"without it (--no-chat-template)")
+    return text
 

@@ -255,7 +255,12 @@ def describe(registry: Mapping[str, type]) -> list[tuple[str, str, list[tuple[st
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
             if dataclasses.is_dataclass(default):
                 default = _name_of(registry, default) if type(default) in registry.values() else type(default).__name__
-            params.append((f.name, _type_name(hints[f.name]), default))
+            kind = _type_name(hints[f.name])
+            if "most" in f.metadata:                      # `fields.bounded`: the type's bound
+                kind += f" <= {f.metadata['most']}"
+            if f.metadata.get("loads_file"):              # `fields.file_option`: a start-up option
+                kind += ", a file (start-up only)"
+            params.append((f.name, kind, default))
         rows.append((key, doc, params))
     return rows
 

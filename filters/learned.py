@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm_decode.fields import bounded, file_option
 from dllm_decode.interfaces import Decision, Filter, StepInput
 from dllm_decode.filters.features import block_confidence, slots_to_window
 from dllm_decode.filters.mlp import SHIPPED, load_mlp
@@ -40,8 +41,8 @@ class LearnedFilter(Filter):
         ValueError: bad mode/threshold/width, or weights missing or of another width.
     """
 
-    weights: str = dataclasses.field(default=SHIPPED, metadata={"loads_file": True})   # start-up only
-    width: int = 32
+    weights: str = file_option(SHIPPED)                        # start-up only
+    width: int = bounded(32, most=4096, scales="memory")
     threshold: float = 0.96
     mode: str = "union"
 

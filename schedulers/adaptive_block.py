@@ -4,7 +4,6 @@ code lgxi24/AdaBlock-dLLM@491b205 `llada/generate_adablock.py` `compute_block_le
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -12,6 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import check_probability
 from dllm_decode.interfaces import Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores
 from dllm_decode.schedulers.threshold import ThresholdScheduler
@@ -53,8 +53,7 @@ class AdaptiveBlockScheduler(Wrapper):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if math.isnan(self.delimiter_threshold) or self.delimiter_threshold < 0.0:
-            raise ValueError(f"delimiter_threshold must be in [0, inf], got {self.delimiter_threshold}")
+        check_probability(self, "delimiter_threshold", infinite_ok=True)   # inf: fixed blocks
         if not 0.0 < self.window <= 1.0:
             raise ValueError(f"window must be in (0, 1], got {self.window}")
         if any(not isinstance(i, int) or i < 0 for i in self.delimiter_ids):

@@ -4,11 +4,12 @@ and Grover, NeurIPS 2025, arXiv 2506.00413; reference `danielmisrael/apd`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from dllm_decode.fields import MAX_CANVAS, bounded, file_option
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 
 
@@ -56,8 +57,8 @@ class APDScheduler(Scheduler):
     needs_noise: ClassVar[bool] = True
 
     mixture: float = 0.7
-    lookahead: int = 0
-    verifier: str = field(default="auto", metadata={"loads_file": True})   # start-up only: loads a model
+    lookahead: int = bounded(0, most=MAX_CANVAS, scales="memory")
+    verifier: str = file_option("auto")            # start-up only: loads a model
     published_target: bool = True
 
     def __post_init__(self) -> None:

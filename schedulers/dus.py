@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, topk_mask
 
@@ -90,8 +91,8 @@ class DUSScheduler(Scheduler):
 
     canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
-    base: int = 2
-    skip_exp: int = 1
+    base: int = bounded(2, most=MAX_CANVAS, scales="memory")
+    skip_exp: int = bounded(1, most=64, scales="steps")
     remask_threshold: float = 0.3
     order: str = "schedule"
 

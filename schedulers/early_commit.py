@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import top2
 from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
@@ -58,8 +59,8 @@ class EarlyCommitScheduler(Wrapper):
     low: float = 2.5
     early: float = 0.33
     late: float = 0.67
-    answer_start: int | None = None
-    answer_length: int = 5
+    answer_start: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
+    answer_length: int = bounded(5, most=MAX_CANVAS, scales="memory")
 
     view: ClassVar[str] = "rest"
 

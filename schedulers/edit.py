@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 
 
@@ -38,7 +39,7 @@ class EditScheduler(Scheduler):
 
     threshold: float = 0.95
     edit_threshold: float = 0.9
-    post_steps: int = 16
+    post_steps: int = bounded(16, most=4096, scales="steps")
 
     def __post_init__(self) -> None:
         for name in ("threshold", "edit_threshold"):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import aligned_uniform, masked_scores, neg_entropy, tokens_per_step, top2, topk_mask
 
@@ -30,7 +31,7 @@ class _FixedSteps(Scheduler):
 
     canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
-    steps_per_block: int | None = None
+    steps_per_block: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         if self.steps_per_block is not None and self.steps_per_block < 1:

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
+from dllm_decode.fields import check_order, check_probability
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import NEG_INF, argmax_mask
 
@@ -29,7 +29,8 @@ class HierarchyScheduler(Scheduler):
     Defaults threshold 0.92, low_threshold 0.62: the eval guide's "hierarchy parallel decoding
     for improved quality". The class defaults are threshold None (here `inf`, no high bar) and
     low 0.4; the benchmark configs use 0.8/0.5, 0.9/0.7 and 0.85/0.75, the serving defaults
-    0.9/0.6. Deviations: confidence is the float32 clean softmax (the reference takes
+    0.9/0.6. `low_threshold` must not exceed `threshold` (above it the low bar adds nothing) unless
+    it is 1.0, which turns the low bar off (nothing passes a strict bar of 1). Deviations: confidence is the float32 clean softmax (the reference takes
     `log_softmax` in the model dtype, so bf16 ties are more frequent there; exact segment ties are
     rare on a real model in float32 and common on the analytic `ideal` model); the remasking
     variant (`get_transfer_index_hierarchy_remask`) is not ported: its call path passes
@@ -44,10 +45,10 @@ class HierarchyScheduler(Scheduler):
     infinite_ok = ("threshold",)          # inf: no high bar (the reference's None)
 
     def __post_init__(self) -> None:
-        if math.isnan(self.threshold) or self.threshold < 0.0:
-            raise ValueError(f"threshold must be in [0, inf] (inf: no high bar), got {self.threshold}")
-        if not 0.0 <= self.low_threshold <= 1.0:
-            raise ValueError(f"low_threshold must be in [0, 1], got {self.low_threshold}")
+        check_probability(self, "threshold", infinite_ok=True)         # inf: no high bar
+        check_probability(self, "low_threshold")
+        if self.low_threshold < 1.0:       # above the high bar the low one adds nothing: 1.0 spells "off"
+            check_order(self, "low_threshold", "threshold")
 
     def select(self, inp: StepInput, state: Any) -> tuple[Decision, Any]:
         eligible = inp.eligible

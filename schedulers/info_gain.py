@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, neg_entropy
 from dllm_decode.schedulers.draws import row_uniform
@@ -59,7 +60,7 @@ class InfoGainScheduler(Scheduler):
 
     caches: ClassVar[tuple[str, ...] | None] = ("none", "block")
 
-    candidates: int = 8
+    candidates: int = bounded(8, most=64, scales="rows")
     position_temperature: float = 0.2
     bypass_threshold: float = 0.8
     variant: str = "info_gain"

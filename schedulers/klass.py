@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.schedulers.columns import carry
 from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
@@ -44,7 +45,7 @@ class KLASSScheduler(Wrapper):
     base: Scheduler = field(default_factory=LowConfidenceScheduler)
     confidence_threshold: float = 0.9
     kl_threshold: float = 0.01
-    history: int = 2
+    history: int = bounded(2, most=64, scales="memory")
 
     def __post_init__(self) -> None:
         super().__post_init__()

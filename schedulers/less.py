@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.schedulers.columns import carry
 from dllm_decode.schedulers.fixed_steps import LowConfidenceScheduler
@@ -68,8 +69,8 @@ class LESSScheduler(Wrapper):
 
     base: Scheduler = field(default_factory=LowConfidenceScheduler)
     confidence: float = 0.9
-    persistence: int = 2
-    top_k: int = 8
+    persistence: int = bounded(2, most=1024, scales="memory")
+    top_k: int = bounded(8, most=1024, scales="memory")
     js_threshold: float = 0.01
     infinite_ok = ("js_threshold",)
 

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 
 
@@ -32,7 +33,7 @@ class LocalLeapScheduler(Scheduler):
 
     kappa: float = 0.9
     tau: float = 0.75
-    radius: int = 4
+    radius: int = bounded(4, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         if not 0.0 < self.kappa <= 1.0:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores, neg_entropy
 
@@ -53,10 +54,10 @@ class MultiBlockScheduler(Scheduler):
     chooses_block_bounds = True
 
     threshold: float = 0.5
-    sub_block: int = 32
+    sub_block: int = bounded(32, most=MAX_CANVAS, scales="memory")
     add_threshold: float = 0.1
     activate_threshold: float = 0.95
-    max_blocks: int = 0
+    max_blocks: int = bounded(0, most=MAX_CANVAS, scales="memory")
     global_min: bool = True
     infinite_ok = ("threshold",)
 
@@ -70,6 +71,12 @@ class MultiBlockScheduler(Scheduler):
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.max_blocks < 0:
             raise ValueError(f"max_blocks must be >= 0 (0: the whole generation), got {self.max_blocks}")
+
+    def check_config(self, config: Any) -> None:
+        # sub-blocks tile the region: one that does not divide the canvas leaves a ragged last one
+        if self.sub_block < config.gen_length and config.gen_length % self.sub_block:
+            raise ValueError(f"{type(self).__name__}.sub_block ({self.sub_block}) must divide gen_length ({config.gen_length}) "
+                             f"or cover it")
 
     def block_end(self, inp: StepInput, state: Any) -> tuple[Tensor | None, Any]:
         end = inp.gen_span[:, 1]

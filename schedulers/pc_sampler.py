@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import file_option
 from dllm_decode.interfaces import StepInput
 from dllm_decode.schedulers.fixed_steps import _FixedSteps
-from dllm_decode.schedulers.frequency import check_table, log_frequency
+from dllm_decode.schedulers.frequency import AUTO, SHIPPED, UNIFORM, check_table, log_frequency
 
 ORIGINS = ("generation", "block")
 
@@ -48,7 +49,7 @@ class PCSamplerScheduler(_FixedSteps):
 
     decay: float = 0.25
     clip: float = 10.0
-    table: str = "auto"
+    table: str = file_option(AUTO, names=(UNIFORM, *SHIPPED))   # start-up only: opens a file
     origin: str = "generation"
     smoothing: float = 0.0
     infinite_ok = ("clip",)

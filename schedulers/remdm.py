@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import masked_scores, tokens_per_step, topk_mask
 from dllm_decode.schedulers.columns import carry
@@ -74,12 +75,12 @@ class ReMDMScheduler(Scheduler):
     """
 
     mode: str = "llada"
-    steps_per_block: int = 0
-    loop_steps: int = 1
-    loop_number: int = 1
+    steps_per_block: int = bounded(0, most=MAX_CANVAS, scales="memory")
+    loop_steps: int = bounded(1, most=4096, scales="steps")
+    loop_number: int = bounded(1, most=64, scales="steps")
     insert_at: float = 0.875
     schedule: str = "loop"
-    steps: int = 0
+    steps: int = bounded(0, most=MAX_CANVAS, scales="memory")
     eta: float = 0.02
     t_on: float = 0.55
     t_off: float = 0.05

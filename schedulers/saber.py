@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import NEG_INF, topk_mask
 
@@ -40,8 +41,8 @@ class SaberScheduler(Scheduler):
 
     revises: ClassVar[str] = "generated"
 
-    min_commit: int = 2
-    mu: int = 8
+    min_commit: int = bounded(2, most=MAX_CANVAS, scales="memory")
+    mu: int = bounded(8, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         if self.min_commit < 1:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded, check_probability
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import argmax_mask, masked_scores
 
@@ -50,9 +51,9 @@ class SlowFastScheduler(Scheduler):
 
     canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # its rule reads only the step's view
 
-    explore_steps: int = 6
+    explore_steps: int = bounded(6, most=4096, scales="steps")
     span_threshold: float = 0.3
-    stability_window: int = 2
+    stability_window: int = bounded(2, most=4096, scales="memory")
     stability_std: float = 1.0
     high_threshold: float = 0.9
     infinite_ok = ("high_threshold",)      # inf: never fill in parallel
@@ -66,8 +67,7 @@ class SlowFastScheduler(Scheduler):
             raise ValueError(f"stability_window must be >= 1, got {self.stability_window}")
         if math.isnan(self.stability_std) or self.stability_std < 0.0:
             raise ValueError(f"stability_std must be >= 0, got {self.stability_std}")
-        if math.isnan(self.high_threshold) or self.high_threshold < 0.0:
-            raise ValueError(f"high_threshold must be in [0, inf], got {self.high_threshold}")
+        check_probability(self, "high_threshold", infinite_ok=True)    # inf: never fill in parallel
 
     def init_state(self, batch_size: int, device: torch.device) -> dict[str, Tensor]:
         zeros = torch.zeros(batch_size, dtype=torch.long, device=device)

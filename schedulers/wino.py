@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import NEG_INF, topk_mask
 
@@ -71,8 +72,8 @@ class WinoScheduler(Scheduler):
     threshold: float = 0.7
     threshold_back: float = 0.9
     accept_ratio: float = 0.7
-    min_accept: int = 5
-    max_accept: int = 20
+    min_accept: int = bounded(5, most=MAX_CANVAS, scales="memory")
+    max_accept: int = bounded(20, most=MAX_CANVAS, scales="memory")
     reference_cap: bool = False
 
     def __post_init__(self) -> None:

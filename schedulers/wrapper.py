@@ -74,6 +74,9 @@ class Wrapper(Scheduler):
     def check_fits(self, vocab_size: int, gen_length: int) -> None:
         self.base.check_fits(vocab_size, gen_length)
 
+    def check_config(self, config: Any) -> None:
+        self.base.check_config(config)
+
     def own_state(self, batch_size: int, device: torch.device) -> dict[str, Any]:
         """The wrapper's own per-request state entries (none by default)."""
         return {}

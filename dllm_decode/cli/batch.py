@@ -11,7 +11,9 @@ checks the files and again, re-reading what is done, from its first decode to it
 so a second run on the same output stops at once and no result is written twice; the
 input and the output must be different files; special files (`/dev/null`, `/dev/full`) are
 refused before any work. Resume keys on the id and a hash of the request line: a finished id
-whose request changed since it was written is an error naming the id, never a stale answer.
+whose request changed since it was written is an error naming the id, never a stale answer; and
+on the run: each result records the model identity and the decode record (`dllm_decode.runkey`),
+and a resume with another model or decode settings is an error naming what changed.
 A result that cannot be written (a full disk) stops the run with one line and exit status 1;
 every result written before it stays, and a re-run resumes after it.
 """
@@ -118,15 +120,19 @@ def read_lines(input_path: str) -> list[tuple[str, dict[str, Any]]]:
     return requests
 
 
-def _pending(requests: list[tuple[str, dict[str, Any]]], target: Any) -> list[tuple[str, dict[str, Any]]]:
+def _pending(requests: list[tuple[str, dict[str, Any]]], target: Any,
+             run: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The requests the output does not answer yet (a changed request under a finished id is an
-    error naming the id)."""
+    error naming the id; with `run`, results written by another model or decode record are an
+    error naming what changed)."""
     from dllm_decode.eval.harness.records import read_records
 
     try:
         done = {str(r.get("id")): r for r in read_records(target) if isinstance(r, dict)}
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--output") from None
+    if run is not None:
+        _same_run(done.values(), run, target)
     for request_id, body in requests:
         if request_id in done and not _same_request(done[request_id], body):
             raise click.BadParameter(
@@ -134,6 +140,25 @@ def _pending(requests: list[tuple[str, dict[str, Any]]], target: Any) -> list[tu
                 f"id, another request); give it a new id, or remove its line from the output to "
                 f"decode it again", param_hint="--input")
     return [(i, body) for i, body in requests if i not in done]
+
+
+def _same_run(records: Any, run: dict[str, Any], target: Any) -> None:
+    """Refuse an output written by another run (model or decode record), naming what changed."""
+    from dllm_decode.runkey import check_resume
+
+    seen: list[Any] = []
+    for record in records:
+        recorded = record.get("run")
+        if recorded is None and "model" in record:       # written before runs were recorded
+            recorded = {"model": {**run["model"], "name": record["model"]}}
+        if recorded is None or recorded in seen:
+            continue
+        seen.append(recorded)
+        try:
+            check_resume(recorded, run, f"the output {str(target)!r}",
+                         "choose another --output (or remove it to start again)")
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--output") from None
 
 
 def _same_request(record: dict[str, Any], body: dict[str, Any]) -> bool:
@@ -160,7 +185,9 @@ def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, An
         click.ClickException: another run holds the output, or a result cannot be written.
     """
     from dllm_decode.outputs import OutputError
+    from dllm_decode.runkey import model_identity, run_record
 
+    run = run_record(model_identity(model_name), config)
     channel = None
     if groups is not None and groups.world > 1:
         from dllm_decode.parallel.control import ControlChannel
@@ -173,16 +200,17 @@ def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, An
             return
     try:
         with _owned(output_path):
-            todo = _pending(list(requests), output_path)
+            todo = _pending(list(requests), output_path, run)
             if channel is not None:
                 channel.publish([i for i, _ in todo])
-            _run(model, config, todo, output_path, chat_template, batch_size, model_name, capture)
+            _run(model, config, todo, output_path, chat_template, batch_size, model_name, capture, run)
     except OutputError as err:
         raise click.ClickException(str(err)) from None
 
 
 def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str | None,
-         chat_template: bool, batch_size: int, model_name: str, capture: str = "off") -> None:
+         chat_template: bool, batch_size: int, model_name: str, capture: str = "off",
+         run: dict[str, Any] | None = None) -> None:
     """Decode `requests`; append each result to `output_path` (None: a follower rank, which
     decodes the same steps and writes nothing)."""
     from dllm_decode.engine import Engine, Request
@@ -236,7 +264,7 @@ def _run(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], ou
                          "finish_reason": out.finish_reason, "answer_tokens": len(out.tokens),
                          "nfe": out.nfe, "seconds": out.seconds, "model": model_name,
                          "config": configs[update.request_id].to_dict(),
-                         "request_hash": hashes[update.request_id],
+                         "request_hash": hashes[update.request_id], "run": run,
                          **({"warning": warnings[update.request_id]}
                             if update.request_id in warnings else {})})
         try:

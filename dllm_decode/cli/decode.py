@@ -142,9 +142,10 @@ def decode_record(*, scheduler: str, scheduler_opts: dict[str, str], cache_name:
     gen_length = FALLBACK_GEN_LENGTH if gen_length is None else gen_length
     if preset is not None and not isinstance(preset, str):
         block = block_length if block_length is not None else preset.parts.get("block_length")
+        sampling = preset_sampling(preset, temperature=temperature, seed=seed)
         with usage_errors("--preset"):
             return preset.config(gen_length=gen_length, block_length=min(DEFAULT_BLOCK, gen_length) if block is None
-                                 else block, temperature=temperature, seed=seed)
+                                 else block, **sampling)
     return decode_config(scheduler=scheduler, scheduler_options=scheduler_opts, cache=cache_name,
                          cache_options=cache_opts, filters=filter_specs, gen_length=gen_length,
                          block_length=block_length if block_length is not None else min(DEFAULT_BLOCK, gen_length),
@@ -176,6 +177,23 @@ def shipped_for(config: Any, model: Any, block_given: bool) -> Any:
         return dataclasses.replace(
             shipped, cache=config.cache, filters=config.filters, temperature=config.temperature,
             seed=config.seed, block_length=config.block_length if block_given else shipped.block_length)
+
+
+def preset_sampling(preset: Any, **given: Any) -> dict[str, Any]:
+    """`temperature` and `seed` for a preset's record: the preset's own where it fixes them and
+    the command line leaves them at their defaults; a value given on the command line that
+    differs from the preset's is applied and reported on standard error (never silently)."""
+    context = click.get_current_context(silent=True)
+    out = dict(given)
+    for name, value in given.items():
+        if name not in preset.parts:
+            continue
+        source = context.get_parameter_source(name) if context is not None else None
+        if source in (None, click.core.ParameterSource.DEFAULT):
+            out[name] = preset.parts[name]
+        elif preset.parts[name] != value:
+            click.echo(f"note: --{name} {value} overrides the preset's {name} {preset.parts[name]}", err=True)
+    return out
 
 
 def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool | None = None) -> Any:
@@ -244,8 +262,10 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
     block_given = record["block_length"] is not None or (preset is not None and "block_length" in preset.parts)
-    groups = launch.start(tensor_parallel, where, "dllm-decode")
+    groups = launch.start(tensor_parallel, where, "dllm-decode", spec=spec)
     try:
+        launch.agree(groups, model=str(spec), config=config.to_dict(), prompt=text,
+                     requests=batch.read_lines(input_path) if input_path else None)
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel, quantize=quantize,

@@ -11,8 +11,8 @@ import click
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.adapters import adapter_option, split_adapters
-from dllm_decode.cli.options import (DTYPES, RegistryHelp, capture_options, key_values, registry_names,
-                                     quantize_option, runtime_option, trust_option)
+from dllm_decode.cli.options import (DTYPES, MAX_CANVAS, MAX_PROMPTS, RegistryHelp, capture_options, key_values,
+                                     registry_names, quantize_option, runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -50,7 +50,7 @@ def command_line() -> str:
               help="Set a cache field; repeatable.")
 @click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
               help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order.")
-@click.option("--limit", type=click.IntRange(1), default=None, help="Examples per task [100 / whole file].")
+@click.option("--limit", type=click.IntRange(1, MAX_PROMPTS), default=None, help="Examples per task [100 / whole file].")
 @click.option("--gen-length", default="32", show_default=True,
               help="Canvas length, or `answer` for each example's reference length (infilling).")
 @click.option("--block-length", type=click.IntRange(1), default=None, help="Semi-AR block [whole canvas].")
@@ -110,8 +110,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     if spec.kind == "ar" and (cache_name != "none" or cache_opts or filter_specs):
         raise click.UsageError(f"--cache and --filter apply to diffusion models; {model_name!r} "
                                f"is the AR baseline (it has neither)")
-    if gen_length != ANSWER and not (gen_length.isdigit() and int(gen_length) >= 1):
-        raise click.BadParameter(f"expected an integer >= 1 or {ANSWER!r}, got {gen_length!r}",
+    if gen_length != ANSWER and not (gen_length.isascii() and gen_length.isdigit() and 1 <= int(gen_length) <= MAX_CANVAS):
+        raise click.BadParameter(f"expected an integer in [1, {MAX_CANVAS}] or {ANSWER!r}, got {gen_length!r}",
                                  param_hint="--gen-length")
     with usage_errors("--cache"):
         cache_name, inline = parse_spec(cache_name)       # `--cache elastic:track_num=4` too
@@ -127,13 +127,16 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                                block_length=block_length, temperature=temperature, seed=seed)
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
     if preset_specs:
+        from dllm_decode.cli.decode import preset_sampling
         from dllm_decode.eval.harness.presets import find_preset, identity_of, preset_setting
 
         with usage_errors("--preset"):
             identity = identity_of(spec)
-            presets = [preset_setting(find_preset(text, identity), gen_length=None if gen_length == ANSWER
-                                      else int(gen_length), block_length=block_length, temperature=temperature,
-                                      seed=seed) for text in preset_specs]
+            found = [find_preset(text, identity) for text in preset_specs]
+            presets = [preset_setting(preset, gen_length=None if gen_length == ANSWER else int(gen_length),
+                                      block_length=block_length,
+                                      **preset_sampling(preset, temperature=temperature, seed=seed))
+                       for preset in found]
         source = click.get_current_context().get_parameter_source("scheduler_specs")
         settings = presets if source == click.core.ParameterSource.DEFAULT else [*settings, *presets]
     if spec.kind == "ideal":                     # refuse before decoding what it cannot read
@@ -152,8 +155,10 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                   settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture,
                   adapters=adapters, quantize=quantize)
         return
-    groups = launch.start(tensor_parallel, where, "eval", data_parallel=True)
+    groups = launch.start(tensor_parallel, where, "eval", data_parallel=True, spec=spec)
     try:
+        launch.agree(groups, model=str(spec), settings=[s.to_dict() for s in settings],
+                     runs=[(r.name, [e.prompt for e in r.examples]) for r in runs])
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
                   plots, as_json, capture, adapters=adapters, quantize=quantize)
@@ -171,6 +176,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
     from dllm_decode.eval.harness.records import combined_records
     from dllm_decode.eval.harness.report import write_outputs
     from dllm_decode.eval.harness.runner import decoder_for, evaluate
+    from dllm_decode.runkey import model_identity
 
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
@@ -184,8 +190,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
         label = str(spec) + "".join(f"+lora:{folder}" for folder in adapters)   # adapters change answers
         label = label if quantize is None else f"{label} --quantize {quantize}"
         records = evaluate(decoder, label, settings, runs, out_dir, tokenizer=tokenizer,
-                           batch_size=batch_size,
-                           progress=progress)
+                           batch_size=batch_size, progress=progress, identity=model_identity(str(spec)))
     if records is None:                                  # ranks > 0: rank 0 reports
         return
     if combine:

@@ -10,7 +10,8 @@ import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
 from dllm_decode.cli.launch import tensor_parallel_option
-from dllm_decode.cli.options import FloatRange, capture_options
+from dllm_decode.cost import DEFAULT_REQUEST_BYTES
+from dllm_decode.cli.options import CORES, FloatRange, capture_options
 
 
 class Seconds(FloatRange):
@@ -52,8 +53,13 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="Seconds a request body may take to arrive in full (then 408).")
 @click.option("--max-draft", type=click.IntRange(1, 256), default=8, show_default=True,
               help="ar: models: most tokens drafted per round.")
-@click.option("--threads", type=click.IntRange(1), default=None,
-              help="torch threads of the engine (default: torch's).")
+@click.option("--threads", type=click.IntRange(1, CORES), default=None,
+              help=f"torch threads of the engine, at most the {CORES} core(s) this process may use "
+                   f"(default: torch's).")
+@click.option("--max-request-bytes", type=click.IntRange(1), default=DEFAULT_REQUEST_BYTES, show_default=True,
+              help="The estimated memory one request's decoding step may take (its canvas rows x "
+                   "tokens x vocabulary, look-ahead candidates included); a request over it gets a 400 "
+                   "naming the option to lower.")
 @click.option("--presets", "presets_path", type=click.Path(dir_okay=False), default=None,
               help="A `dllm-decode tune` presets.json: a request starts from one of its presets by name "
                    "(`dllm.preset`, or the model name MODEL:NAME, e.g. a task tag); checked against the model "
@@ -67,8 +73,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   host: str, port: int, served_model_name: str | None, max_concurrent: int,
                   max_queue: int, max_tokens: int, request_timeout: float, shutdown_timeout: float,
                   max_body_bytes: int, body_timeout: float, max_draft: int, threads: int | None,
-                  presets_path: str | None, log_level: str, playground: bool | None = None,
-                  trust_remote_code: bool = False,
+                  max_request_bytes: int, presets_path: str | None, log_level: str,
+                  playground: bool | None = None, trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
                   **record: Any) -> None:
@@ -120,16 +126,23 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
                         body_timeout=body_timeout)
-    groups = launch.start(tensor_parallel, where, "serve")
+    groups = launch.start(tensor_parallel, where, "serve", spec=spec)
     try:
+        launch.agree(groups, model=str(spec), config=config.to_dict(), max_tokens=max_tokens)
         block_given = record["block_length"] is not None or (
             preset is not None and "block_length" in preset.parts)
         _serve(spec, where, dtype, config, block_given, presets_path, limits, max_draft,
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
-               threads, host, port, log_level, groups, capture, playground, adapters, quantize)
+               threads, host, port, log_level, groups, capture, playground, adapters, quantize,
+               max_request_bytes)
     finally:
         launch.finish(groups)
+
+
+def _vocab(model: Any) -> int | None:
+    size = getattr(model, "vocab_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: bool,
@@ -138,7 +151,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            tensor_parallel: int, served_model_name: str | None, max_tokens: int,
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
-           adapters: Any = None, quantize: str | None = None) -> None:
+           adapters: Any = None, quantize: str | None = None,
+           max_request_bytes: int | None = None) -> None:
     from dllm_decode.cli.decode import for_model
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -176,7 +190,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
                         presets=_request_presets(presets_path, spec, config, model),
-                        adapters=adapter_names)
+                        adapters=adapter_names,
+                        max_request_bytes=max_request_bytes, vocab_size=_vocab(model))
     with usage_errors("--model"):            # a uniform-noise model: no running batch yet
         engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
     problem = startup_check(engine, settings.config)        # every rank: the same steps

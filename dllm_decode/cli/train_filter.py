@@ -48,9 +48,11 @@ def train_filter_command(model_name: str, out: str, per_task: int, gen_length: i
                                          usage_errors, writable_file)
     from dllm_decode.eval.training.filter import task_prompts, train_filter
 
+    from dllm_decode.outputs import write_errors
+
     writable_file(out, "--out")
     model = load_diffusion_model(model_spec(model_name), device_option(device))
-    with usage_errors():
+    with usage_errors(), write_errors():          # a full disk is one line (exit 1), not a traceback
         _, report = train_filter(model, task_prompts(per_task, seed), gen_length=gen_length,
                                  block_length=block_length, width=width, epochs=epochs,
                                  threshold=threshold, trajectory=trajectory, rounds=rounds, beta=beta,

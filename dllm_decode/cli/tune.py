@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from dllm_decode.cli.decode import DEFAULT_MODEL
-from dllm_decode.cli.options import DTYPES
+from dllm_decode.cli.options import DTYPES, MAX_CANVAS, MAX_PROMPTS
 
 DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfast,klass,less,local_leap,dus,multi_block"
 
@@ -14,9 +14,9 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--model", "model_name", default=DEFAULT_MODEL, show_default=True,
               help="A diffusion model (directory, `embedded`, `tiny`) or `ideal[:noise=X]`.")
 @click.option("--tasks", "selection", default="all", show_default=True, help="As for `eval`.")
-@click.option("--calibration", type=click.IntRange(1), default=100, show_default=True,
+@click.option("--calibration", type=click.IntRange(1, MAX_PROMPTS), default=100, show_default=True,
               help="Calibration prompts per task (the search sees only these).")
-@click.option("--held-out", type=click.IntRange(1), default=100, show_default=True,
+@click.option("--held-out", type=click.IntRange(1, MAX_PROMPTS), default=100, show_default=True,
               help="Held-out prompts per task (only scored, never searched on).")
 @click.option("--data-seed", type=click.IntRange(0, 2 ** 63 - 1), default=0, show_default=True)
 @click.option("--split-salt", default="tune", show_default=True, help="Salt of the prompt hash that splits them.")
@@ -61,8 +61,9 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     spec = model_spec(model_name)
     if spec.kind == "ar":
         raise click.UsageError("tune searches diffusion decoding policies; the AR baseline has none")
-    if gen_length != "answer" and not (gen_length.isdigit() and int(gen_length) >= 1):
-        raise click.BadParameter(f"expected an integer >= 1 or 'answer', got {gen_length!r}", param_hint="--gen-length")
+    if gen_length != "answer" and not (gen_length.isascii() and gen_length.isdigit() and 1 <= int(gen_length) <= MAX_CANVAS):
+        raise click.BadParameter(f"expected an integer in [1, {MAX_CANVAS}] or 'answer', got {gen_length!r}",
+                                 param_hint="--gen-length")
     canvas = None if gen_length == "answer" else int(gen_length)
     block = None if canvas is None else block_length
     names = [r.strip() for r in rules.split(",") if r.strip()]

@@ -159,12 +159,28 @@ def weight_file(directory: Path, name: object, source: Path | None = None) -> Pa
     path = directory / relative
     resolved = path.resolve()
     roots = [directory.resolve()]
-    if directory.parent.name == "snapshots":            # the HF cache links snapshots to its blobs
-        roots.append((directory.parent.parent / "blobs").resolve())
+    blobs = cache_blobs(directory)
+    if blobs is not None:                               # the HF cache links snapshots to its blobs
+        roots.append(blobs)
     if not any(resolved == root or root in resolved.parents for root in roots):
         raise ModelLoadError(f"{where}: shard {name!r} links outside the checkpoint folder "
                              f"(to {resolved}); weights are read only from inside it")
     return path
+
+
+def cache_blobs(directory: Path) -> Path | None:
+    """The resolved `blobs` folder of a Hugging Face cache snapshot (`<repo>/snapshots/<rev>`), or
+    None when `directory` does not sit in a real cache layout: `snapshots` and `blobs` must be
+    plain folders (not links) of one repository folder, so a planted `blobs -> /` opens nothing."""
+    snapshots = directory.parent
+    if snapshots.name != "snapshots":
+        return None
+    repo = snapshots.parent
+    blobs = repo / "blobs"
+    if snapshots.is_symlink() or blobs.is_symlink() or not blobs.is_dir():
+        return None
+    root, resolved = repo.resolve(), blobs.resolve()
+    return resolved if resolved.parent == root else None
 
 
 def shard_names(directory: Path) -> list[str]:
@@ -297,6 +313,12 @@ def load_state_strict(model: nn.Module, state: dict[str, torch.Tensor], director
              if k in state and state[k].shape != v.shape]
     if wrong:
         raise ModelLoadError(f"{directory}: weights do not match the config (shape of {wrong[0]})")
+    kinds = [f"{k} is {str(state[k].dtype).removeprefix('torch.')}" for k, v in expected.items()
+             if k in state and v.is_floating_point() and not state[k].is_floating_point()]
+    if kinds:                 # integer or boolean values are not weights: a quantised format
+        raise ModelLoadError(f"{directory}: weights must be floating point ({kinds[0]}); this loader "
+                             f"reads float32/bfloat16/float16 (or float8) safetensors, not integer-"
+                             f"quantised checkpoints")
     missing, unexpected = model.load_state_dict(state, strict=False, assign=assign)
     if missing or unexpected:
         raise ModelLoadError(f"{directory}: weights do not match the config "

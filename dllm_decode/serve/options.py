@@ -4,9 +4,9 @@ A request chooses a scheduler, cache or filter by registered name, or as `{"name
 value}`; wrappers take their base the same way (or dotted `base.x` names). `check_options` reads
 such a spec before anything is built:
 
-- an option that opens a file (a field with `metadata={FILE_OPTION: True}`, or one listed in
-  `OPTIONS_THAT_LOAD_FILES`) keeps a value the server was started with, or its default (a shipped
-  name): files are start-up options, and the answer is the same whether a named file exists;
+- an option that opens a file (a `fields.file_option` field: the type says so, no list is kept
+  by hand) keeps a value the server was started with, or a shipped name it declares: files are
+  start-up options, and the answer is the same whether a named file exists;
 - no string value looks like a path (`/`, `\\`, a NUL, a leading `~` or `.`, `..`);
 - a bool option takes only a JSON boolean, an int option only an integer, a float option only a
   number (the CLI parses its own strings; a request's JSON is already typed);
@@ -22,14 +22,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from dllm_decode.fields import free_names, names_file
+
 MAX_WRAPS = 16
 """The deepest chain of wrapped components (`base` of `base` ...) a request may spell."""
 
-FILE_OPTION = "loads_file"
-"""Field metadata key of component options that name a file (`field(metadata={FILE_OPTION: True})`)."""
-OPTIONS_THAT_LOAD_FILES = {("filter", "learned", "weights")}
-"""(kind, name, option) of component options that open a file, besides the fields marked with
-`FILE_OPTION`: a request may not change them (they are start-up options)."""
 
 
 class OptionError(ValueError):
@@ -84,12 +81,15 @@ def check_options(kinds: tuple[str, ...], spec: Any, started: list[Any], param: 
             nested.setdefault(head, {})[rest] = value
             continue
         field = fields[head]
-        if field.metadata.get(FILE_OPTION) or (kind, name, head) in OPTIONS_THAT_LOAD_FILES:
-            allowed = {field.default} | {getattr(c, head) for c in _all(started) if type(c) is cls}
+        if names_file(field):
+            own = {getattr(c, head) for c in _all(started) if type(c) is cls}
+            allowed = set(free_names(field)) | own
             if not isinstance(value, str) or value not in allowed:
-                raise OptionError(f"{where} names a file; a request may only use a value the server "
-                                  f"was started with ({sorted(map(repr, allowed))}); files are chosen "
-                                  f"when the server starts", where)
+                raise OptionError(f"{where} names a file; a request may only use a shipped name or a "
+                                  f"value the server was started with ({', '.join(sorted(map(repr, allowed)))}); "
+                                  f"files are chosen when the server starts", where)
+            if value in own:
+                continue                            # the server's own value, a path maybe
         _typed(hints[head], value, where)
         if isinstance(value, (str, Mapping)) and _is_component_type(hints[head]):
             check_options(kinds, value, started, where, depth + 1)

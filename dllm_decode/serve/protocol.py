@@ -25,11 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dllm_decode.cost import OverBudget, check_budget
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Output
 from dllm_decode.fields import check_types
 from dllm_decode.models.checkpoint import first_line
-from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, unknown_words_warning
+from dllm_decode.prompts import check_text, check_token_ids, chat_prompt, render_chat, unknown_words_warning
 from dllm_decode.registry import component, component_dict, registry
 from dllm_decode.serve import router_compat
 from dllm_decode.serve.options import OptionError, check_options
@@ -96,6 +97,9 @@ class Settings:
             `MODEL_ID:NAME`), loaded and checked against the model at start-up (`--presets`).
         adapters: names of the LoRA adapters attached unmerged at start-up (`--adapter
             NAME=DIR`); a request picks one by the model name `MODEL_ID:NAME`.
+        max_request_bytes: the budget of one request's step (`dllm_decode.cost`): a request
+            estimated over it is a 400 naming the option that scales it (None: no budget).
+        vocab_size: the model's vocabulary, for that estimate (None: the tokenizer's length).
     """
 
     model_id: str
@@ -106,6 +110,8 @@ class Settings:
     scheduler_kinds: tuple[str, ...] = ("scheduler",)
     presets: Mapping[str, DecodeConfig] = field(default_factory=dict)
     adapters: tuple[str, ...] = ()
+    max_request_bytes: int | None = None
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -176,6 +182,7 @@ def parse_job(kind: str, body: Any, settings: Settings, tokenizer: Any) -> Job:
     max_tokens = _max_tokens(body, kind)
     config = _config(body, settings, max_tokens, preset)
     prompt = _encode(text_or_ids, tokenizer)
+    _check_cost(config, len(prompt), settings, tokenizer)
     stream = bool(body.get("stream"))
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -200,6 +207,17 @@ def _adapter(body: Mapping[str, Any], settings: Settings) -> str | None:
     model = body.get("model")
     head, sep, tag = model.rpartition(":") if isinstance(model, str) else ("", "", "")
     return tag if sep and head == settings.model_id and tag in settings.adapters else None
+
+
+def _check_cost(config: DecodeConfig, prompt_length: int, settings: Settings, tokenizer: Any) -> None:
+    """A 400 naming the option when the request's step is over the server's budget."""
+    vocab = settings.vocab_size or (len(tokenizer) if tokenizer is not None and hasattr(tokenizer, "__len__") else 0)
+    if settings.max_request_bytes is None or not vocab:
+        return
+    try:
+        check_budget(config, prompt_length, vocab, settings.max_request_bytes)
+    except OverBudget as err:
+        raise APIError(400, str(err), param=err.option) from None
 
 
 def _preset(body: Mapping[str, Any], settings: Settings) -> str | None:
@@ -353,7 +371,10 @@ def _chat_text(body: Mapping[str, Any], settings: Settings, tokenizer: Any) -> s
     if not has_template:
         raise APIError(400, "this model has no chat template: send a single user message",
                        param="messages")
-    return tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    try:
+        return render_chat(tokenizer, plain)
+    except ValueError as err:
+        raise APIError(400, first_line(err), param="messages") from None
 
 
 def _content(content: Any, i: int) -> str:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 from typing import Any, Callable
 
 import torch
@@ -126,22 +127,8 @@ def shaped_model(options: ShapedOptions, family: str = "llada") -> Any:
     block = `block_length`)."""
     device, dtype = torch.device(options.device), getattr(torch, options.dtype)
     torch.manual_seed(options.seed)
-    if family == "block":
-        from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMModel
-
-        sizes = dict(BLOCK_SHAPES[options.shape], bd_size=options.block_length)
-        if options.layers is not None:
-            sizes["num_hidden_layers"] = options.layers
-        with torch.device(device):
-            model = FastDLLMModel(FastDLLMConfig(**sizes)).to(dtype)
-    else:
-        from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
-
-        sizes = dict(SHAPES[options.shape])
-        if options.layers is not None:
-            sizes["n_layers"] = options.layers
-        with torch.device(device):
-            model = LLaDAModelLM(LLaDAConfig(**sizes)).to(dtype)
+    with torch.device(device):
+        model = _build(options, family).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:
@@ -151,6 +138,63 @@ def shaped_model(options: ShapedOptions, family: str = "llada") -> Any:
             else:
                 p.fill_(1.0)                               # norm scales
     return model.eval()
+
+
+def _build(options: ShapedOptions, family: str) -> Any:
+    """The family's model of the option's shape, built on the current default device."""
+    if family == "block":
+        from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMModel
+
+        sizes = dict(BLOCK_SHAPES[options.shape], bd_size=options.block_length)
+        if options.layers is not None:
+            sizes["num_hidden_layers"] = options.layers
+        return FastDLLMModel(FastDLLMConfig(**sizes))
+    from dllm_decode.models.llada import LLaDAConfig, LLaDAModelLM
+
+    sizes = dict(SHAPES[options.shape])
+    if options.layers is not None:
+        sizes["n_layers"] = options.layers
+    return LLaDAModelLM(LLaDAConfig(**sizes))
+
+
+def model_bytes(options: ShapedOptions, family: str = "llada") -> int:
+    """The peak bytes building the family's model of this shape takes on the device: its
+    parameters, counted on the meta device (nothing allocated), built in float32 before the cast
+    (the canvas and caches come on top)."""
+    with torch.device("meta"):
+        model = _build(options, family)
+    return sum(p.numel() for p in model.parameters()) * max(4, getattr(torch, options.dtype).itemsize)
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes free on `device` now (CUDA: the driver's count; the CPU: `MemAvailable`), or None."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        from dllm_decode.models.checkpoint import available_memory
+
+        return available_memory()
+    return None
+
+
+def check_memory(options: ShapedOptions, families: set[str]) -> None:
+    """Refuse, before any weight is built, a run whose models cannot fit the device's free memory
+    (an allocation error deep in a constructor otherwise), naming the depth that would fit.
+
+    Raises:
+        OptionError: naming `--layers` and the memory.
+    """
+    free = device_memory(torch.device(options.device))
+    need = sum(model_bytes(options, family) for family in families)
+    if free is None or need <= free:
+        return
+    one, two = (sum(model_bytes(dataclass_replace(options, layers=n), family) for family in families)
+                for n in (1, 2))
+    layer = max(1, two - one)
+    depth = max(0, int((free * 0.8 - (one - layer)) // layer))     # a fifth kept for the canvas
+    fits = f"--layers {depth} fits" if depth >= 1 else "no depth of this shape fits; try --shape embedded"
+    raise OptionError("--layers", f"the {options.shape} models need at least {need / 2 ** 30:.1f} GiB of "
+                                  f"parameters and {options.device} has {free / 2 ** 30:.1f} GiB free; {fits}")
 
 
 def prompts_for(model: Any, options: ShapedOptions, count: int) -> list[list[int]]:
@@ -193,6 +237,7 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     device = torch.device(options.device)
     sync = device_sync(device)
     families = {"block" if cache == "block" else "llada" for cache in options.caches}
+    check_memory(options, families)
     models = {family: shaped_model(options, family) for family in sorted(families)}
     prompts = {family: prompts_for(model, options, options.prompt_count) for family, model in models.items()}
     configs = {cache: DecodeConfig(scheduler=LowConfidenceScheduler(steps_per_block=options.steps_per_block),

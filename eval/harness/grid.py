@@ -189,7 +189,7 @@ def expand_grid(schedulers: Sequence[tuple[str, Mapping[str, str]]], options: Ma
             settings.append(_setting(name, chosen, tuple(k for k, _ in mine), common))
     for setting in settings:
         if (k := dict(setting.options).get(TOKENS_PER_STEP)) is not None and (
-                not k.isdigit() or int(k) < 1):
+                not (k.isascii() and k.isdigit()) or int(k) < 1):
             raise ValueError(f"{TOKENS_PER_STEP} must be an integer >= 1, got {k!r}")
         setting.to_dict()                       # builds every component: errors surface now
         if setting.gen_length is not None:

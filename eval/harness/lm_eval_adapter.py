@@ -170,7 +170,7 @@ class DllmDecodeLM(_LMBase):
                                               if part.strip())],
             "gen_length": gen_length, "block_length": self.block_length or gen_length,
             "temperature": float(temperature), "seed": int(seed)})
-        if not str(batch_size).isdigit() or int(batch_size) < 1:
+        if not (str(batch_size).isascii() and str(batch_size).isdigit()) or int(batch_size) < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         from dllm_decode.eval.harness import distributed
 

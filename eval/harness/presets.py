@@ -38,15 +38,47 @@ class Preset:
     parts: dict[str, Any] = field(default_factory=dict)
     why: str = ""
 
+    def __post_init__(self) -> None:
+        check_parts(self.parts)
+
     def config(self, **fields: Any) -> DecodeConfig:
         """The full record: the preset's parts plus `fields` (gen_length, block_length, ...). A
         tuned fixed-count preset's `tokens_per_step` becomes `steps_per_block` on the block."""
-        parts = {**self.parts, **fields}
-        k = parts.pop("tokens_per_step", None)
-        if k is not None:
-            block = parts.get("block_length") or parts.get("gen_length", 1)
-            parts["scheduler"] = {**parts["scheduler"], "steps_per_block": math.ceil(block / int(k))}
-        return DecodeConfig.from_dict(parts)
+        return _record(self.parts, fields)
+
+
+def _record(parts: dict[str, Any], fields: dict[str, Any]) -> DecodeConfig:
+    parts = {**parts, **fields}
+    k = parts.pop("tokens_per_step", None)
+    if k is not None:
+        block = parts.get("block_length") or parts.get("gen_length", 1)
+        parts["scheduler"] = {**parts["scheduler"], "steps_per_block": math.ceil(block / int(k))}
+    return DecodeConfig.from_dict(parts)
+
+
+def check_parts(parts: Any) -> None:
+    """Check a preset's own fields as one record, whatever a command line later overrides (a
+    broken preset is refused wherever it is used, not only where its broken field survives).
+
+    Raises:
+        ValueError: naming the preset field and what is accepted.
+    """
+    if not isinstance(parts, dict):
+        raise ValueError(f"a preset's parts must be an object, got {type(parts).__name__}")
+    k = parts.get("tokens_per_step")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"preset tokens_per_step must be an integer >= 1, got {k!r}")
+    if k is not None and not isinstance(parts.get("scheduler"), dict):
+        raise ValueError("preset tokens_per_step needs its scheduler as an object with `name`")
+    block = parts.get("block_length")
+    own = {} if "gen_length" in parts else {"gen_length": block if isinstance(block, int) and
+                                            not isinstance(block, bool) and block >= 1 else 32}
+    try:
+        _record(parts, own)
+    except RecursionError:
+        raise ValueError("a preset is nested too deeply") from None
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"preset: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}") from None
 
 
 EOTP = [{"name": "eotp"}]
@@ -86,12 +118,23 @@ def model_identity(spec_text: str, directory: Path | None) -> dict[str, str]:
     `config.json` and of the weights (`*.safetensors`, sorted by name)."""
     identity = {"name": spec_text}
     if directory is not None and (directory / "config.json").is_file():
-        identity["config_sha256"] = hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()
-        weights = hashlib.sha256()
-        for path in sorted(directory.glob("*.safetensors")):
-            weights.update(path.read_bytes())
-        identity["weights_sha256"] = weights.hexdigest()
+        identity["config_sha256"] = _stream_hash([directory / "config.json"])
+        identity["weights_sha256"] = _stream_hash(sorted(directory.glob("*.safetensors")))
     return identity
+
+
+HASH_CHUNK = 1 << 20
+
+
+def _stream_hash(paths: list[Path]) -> str:
+    """SHA-256 of the files' bytes in order, read in 1 MiB chunks (a 16 GB checkpoint is hashed
+    in constant memory)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def identity_of(spec: Any) -> dict[str, str]:
@@ -122,6 +165,8 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"{where} is not a tuned presets file (dllm-decode tune's presets.json): "
                          f"not JSON ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise ValueError(f"{where} is not a tuned presets file: its JSON is nested too deeply") from None
     entries = document.get("presets") if isinstance(document, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise ValueError(f"{where} is not a tuned presets file (dllm-decode tune's presets.json): no `presets` object")
@@ -137,9 +182,14 @@ def load_tuned(path: str | Path) -> dict[str, Preset]:
     path = Path(path)
     document = _read(path)
     model = document.get("model") if isinstance(document.get("model"), dict) else {}
-    return {name: Preset(dict(entry["parts"]), why=f"tuned by dllm-decode tune on {model.get('name', '?')} "
-                                                   f"({document.get('budget', '?')}); {path}")
-            for name, entry in document["presets"].items()}
+    out: dict[str, Preset] = {}
+    for name, entry in document["presets"].items():
+        try:
+            out[name] = Preset(dict(entry["parts"]), why=f"tuned by dllm-decode tune on {model.get('name', '?')} "
+                                                        f"({document.get('budget', '?')}); {path}")
+        except ValueError as err:
+            raise ValueError(f"{path}: preset {name!r}: {str(err).removeprefix('preset: ')}") from None
+    return out
 
 
 def check_model(recorded: dict[str, Any], model: dict[str, str], what: str) -> None:

@@ -259,7 +259,8 @@ def config_key_of(setting: Setting, model_name: str) -> str:
 
 def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
              runs: Sequence[TaskRun], out_dir: str | Path, *, tokenizer: Any = None,
-             batch_size: int = 8, progress: bool = False) -> list[dict[str, Any]] | None:
+             batch_size: int = 8, progress: bool = False,
+             identity: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
     """Decode and score every pending sample of the grid; resumes from `out_dir`.
 
     Args:
@@ -271,6 +272,9 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
         tokenizer: counts answer tokens for `gen_length=answer` canvases (None: words).
         batch_size: rows per decoder call.
         progress: draw a progress bar on stderr (rank 0 only).
+        identity: the model's identity (`dllm_decode.runkey.model_identity`), recorded in
+            `run.json`; resuming a folder written with another model is a ValueError naming it
+            (the grid's settings are part of every sample's key, so new settings add samples).
     Returns:
         On rank 0 the grid's records, in plan order; None on the other ranks.
     """
@@ -278,6 +282,8 @@ def evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting],
     out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.rank_and_world()
     with exclusive(out, rank) if distributed.writes() else contextlib.nullcontext():
+        if identity is not None and rank == 0 and distributed.writes():
+            same_model(out, identity)
         return _evaluate(decoder, model_name, settings, runs, out, tokenizer, batch_size, progress,
                          rank, world)
 
@@ -315,6 +321,39 @@ def _evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting], ru
     keys = [_key(b, i) for b in plan(settings, runs, tokenizer, model_name, batch_size) for i in b.indices]
     by_key = {r["key"]: r for r in unique_by_key(read_records(out / SAMPLES))}
     return [by_key[k] for k in keys if k in by_key]
+
+
+RUN_FILE = "run.json"
+
+
+def same_model(out: Path, identity: dict[str, Any]) -> None:
+    """Record the identity of each model an evaluation folder holds samples of (`run.json`, by
+    model name: a folder may hold several models, `--combine`), or refuse to resume samples of a
+    model name whose checkpoint has changed since (its config or weight files differ).
+
+    Raises:
+        ValueError: naming the model and what changed.
+    """
+    import json
+
+    from dllm_decode.outputs import atomic_write
+    from dllm_decode.runkey import check_resume
+
+    path = out / RUN_FILE
+    models: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            models = json.loads(path.read_text(encoding="utf-8"))["models"]
+            if not isinstance(models, dict):
+                raise ValueError
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            raise ValueError(f"{path} is not this tool's run record; move it away or choose another --out") from None
+    name = identity.get("name")
+    if name in models:
+        check_resume({"model": models[name]}, {"model": identity}, f"the folder {str(out)!r}",
+                     "choose another --out")
+        return
+    atomic_write(path, json.dumps({"models": {**models, name: identity}}, sort_keys=True) + "\n", "run record")
 
 
 @contextlib.contextmanager

@@ -35,6 +35,9 @@ from dllm_decode.eval.tasks.base import Example, EOS_TEXT
 from dllm_decode.eval.tasks.puzzles import CELLS, SIZE, is_latin
 from dllm_decode.eval.tasks.waiting_line import OPS
 
+DIGITS = "0123456789"
+"""ASCII digits: what a puzzle or an answer is written in (`str.isdigit` also takes "³", which
+`int` refuses)."""
 PUZZLE_FILES = {"latin_square": "puzzle/latin_square_n4.jsonl", "sudoku": "puzzle/sudoku_n4_12.jsonl"}
 SORT_ORDERS = ("first", "last")
 SCORING = ("parallelbench", "parallelbench_strict", "lenient")
@@ -131,7 +134,7 @@ def _latin(task: str, row: dict[str, Any], sort_by: str) -> Example:
 def _sudoku(task: str, row: dict[str, Any], sort_by: str) -> Example:
     inp = row["input"]
     puzzle = inp.get("context", "") if isinstance(inp, dict) else inp
-    digits = [int(ch) for ch in str(puzzle) if ch.isdigit()]
+    digits = [int(ch) for ch in str(puzzle) if ch in DIGITS]
     return Example("released/sudoku", "sudoku : " + " ".join(map(str, digits)),
                    str(row.get("label", row.get("output", ""))), {"puzzle": digits, "format": "grid"})
 
@@ -183,7 +186,7 @@ def _score_lenient(example: Example, output_text: str) -> float:
                               example.meta["symbols"]))
     if task == "sudoku":
         def grid(text: str) -> list[str]:
-            return [ch for ch in text.split(EOS_TEXT, 1)[0] if ch.isdigit()]
+            return [ch for ch in text.split(EOS_TEXT, 1)[0] if ch in DIGITS]
         out = grid(output_text)
         return float(len(out) == CELLS and out == grid(example.answer))
     op, meta, out = OPS[task], example.meta, parse_list(output_text)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dllm_decode.cost import MAX_PROMPTS
 from dllm_decode.eval.tasks import TASKS, WAITING_LINE, Example, load_released, score_released
 from dllm_decode.eval.tasks.released import PUZZLE_FILES, SCORING
 from dllm_decode.eval.tasks.text import TEXT_FILES, load_text_task, missing_scorers, text_scorer
@@ -61,8 +62,8 @@ def select_tasks(selection: str, limit: int | None = None, seed: int = 0,
         ValueError: an unknown name or scoring mode, a missing released directory or task, a
             bad limit.
     """
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+    if limit is not None and not 1 <= limit <= 2 * MAX_PROMPTS:     # a tuning split's two halves
+        raise ValueError(f"limit must be in [1, {2 * MAX_PROMPTS}], got {limit}")
     if released_scoring not in SCORING:
         raise ValueError(f"released scoring must be one of {SCORING}, got {released_scoring!r}")
     runs: list[TaskRun] = []

@@ -29,6 +29,7 @@ import click
 import torch
 from torch import Tensor
 
+from dllm_decode.cost import CORES
 from dllm_decode.config import DecodeConfig
 from dllm_decode.sampler import generate
 from dllm_decode.filters.learned import LearnedFilter
@@ -353,7 +354,7 @@ def compare(model: Any, per_task: int = 10, *, gen_length: int = 256, block_leng
 @click.option("--per-task", type=click.IntRange(1), default=10, show_default=True,
               help="Test-split prompts per task.")
 @click.option("--gen-length", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--threads", type=click.IntRange(1, CORES), default=1, show_default=True,
               help="torch threads (batch-1 decoding of a small model).")
 def main(model_name: str, weights: str, per_task: int, gen_length: int, threads: int) -> None:
     """Learn2PD comparison table on the test split (batch 1): one token per step, threshold 0.9,

@@ -27,6 +27,7 @@ from typing import Any
 import click
 import torch
 
+from dllm_decode.cost import CORES
 from dllm_decode.config import DecodeConfig
 from dllm_decode.filters.eotp import EoTPFilter
 from dllm_decode.filters.learned import LearnedFilter
@@ -164,7 +165,7 @@ def compare_filters(model: Any, weights: dict[str, str], *, per_task: int = 4, g
 @click.option("--per-task", type=click.IntRange(1), default=4, show_default=True,
               help="Test-split prompts per task.")
 @click.option("--gen-length", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--threads", type=click.IntRange(1, CORES), default=1, show_default=True,
               help="torch threads (batch-1 decoding of a small model).")
 def main(model_name: str, weights: tuple[str, ...], per_task: int, gen_length: int, threads: int) -> None:
     """Learn2PD filters side by side: one token per step vs learned + eotp under each --weights

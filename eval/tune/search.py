@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dllm_decode.cost import MAX_PROMPTS
 from dllm_decode.eval.harness.grid import Setting
 from dllm_decode.eval.harness.runner import Decoder, config_key_of, evaluate
 from dllm_decode.eval.tasks.sources import TaskRun
@@ -154,6 +155,8 @@ def _se(values: Sequence[float]) -> float:
 def split(runs: Sequence[TaskRun], calibration: int, salt: str) -> tuple[list[TaskRun], list[TaskRun]]:
     """Each task's examples ordered by a salted prompt hash: the first `calibration` calibrate,
     the rest are held out."""
+    if isinstance(calibration, bool) or not isinstance(calibration, int) or not 1 <= calibration <= MAX_PROMPTS:
+        raise ValueError(f"calibration must be an integer in [1, {MAX_PROMPTS}], got {calibration!r}")
     cal, held = [], []
     for run in runs:
         if len(run.examples) <= calibration:

@@ -125,7 +125,7 @@ def test_with_delimiters_fills_nested_empty_fields_only():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(delimiter_threshold=-1.0), r"delimiter_threshold must be in \[0, inf\], got -1.0"),
+    (dict(delimiter_threshold=-1.0), r"delimiter_threshold is a probability bar: it must be in \[0, 1\] or inf \(never\), got -1.0"),
     (dict(window=0.0), "window must be in"), (dict(delimiter_ids=(-1,)), "delimiter_ids"),
 ])
 def test_invalid_fields_are_rejected(bad, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import Decision, StepInput
 from dllm_decode.speculative.draft_lengths.base import DraftLengthScheduler
 
@@ -38,7 +39,7 @@ class BildScheduler(DraftLengthScheduler):
 
     fallback: float = 0.6
     rollback: float | None = 5.0
-    max_small: int = 10
+    max_small: int = bounded(10, most=1024, scales="rows")
     early_stops: ClassVar[bool] = True
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import Decision, StepInput
 from dllm_decode.speculative.draft_lengths.base import DraftLengthScheduler
 
@@ -31,11 +32,11 @@ class HeuristicScheduler(DraftLengthScheduler):
 
     cuts: ClassVar[bool] = False
 
-    initial: int = 5
-    increase: int = 2
-    decrease: int = 1
-    minimum: int = 1
-    maximum: int = 64
+    initial: int = bounded(5, most=1024, scales="rows")
+    increase: int = bounded(2, most=MAX_CANVAS, scales="memory")
+    decrease: int = bounded(1, most=MAX_CANVAS, scales="memory")
+    minimum: int = bounded(1, most=MAX_CANVAS, scales="memory")
+    maximum: int = bounded(64, most=1024, scales="rows")
 
     def __post_init__(self) -> None:
         if self.minimum < 1:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from dllm_decode.fields import bounded
 from dllm_decode.speculative.drafters.base import Draft, Drafter, cut_at_eos
 from dllm_decode.speculative.drafters.spec import Built, DraftContext, DraftSpec
 from dllm_decode.speculative.sampling import Sampling
@@ -40,8 +41,8 @@ class LookupDrafter(Drafter):
         tree: the tree's shape; None (or branch 1) proposes a chain.
     """
 
-    max_ngram: int = 2
-    min_ngram: int = 1
+    max_ngram: int = bounded(2, most=64, scales="work")
+    min_ngram: int = bounded(1, most=64, scales="work")
     tree: TreeShape | None = None
 
     def __post_init__(self) -> None:

@@ -57,7 +57,7 @@ def test_tiny_model_end_to_end(tmp_path):
     (["--sweep", "tokens_per_step=1,2"], "applies to none of the schedulers"),
     (["--sweep", "threshold"], "expected KEY=V1,V2"),
     (["--sweep", "threshold=0.5,0.9", "--sweep", "threshold=0.7"], "'threshold' is given more than once"),
-    (["--gen-length", "lots"], "expected an integer >= 1 or 'answer'"),
+    (["--gen-length", "lots"], "expected an integer in [1, 1048576] or 'answer'"),
     (["--tasks", "nope"], "unknown task 'nope'"),
     (["--scheduler", "threshold:threshold=7"], "threshold"),
 ])
