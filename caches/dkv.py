@@ -12,6 +12,7 @@ from torch import Tensor
 
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 _NEVER = -(1 << 30)              # "decoded before the decode began" (prompt, padding)
 
@@ -66,8 +67,8 @@ class DKVCache(Cache):
     ported. LLaDA layout only (`caches/layerwise.py`); other families get a one-line error.
     """
 
-    refresh_every: int = 8
-    delay: int = 1
+    refresh_every: int = bounded(8, most=MAX_CANVAS, scales="steps")
+    delay: int = bounded(1, most=MAX_CANVAS, scales="steps")
     block_refresh: bool = True
 
     def __post_init__(self) -> None:

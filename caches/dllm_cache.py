@@ -12,6 +12,7 @@ from torch import Tensor
 
 from dllm_decode.caches.layerwise import Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 
 @dataclass
@@ -73,8 +74,8 @@ class DLLMCache(Cache):
     other families get a one-line error.
     """
 
-    prompt_every: int = 100
-    gen_every: int = 7
+    prompt_every: int = bounded(100, most=MAX_CANVAS, scales="steps")
+    gen_every: int = bounded(7, most=MAX_CANVAS, scales="steps")
     ratio: float = 0.25
     refresh_at_block: bool = False
     first_layer_full: bool = True

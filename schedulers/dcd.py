@@ -11,6 +11,7 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import masked_scores, topk_mask
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,10 @@ class DCDScheduler(Scheduler):
     ported. Ties commit (`>=`).
     """
 
-    window: int = 16
-    max_window: int = 128
+    window: int = bounded(16, most=MAX_CANVAS, scales="memory")
+    max_window: int = bounded(128, most=MAX_CANVAS, scales="memory")
     threshold: float = 0.9
-    fixed: int = 0
+    fixed: int = bounded(0, most=MAX_CANVAS, scales="memory")
     eos_pad: bool = True
 
     view: ClassVar[str] = "rest"                # its first step already sees past the config's block

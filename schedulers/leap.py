@@ -13,6 +13,7 @@ from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import masked_scores, topk_mask
 from dllm_decode.schedulers.threshold import ThresholdScheduler
 from dllm_decode.schedulers.wrapper import Wrapper
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,9 @@ class LEAPScheduler(Wrapper):
 
     base: Scheduler = field(default_factory=ThresholdScheduler)
     low: float = 0.5
-    superpose: int = 4
+    superpose: int = bounded(4, most=64, scales="rows")
     agree: float = 0.9
-    max_candidates: int = 16
+    max_candidates: int = bounded(16, most=MAX_CANVAS, scales="work")
 
     def __post_init__(self) -> None:
         super().__post_init__()

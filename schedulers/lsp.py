@@ -11,6 +11,7 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.schedulers.columns import carry
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 STABILITY = ("confidence", "persistent")
 
@@ -48,7 +49,7 @@ class LSPScheduler(Scheduler):
     stability: str = "confidence"
     snap: bool = True
     delimiter_ids: tuple[int, ...] = ()
-    max_commit: int = 0
+    max_commit: int = bounded(0, most=MAX_CANVAS, scales="memory")
 
     def __post_init__(self) -> None:
         if self.threshold < 0.0:

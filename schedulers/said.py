@@ -14,6 +14,7 @@ from torch import Tensor
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.ops import masked_scores, tokens_per_step, topk_mask
+from dllm_decode.fields import MAX_CANVAS, bounded
 
 MODES = ("count", "threshold")
 
@@ -95,9 +96,9 @@ class SAIDScheduler(Scheduler):
 
     canvas_kinds: ClassVar[tuple[str, ...]] = ("mask", "noise")   # stages read only which columns are open
 
-    num_stages: int = 3
-    rec_steps: int = 2
-    steps_per_block: int = 0
+    num_stages: int = bounded(3, most=64, scales="steps")
+    rec_steps: int = bounded(2, most=4096, scales="steps")
+    steps_per_block: int = bounded(0, most=MAX_CANVAS, scales="steps")
     mode: str = "count"
     threshold: float = 0.9
 

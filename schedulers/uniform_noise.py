@@ -14,6 +14,7 @@ import torch
 
 from dllm_decode.interfaces import Decision, Scheduler, StepInput
 from dllm_decode.noise import NoiseSchedule, token_entropy
+from dllm_decode.fields import bounded
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,10 @@ class UniformNoiseScheduler(Scheduler):
     """
 
     entropy_bound: float = 0.1
-    steps: int = 48
+    steps: int = bounded(48, most=4096, scales="steps")
     t_min: float = 0.4
     t_max: float = 0.8
-    stability_threshold: int = 1
+    stability_threshold: int = bounded(1, most=4096, scales="steps")
     confidence_threshold: float = 0.005
     canvas_kinds: ClassVar[tuple[str, ...]] = ("noise",)
 

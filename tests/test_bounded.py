@@ -399,3 +399,30 @@ def test_a_library_writer_on_a_full_disk_is_one_line(tmp_path):
 ])
 def test_misconfigured_distributed_launches_are_one_line(env, args, words):
     usage_error(invoke([*args, "--prompt", "sort : bob"], env=env), *words)
+
+
+def test_every_integer_option_of_every_component_has_a_bound():
+    """The class, not the examples: an integer field of any registered component (a count that can
+    scale a step's work or memory) carries `fields.bounded`, so a new scheduler, cache, filter or
+    decoder cannot take an unbounded count from a request."""
+    import dataclasses
+    import typing
+
+    from dllm_decode.fields import scaling_fields
+
+    unbounded = []
+    for kind in HOMES:
+        for name, cls in registry(kind).items():
+            if not dataclasses.is_dataclass(cls):
+                continue
+            hints = typing.get_type_hints(cls)
+            bounded_names = set(scaling_fields(cls))
+            for field in dataclasses.fields(cls):
+                if field.name == "seed":         # a seed scales nothing (its range is checked on its own)
+                    continue
+                hint = hints.get(field.name)
+                ints = hint is int or int in typing.get_args(hint) and typing.get_origin(hint) is not tuple
+                if ints and bool not in typing.get_args(hint) and hint is not bool \
+                        and field.name not in bounded_names:
+                    unbounded.append(f"{kind}:{name}.{field.name}")
+    assert not unbounded, unbounded

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
+from dllm_decode.fields import bounded
 from dllm_decode.interfaces import DiffusionLM
 from dllm_decode.speculative.blockrun import BlockRun, SpecDecode
 from dllm_decode.speculative.self_decoder import SelfDecoder
@@ -61,7 +62,7 @@ class PSD(SelfDecoder):
     needs_verifier: ClassVar[bool] = False
     strict_base: ClassVar[str] = "generate"
 
-    draft_steps: int = 4
+    draft_steps: int = bounded(4, most=64, scales="rows")
     acceptance: str = "strict"
 
     def __post_init__(self) -> None:

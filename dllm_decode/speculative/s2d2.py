@@ -59,6 +59,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import DecodeConfig
+from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.interfaces import DiffusionLM
 from dllm_decode.speculative.acceptance import accept_chain
 from dllm_decode.speculative.blockrun import BlockRun, SpecDecode
@@ -89,7 +90,7 @@ class S2D2(SelfDecoder):
 
     mode: str = "strict"
     policy: str = "score_hysteresis"
-    min_span: int = 1
+    min_span: int = bounded(1, most=MAX_CANVAS, scales="memory")
     score_type: str = "dynamic"
     penalty: float = 1.0
     score_threshold: float = 0.0

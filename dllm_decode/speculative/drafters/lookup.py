@@ -112,8 +112,8 @@ class LookupDraft(DraftSpec):
 
     drafts_trees: ClassVar[bool] = True
 
-    max_ngram: int = 2
-    min_ngram: int = 1
+    max_ngram: int = bounded(2, most=64, scales="work")
+    min_ngram: int = bounded(1, most=64, scales="work")
 
     def __post_init__(self) -> None:
         LookupDrafter(self.max_ngram, self.min_ngram)          # the drafter's own range checks
