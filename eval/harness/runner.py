@@ -23,6 +23,7 @@ import torch
 from dllm_decode.capture import graph_cache
 from dllm_decode.config import DecodeConfig
 from dllm_decode.modelspec import ModelSpec, load_diffusion
+from dllm_decode.noise import canvas_kind
 from dllm_decode.prompts import chat_prompt
 from dllm_decode.sampler import generate
 from dllm_decode.eval.harness import distributed
@@ -188,7 +189,8 @@ def generate_rows(model: Any, prompts: list[str], config: DecodeConfig, generato
     # AdaBlock's delimiters are tokenizer ids: fill an empty `delimiter_ids` as the CLI does.
     config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
     # the generation order is read from the step trace, which a captured step does not record
-    traced = isinstance(capture, str) and capture == "off"
+    # (nor a uniform-noise canvas, whose every column is rewritten each step)
+    traced = isinstance(capture, str) and capture == "off" and canvas_kind(model) == "mask"
     result = generate(model, prompts, config, generator=generator, tokenizer=tokenizer, capture=capture,
                       trace=traced)
     texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
