@@ -285,14 +285,13 @@ def adapter_index(model: nn.Module, name: str | None) -> int:
     return names.index(name)
 
 
-def adapter_rows(model: nn.Module, batch: Any, adapter_of: Mapping[Any, int]) -> Any:
-    """`rows` for a running batch (`running.Batch`): each row takes its request's adapter; a
-    no-op context when no request in it has one."""
-    if not adapter_of:
+def adapter_rows(model: nn.Module, batch: Any) -> Any:
+    """`rows` for a running batch (`running.Batch`): each row takes its request's adapter
+    (`Member.adapter`); a no-op context when no request in it has one."""
+    if all(member.adapter < 0 for member in batch.members):
         return contextlib.nullcontext()
     ids = [-1] * len(batch)
     for g, members_rows in batch.groups.items():
-        index = adapter_of.get(batch.members[g].key, -1)
         for row in members_rows:
-            ids[row] = index
+            ids[row] = batch.members[g].adapter
     return rows(model, ids)

@@ -38,6 +38,7 @@ class Member:
         state: its scheduler's state for its rows still decoding, in batch order.
         live: its rows still decoding.
         cancelled: dropped by the caller (it has no result).
+        adapter: the index of the unmerged LoRA adapter its rows decode with (`adapters`), -1 none.
     """
 
     key: Hashable
@@ -55,6 +56,7 @@ class Member:
     forward_rows: Tensor | None = None
     guide_nfe: Tensor | None = None
     memory: dict[str, Any] = field(default_factory=dict)
+    adapter: int = -1                       # its unmerged LoRA adapter's index (-1: none)
 
     def __post_init__(self) -> None:
         if self.forward_rows is None:

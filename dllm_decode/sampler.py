@@ -125,7 +125,6 @@ class Decoding:
         self._keys = itertools.count()       # automatic keys: never reused by this object
         # a key put here (by a server streaming provisional text) gets its last step's proposals
         self.proposals: dict[Hashable, Proposal | None] = {}
-        self.adapter_of: dict[Hashable, int] = {}   # a request's unmerged LoRA adapter (`adapters`)
         self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
@@ -155,12 +154,10 @@ class Decoding:
                 torch.Generator(device=self.device).manual_seed(config.seed)
             member = Member(key, config, generator, tokenizer, out=canvas.clone(), live=len(ids),
                             nfe=torch.zeros(len(ids), dtype=torch.long, device=self.device),
-                            trace=[] if self.trace else None)
+                            trace=[] if self.trace else None, adapter=adapter_id)
             canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],  # whole
                                        config.gen_length, self.mask_id, self.eos_ids[0])   # blocks
             self.pending.append((member, canvas, mask, ids))
-            if adapter_id >= 0:
-                self.adapter_of[key] = adapter_id
         return key
 
     @property
@@ -179,7 +176,6 @@ class Decoding:
                 raise self._missing(key, "has no result yet: it is still decoding (call step() "
                                          "until it is among the finished keys)")
             member = self.results.pop(key)
-            self.adapter_of.pop(key, None)
         return member.result(self.eos_ids)
 
     def snapshot(self, key: Hashable) -> tuple[Tensor, Tensor]:
@@ -208,7 +204,6 @@ class Decoding:
     def cancel(self, key: Hashable) -> None:
         """Drop a request (waiting or decoding): its rows leave at once and it has no result."""
         with self._owner:
-            self.adapter_of.pop(key, None)
             self.pending = [p for p in self.pending if p[0].key != key]
             for g, member in enumerate(self.batch.members):
                 if member.key == key and member.live:
@@ -240,7 +235,7 @@ class Decoding:
                     self.model, batch, (lo, hi), self.block_step, self.cache_state, self.budgets,
                     self.mask_id, self.eos_ids, draw)
             else:
-                with adapter_rows(self.model, batch, self.adapter_of):     # unmerged LoRA rows
+                with adapter_rows(self.model, batch):          # unmerged LoRA rows
                     logits, offset, self.cache_state = self.runner.logits(
                         self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
                         self.cache_state)
