@@ -157,6 +157,35 @@ def test_playground_draws_the_real_provisional_stream(family, tmp_path):
     assert eot_cells > 0 or family == "embedded-bd"                    # (its answer fills the canvas)
 
 
+@needs_chromium
+def test_playground_sends_typed_scheduler_options(tmp_path):
+    """Options typed as `KEY=VALUE` reach the server as JSON values (a number, not the text "0.5"),
+    and the answer is `generate`'s with them."""
+    import torch
+
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+    from dllm_decode.sampler import generate
+
+    with _serve("embedded") as url, Browser() as browser:
+        browser.open(url + "/")
+        browser.wait_for("window.dllmPlayground !== undefined", timeout=30)
+        config = browser.evaluate("JSON.parse(document.getElementById('server-config').textContent).config")
+        browser.evaluate("document.getElementById('scheduler').value = 'threshold';"
+                         "document.getElementById('options').value = 'threshold=0.5';"
+                         f"document.getElementById('prompt').value = {PROMPTS[1]!r}")
+        browser.evaluate("dllmPlayground.run()")
+        browser.wait_for("dllmPlayground.state.done", timeout=120)
+        got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
+        assert browser.errors == []
+    assert got["error"] is None and got["mode"] == "provisional"
+    model = load_diffusion(ModelSpec.parse("embedded"))
+    config = DecodeConfig.from_dict({**config, "scheduler": {"name": "threshold", "threshold": 0.5}})
+    expected = generate(model, [PROMPTS[1]], config, tokenizer=model.tokenizer,
+                        generator=torch.Generator().manual_seed(config.seed))
+    assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0])
+
+
 def test_show_animates_on_a_pseudo_terminal():
     """`dllm-decode --show` run on a pty: styled frames, one per step, then the answer."""
     leader, follower = pty.openpty()
