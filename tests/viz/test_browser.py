@@ -186,6 +186,38 @@ def test_playground_sends_typed_scheduler_options(tmp_path):
     assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0])
 
 
+@needs_chromium
+def test_playground_without_the_provisional_stream(embedded, monkeypatch):
+    """A protocol without `dllm.stream_mode` (an older server): the page sees it, asks for the
+    committed stream, draws one box per update, and ends with `generate`'s answer and NFE."""
+    import torch
+
+    from dllm_decode.sampler import generate
+    from dllm_decode.serve import protocol
+    from dllm_decode.serve.app import background
+    from tests.serve.conftest import default_config, make_state
+
+    monkeypatch.setattr(protocol, "DLLM_KEYS", tuple(k for k in protocol.DLLM_KEYS if k != "stream_mode"))
+    config = default_config()
+    expected = generate(embedded, [PROMPTS[0]], config, tokenizer=embedded.tokenizer,
+                        generator=torch.Generator().manual_seed(config.seed))
+    state = make_state(embedded, config=config)
+    state.playground = True
+    with background(state) as url, Browser() as browser:
+        browser.open(url + "/")
+        browser.wait_for("window.dllmPlayground !== undefined", timeout=30)
+        browser.evaluate(f"document.getElementById('prompt').value = {PROMPTS[0]!r}")
+        browser.evaluate("dllmPlayground.run()")
+        browser.wait_for("dllmPlayground.state.done", timeout=120)
+        got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
+        boxes = browser.evaluate("Array.from(document.querySelectorAll('#canvas .cell')).map(c => c.textContent)")
+        assert "committed text only" in browser.evaluate("document.getElementById('mode-note').textContent")
+        assert browser.errors == []
+    assert got["error"] is None and got["mode"] == "committed"
+    assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0])
+    assert "".join(boxes) == expected.text[0] and len(boxes) == got["steps"] > 0
+
+
 def test_show_animates_on_a_pseudo_terminal():
     """`dllm-decode --show` run on a pty: styled frames, one per step, then the answer."""
     leader, follower = pty.openpty()
