@@ -3,9 +3,11 @@ for streaming the canvas as it denoises (the server's `"stream_mode": "provision
 
 Each position of the generation region is in one of `STATES`:
 - `committed`: written by the loop (it changes again only under a rule that revises);
-- `provisional`: still masked, inside the active block, with the step's proposed token (its
-  `StepInput.candidates`, the argmax or the sampled draw the rule chose from): it may change;
-- `masked`: still masked and not proposed (a later block);
+- `provisional`: still masked and a column the step's rule could commit (its
+  `StepInput.eligible`: in the active block's commit region, so the same cells the trace's
+  frames show), with the step's proposed token (its `StepInput.candidates`, the argmax or
+  the sampled draw the rule chose from): it may change;
+- `masked`: still masked and not proposed (a later block, or a column the step could not commit);
 - `noise`: an uncommitted position holding noise rather than a mask (a canvas kind whose
   uncommitted positions are redrawn noise); no family served today has one, so it is not emitted.
 """
@@ -28,18 +30,18 @@ class Proposal(NamedTuple):
         start: the generation-region column of window column 0 (may be negative: the window may
             start before the generation region under some caches).
         candidates: (n, W) the proposed token per window column (device tensor; read lazily).
-        block: (n, 2) each row's active block `[start, end)` in generation-region columns.
+        eligible: (n, W) bool, the window columns the step's rule could commit.
     """
 
     start: int
     candidates: Tensor
-    block: Tensor
+    eligible: Tensor
 
 
 def proposal(inp: Any, gen_start: int) -> Proposal:
     """The step's proposals (`inp` is its `StepInput`) relative to a row's generation start."""
     return Proposal(int(inp.offset) - gen_start, inp.candidates.detach().clone(),
-                    inp.block.detach() - gen_start)
+                    inp.eligible.detach().clone())
 
 
 class Canvas(NamedTuple):
@@ -53,15 +55,14 @@ class Canvas(NamedTuple):
 
 def canvas(tokens: Sequence[int], mask_id: int, found: Proposal | None, nfe: int = 0, row: int = 0) -> Canvas:
     """Row `row`'s canvas `tokens` (the generation region, [MASK] where undecided) with the
-    step's proposals filled in where still masked inside the active block."""
+    step's proposals filled in where still masked and eligible."""
     ids: list[int | None] = list(tokens)
     state = ["masked" if t == mask_id else "committed" for t in tokens]
     if found is not None:
-        candidates = found.candidates[row].tolist()
-        lo, hi = (int(v) for v in found.block[row].tolist())
-        for column in range(max(lo, found.start, 0), min(hi, found.start + len(candidates), len(ids))):
+        candidates, eligible = found.candidates[row].tolist(), found.eligible[row].tolist()
+        for column in range(max(found.start, 0), min(found.start + len(candidates), len(ids))):
             proposed = candidates[column - found.start]
-            if state[column] == "masked" and proposed != mask_id:
+            if state[column] == "masked" and eligible[column - found.start] and proposed != mask_id:
                 ids[column], state[column] = proposed, "provisional"
     for column, kind in enumerate(state):
         if kind == "masked":

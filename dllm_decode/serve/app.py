@@ -254,7 +254,7 @@ def create_app(state: ServerState) -> Any:
     if state.playground:
         from dllm_decode.viz.playground import add_playground
 
-        add_playground(app, state.settings)
+        add_playground(app, state.settings, state.tokenizer, getattr(state.worker.engine, "eos_ids", ()))
     return app
 
 

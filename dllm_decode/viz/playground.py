@@ -7,6 +7,7 @@ in an embedded JSON block; it sends nothing a plain client could not."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -19,10 +20,19 @@ def is_local(host: str) -> bool:
     return host in LOCAL_HOSTS or host.startswith("127.")
 
 
-def server_config(settings: Any, provisional: bool | None = None) -> dict[str, Any]:
+def end_of_text(tokenizer: Any, eos_ids: Sequence[int]) -> list[str]:
+    """The end-of-text tokens as the provisional stream spells them (the tokenizer's per-token
+    `batch_decode`, as the stream's canvas does), so the page can draw them as one mark."""
+    if tokenizer is None or not eos_ids:
+        return []
+    return sorted(set(tokenizer.batch_decode([[int(i)] for i in eos_ids])))
+
+
+def server_config(settings: Any, provisional: bool | None = None,
+                  eos_text: Sequence[str] = ()) -> dict[str, Any]:
     """What the page offers: the server's model, default record, presets and scheduler names,
-    and whether requests may ask for the provisional stream (`dllm.stream_mode`; None: whether
-    the protocol knows that key)."""
+    whether requests may ask for the provisional stream (`dllm.stream_mode`; None: whether
+    the protocol knows that key), and the end-of-text tokens' text (`end_of_text`)."""
     from dllm_decode.registry import names
     from dllm_decode.serve.protocol import DLLM_KEYS
 
@@ -30,21 +40,21 @@ def server_config(settings: Any, provisional: bool | None = None) -> dict[str, A
     return {"model": settings.model_id, "provisional": provisional, "config": settings.config.to_dict(),
             "presets": {name: config.to_dict() for name, config in sorted(settings.presets.items())},
             "schedulers": [n for kind in settings.scheduler_kinds for n in names(kind)],
-            "max_tokens": settings.max_tokens}
+            "max_tokens": settings.max_tokens, "end_of_text": list(eos_text)}
 
 
-def playground_page(settings: Any, provisional: bool | None = None) -> str:
+def playground_page(settings: Any, provisional: bool | None = None, eos_text: Sequence[str] = ()) -> str:
     """The page with the server's settings embedded (`</` escaped inside the script block)."""
     template = resources.files("dllm_decode.viz").joinpath("playground.html").read_text(encoding="utf-8")
-    payload = json.dumps(server_config(settings, provisional), separators=(",", ":")).replace("</", "<\\/")
+    payload = json.dumps(server_config(settings, provisional, eos_text), separators=(",", ":")).replace("</", "<\\/")
     return template.replace(PLACEHOLDER, payload, 1)
 
 
-def add_playground(app: Any, settings: Any) -> None:
+def add_playground(app: Any, settings: Any, tokenizer: Any = None, eos_ids: Sequence[int] = ()) -> None:
     """Register `GET /` (the page, built once: the settings are fixed at start-up)."""
     from fastapi.responses import HTMLResponse
 
-    page = playground_page(settings)
+    page = playground_page(settings, eos_text=end_of_text(tokenizer, eos_ids))
 
     @app.get("/", include_in_schema=False)
     async def playground() -> Any:

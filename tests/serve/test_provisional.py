@@ -88,3 +88,33 @@ def test_the_stream_mode_travels_to_tensor_parallel_followers():
 
     request = Request("r", (1, 2, 3), default_config(), max_tokens=5, provisional=True, adapter="a")
     assert request_from_record(request_record(request)) == request
+
+
+@pytest.mark.parametrize("family", ["embedded", "embedded-bd"])       # masked, block diffusion
+def test_drafts_equal_the_trace_frames(embedded, family):
+    """Every step's draft shows the cells `generate(..., trace=True)`'s frames show: the same
+    committed and provisional tokens, masked elsewhere (a column the step could not commit,
+    such as the rest of a block at a block-diffusion block's first step, is masked in both)."""
+    import torch
+
+    from dllm_decode.engine import Engine, Request
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+    from dllm_decode.sampler import generate
+    from dllm_decode.viz.frames import result_frames
+    from tests.serve.conftest import default_config
+
+    model = embedded if family == "embedded" else load_diffusion(ModelSpec.parse(family))
+    prompt = list(model.tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
+    config = default_config(gen_length=16)
+    engine = Engine(model, max_batch_size=1)
+    engine.add(Request("p", tuple(prompt), config, provisional=True))
+    drafts = []
+    while engine.has_work:
+        drafts += [u.draft for u in engine.step() if u.draft is not None]
+    result = generate(model, [prompt], config, tokenizer=model.tokenizer, trace=True,
+                      generator=torch.Generator().manual_seed(config.seed))
+    frames = result_frames(result)[0].frames
+    label = {t: model.tokenizer.batch_decode([[t]])[0] for f in frames for t in f.tokens if t is not None}
+    assert [(d.step, list(d.state), list(d.tokens)) for d in drafts] == \
+        [(f.step, list(f.state), [None if t is None else label[t] for t in f.tokens]) for f in frames]
+    assert any("provisional" in d.state for d in drafts)

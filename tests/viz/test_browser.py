@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import os
 import pty
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.browser import Browser, chromium
-
-try:                                 # module level: FastAPI reads the stand-in route's annotation
-    from fastapi import Request
-except ImportError:                  # the test that needs it skips
-    Request = None
 
 from .conftest import PROMPTS, read_screen
 
@@ -66,39 +65,157 @@ def test_trace_page_replays_the_decode(traced, tmp_path):
         assert browser.errors == []
 
 
+@contextmanager
+def _serve(model: str):
+    """`dllm-decode serve --model MODEL` on a free loopback port, as a user starts it (the
+    playground on by default there); yields its base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tempfile.TemporaryFile()
+    process = subprocess.Popen([sys.executable, "-m", "dllm_decode", "serve", "--model", model, "--host", "127.0.0.1",
+                                "--port", str(port)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"the server did not start: {log.read().decode()[-2000:]}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
+
+
+CELLS = "Array.from(document.querySelectorAll('#canvas .cell')).map(c => [c.dataset.state, c.dataset.token])"
+
+
 @needs_chromium
 @pytest.mark.parametrize("family", ["embedded", "embedded-bd"])       # masked, block diffusion
-def test_playground_decodes_as_generate_does(embedded, family, tmp_path):
+def test_playground_draws_the_real_provisional_stream(family, tmp_path):
+    """The playground against a real `dllm-decode serve`: it asks for the provisional stream
+    with only public request fields, and every step's canvas it draws (live, then through the
+    replay slider) equals `generate(..., trace=True)`'s frame for the same request, cell by
+    cell; its answer and NFE equal `generate`'s."""
+    import json
+
     import torch
 
+    from dllm_decode.config import DecodeConfig
     from dllm_decode.modelspec import ModelSpec, load_diffusion
     from dllm_decode.sampler import generate
-    from dllm_decode.serve.app import background
-    from tests.serve.conftest import default_config, make_state
+    from dllm_decode.serve.protocol import DLLM_KEYS
+    from dllm_decode.viz.frames import result_frames
 
-    model = embedded if family == "embedded" else load_diffusion(ModelSpec.parse(family))
-    config = default_config()
-    expected = generate(model, [PROMPTS[0]], config, tokenizer=model.tokenizer,
-                        generator=torch.Generator().manual_seed(config.seed))
-    state = make_state(model, config=config)
-    state.playground = True
-    with background(state) as url, Browser() as browser:
+    with _serve(family) as url, Browser() as browser:
         browser.open(url + "/")
-        assert "embedded" in browser.evaluate("document.getElementById('model').textContent")
+        server = json.loads(browser.evaluate("document.getElementById('server-config').textContent"))
+        assert server["model"] == family and server["provisional"] is True and server["end_of_text"]
+        browser.evaluate("window.asked = []; const f = window.fetch; "
+                         "window.fetch = (u, o) => { window.asked.push([u, JSON.parse(o.body)]); return f(u, o); }")
         browser.evaluate(f"document.getElementById('prompt').value = {PROMPTS[0]!r}")
         browser.evaluate("dllmPlayground.run()")
         browser.wait_for("dllmPlayground.state.done", timeout=120)
         got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
-        assert got["error"] is None, got
-        assert got["text"] == expected.text[0]
-        assert browser.evaluate("document.getElementById('answer').textContent") == expected.text[0]
-        assert got["nfe"] == int(expected.nfe[0])
-        cells = browser.evaluate("document.querySelectorAll('#canvas .cell').length")
-        assert cells == (config.gen_length if got["mode"] == "provisional" else got["steps"]) and cells > 0
-        assert browser.overflow() == 0
-        if family == "embedded":
+        asked = browser.evaluate("window.asked")
+        steps = len(got["seen"])
+        replayed = []
+        for k in range(1, steps + 1):
+            browser.evaluate(f"dllmPlayground.replay({k})")
+            replayed.append(browser.evaluate(CELLS))
+        eot_cells = browser.evaluate("Array.from(document.querySelectorAll('#canvas .cell'))"
+                                     ".filter(c => c.textContent === '∎').length")
+        if family == "embedded":          # the docs' picture: step 2, committed and provisional cells
+            browser.evaluate("dllmPlayground.replay(2)")
             _shot(browser, tmp_path, "playground.png")
+        assert browser.overflow() == 0
         assert browser.errors == []
+
+    assert got["error"] is None and got["mode"] == "provisional"
+    [(path, body)] = asked                                             # one request, public fields
+    assert path == "/v1/completions" and body["stream"] is True
+    assert body["dllm"] == {"stream_mode": "provisional"} and set(body["dllm"]) <= set(DLLM_KEYS)
+    model = load_diffusion(ModelSpec.parse(family))
+    config = DecodeConfig.from_dict(server["config"])
+    expected = generate(model, [PROMPTS[0]], config, tokenizer=model.tokenizer, trace=True,
+                        generator=torch.Generator().manual_seed(config.seed))
+    frames = result_frames(expected)[0].frames
+    label = {t: model.tokenizer.batch_decode([[t]])[0] for f in frames for t in f.tokens if t is not None}
+    want = [[[s, "" if t is None else label[t]] for s, t in zip(f.state, f.tokens)] for f in frames]
+    assert replayed == want
+    assert got["seen"] == [[f"{s}:{t}" for s, t in frame] for frame in want]
+    assert any(s == "provisional" for frame in want for s, _ in frame)
+    assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0]) == steps
+    assert eot_cells == sum(t in server["end_of_text"] for _, t in want[-1])       # drawn as ∎
+    assert eot_cells > 0 or family == "embedded-bd"                    # (its answer fills the canvas)
+
+
+@needs_chromium
+def test_playground_sends_typed_scheduler_options(tmp_path):
+    """Options typed as `KEY=VALUE` reach the server as JSON values (a number, not the text "0.5"),
+    and the answer is `generate`'s with them."""
+    import torch
+
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.modelspec import ModelSpec, load_diffusion
+    from dllm_decode.sampler import generate
+
+    with _serve("embedded") as url, Browser() as browser:
+        browser.open(url + "/")
+        browser.wait_for("window.dllmPlayground !== undefined", timeout=30)
+        config = browser.evaluate("JSON.parse(document.getElementById('server-config').textContent).config")
+        browser.evaluate("document.getElementById('scheduler').value = 'threshold';"
+                         "document.getElementById('options').value = 'threshold=0.5';"
+                         f"document.getElementById('prompt').value = {PROMPTS[1]!r}")
+        browser.evaluate("dllmPlayground.run()")
+        browser.wait_for("dllmPlayground.state.done", timeout=120)
+        got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
+        assert browser.errors == []
+    assert got["error"] is None and got["mode"] == "provisional"
+    model = load_diffusion(ModelSpec.parse("embedded"))
+    config = DecodeConfig.from_dict({**config, "scheduler": {"name": "threshold", "threshold": 0.5}})
+    expected = generate(model, [PROMPTS[1]], config, tokenizer=model.tokenizer,
+                        generator=torch.Generator().manual_seed(config.seed))
+    assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0])
+
+
+@needs_chromium
+def test_playground_without_the_provisional_stream(embedded, monkeypatch):
+    """A protocol without `dllm.stream_mode` (an older server): the page sees it, asks for the
+    committed stream, draws one box per update, and ends with `generate`'s answer and NFE."""
+    import torch
+
+    from dllm_decode.sampler import generate
+    from dllm_decode.serve import protocol
+    from dllm_decode.serve.app import background
+    from tests.serve.conftest import default_config, make_state
+
+    monkeypatch.setattr(protocol, "DLLM_KEYS", tuple(k for k in protocol.DLLM_KEYS if k != "stream_mode"))
+    config = default_config()
+    expected = generate(embedded, [PROMPTS[0]], config, tokenizer=embedded.tokenizer,
+                        generator=torch.Generator().manual_seed(config.seed))
+    state = make_state(embedded, config=config)
+    state.playground = True
+    with background(state) as url, Browser() as browser:
+        browser.open(url + "/")
+        browser.wait_for("window.dllmPlayground !== undefined", timeout=30)
+        browser.evaluate(f"document.getElementById('prompt').value = {PROMPTS[0]!r}")
+        browser.evaluate("dllmPlayground.run()")
+        browser.wait_for("dllmPlayground.state.done", timeout=120)
+        got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
+        boxes = browser.evaluate("Array.from(document.querySelectorAll('#canvas .cell')).map(c => c.textContent)")
+        assert "committed text only" in browser.evaluate("document.getElementById('mode-note').textContent")
+        assert browser.errors == []
+    assert got["error"] is None and got["mode"] == "committed"
+    assert got["text"] == expected.text[0] and got["nfe"] == int(expected.nfe[0])
+    assert "".join(boxes) == expected.text[0] and len(boxes) == got["steps"] > 0
 
 
 def test_show_animates_on_a_pseudo_terminal():
@@ -114,89 +231,6 @@ def test_show_animates_on_a_pseudo_terminal():
                            capture_output=True, text=True, check=True).stdout.strip()
     assert "\x1b[" in screen and "step 1/" in screen and "tokens per step" in screen
     assert screen.replace("\r", "").rstrip().splitlines()[-1] == plain
-
-
-def _provisional_events(result, tokenizer, row: int) -> list[dict]:
-    """The agreed provisional stream of one traced decode: per step a completion chunk with a
-    top-level `dllm` object (tokens as text, one state per position, the committed text)."""
-    from dllm_decode.viz.frames import result_frames, token_labels, used_ids
-
-    sample = result_frames(result)[row]
-    labels = token_labels(tokenizer, used_ids([sample]))
-    events = []
-    for frame in sample.frames:
-        committed = []
-        for state, tok in zip(frame.state, frame.tokens):
-            if state != "committed" or tok in tokenizer.all_special_ids:
-                break
-            committed.append(tok)
-        events.append({"id": "x", "object": "text_completion", "choices": [
-            {"index": 0, "text": "", "logprobs": None, "finish_reason": None}],
-            "dllm": {"kind": "provisional", "step": frame.step, "nfe": frame.step,
-                     "tokens": [None if t is None else labels[t] for t in frame.tokens],
-                     "state": list(frame.state), "committed_text": tokenizer.decode(committed)}})
-    events.append({"id": "x", "object": "text_completion", "choices": [
-        {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}]})
-    events.append({"id": "x", "object": "text_completion", "choices": [],
-                   "dllm": {"nfe": int(result.nfe[row]), "seconds": 0.0}})
-    return events
-
-
-@needs_chromium
-def test_playground_draws_the_provisional_stream_cell_by_cell(traced, tmp_path):
-    """The playground against a stand-in server that streams the agreed provisional shape built
-    from `trace=True`'s record: every step's cells in the page equal the trace's frame."""
-    pytest.importorskip("fastapi")
-    import json
-    import threading
-
-    import uvicorn
-    from fastapi import FastAPI
-    from fastapi.responses import HTMLResponse, StreamingResponse
-
-    from dllm_decode.serve.protocol import Settings
-    from dllm_decode.viz.frames import result_frames, token_labels, used_ids
-    from dllm_decode.viz.playground import playground_page
-    from tests.serve.conftest import default_config
-
-    result, tokenizer = traced
-    events = _provisional_events(result, tokenizer, 0)
-    asked: list[dict] = []
-    app = FastAPI()
-    page = playground_page(Settings(model_id="embedded", config=default_config()), provisional=True)
-    app.get("/")(lambda: HTMLResponse(page))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        asked.append(await request.json())
-        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-        return StreamingResponse(iter([body]), media_type="text/event-stream")
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        with Browser() as browser:
-            browser.open(f"http://127.0.0.1:{port}/")
-            browser.evaluate(f"document.getElementById('prompt').value = {PROMPTS[0]!r}")
-            browser.evaluate("dllmPlayground.run()")
-            browser.wait_for("dllmPlayground.state.done", timeout=60)
-            got = browser.evaluate("JSON.parse(JSON.stringify(dllmPlayground.state))")
-            assert got["error"] is None and got["mode"] == "provisional"
-            sample = result_frames(result)[0]
-            labels = token_labels(tokenizer, used_ids([sample]))
-            assert got["seen"] == [[f"{s}:{'' if t is None else labels[t]}" for s, t in zip(f.state, f.tokens)]
-                                   for f in sample.frames]
-            assert got["text"] == result.text[0] and got["nfe"] == int(result.nfe[0])
-            assert asked[0]["dllm"]["stream_mode"] == "provisional" and asked[0]["stream"] is True
-            _shot(browser, tmp_path, "playground-provisional.png")
-            assert browser.errors == []
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @needs_chromium

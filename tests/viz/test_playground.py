@@ -39,6 +39,8 @@ def test_the_page_is_served_only_when_on(embedded):
         config = _config(page)
         assert config["model"] == "embedded" and config["config"] == on.settings.config.to_dict()
         assert config["max_tokens"] == 256 and "threshold" in config["schedulers"]
+        assert config["provisional"] is True                      # the protocol has dllm.stream_mode
+        assert config["end_of_text"] == [embedded.tokenizer.eos_token]  # drawn as one mark
         assert "openapi" not in page and "/v1/completions" in page       # the public API only
     off = make_state(embedded)
     with background(off) as url:
