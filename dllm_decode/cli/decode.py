@@ -196,12 +196,14 @@ def preset_sampling(preset: Any, **given: Any) -> dict[str, Any]:
     return out
 
 
-def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool | None = None) -> Any:
+def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool | None = None,
+              shipped: bool = False) -> Any:
     """The record fitted to the loaded model: the model's natural generation length when the
     user gave none (`gen_given`; None: read from the running command's `--gen-length`), a
     block-diffusion model's own block when the user gave none, the model's shipped scheduler
-    when the command named none (`shipped_wanted`), and AdaBlock's delimiters (tokenizer ids)
-    filled from its tokenizer."""
+    when asked (`shipped`: the command's own record when it named no scheduler,
+    `shipped_wanted`; never a preset's or a request's, which chose theirs), and AdaBlock's
+    delimiters (tokenizer ids) filled from its tokenizer."""
     from dllm_decode.cli.options import natural_gen_length, usage_errors
     from dllm_decode.schedulers import with_delimiters
 
@@ -218,7 +220,7 @@ def for_model(config: Any, model: Any, block_given: bool = True, gen_given: bool
     if not block_given and own_block:       # a block-diffusion block, a noise model's canvas
         with usage_errors("--block-length"):
             config = dataclasses.replace(config, block_length=own_block)
-    if shipped_wanted():
+    if shipped:
         config = shipped_for(config, model, block_given)
     tokenizer = getattr(model, "tokenizer", None)
     return dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
@@ -290,7 +292,7 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
     from dllm_decode.sampler import generate
 
     tokenizer = getattr(model, "tokenizer", None)
-    config = for_model(config, model, block_given=block_given)
+    config = for_model(config, model, block_given=block_given, shipped=shipped_wanted())
     if (requests is not None or stream) and getattr(model, "canvas_kind", "mask") != "mask":
         raise click.UsageError("--stream and --input run the masked loop's running batch; decode a "
                                "uniform-noise model one --prompt at a time")

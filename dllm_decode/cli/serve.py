@@ -153,7 +153,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
            adapters: Any = None, quantize: str | None = None,
            max_request_bytes: int | None = None) -> None:
-    from dllm_decode.cli.decode import for_model
+    from dllm_decode.cli.decode import for_model, shipped_wanted
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
     from dllm_decode.serve.app import ServerState, serve
@@ -186,7 +186,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
             check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
     settings = Settings(model_id=served_model_name or str(spec),
-                        config=for_model(config, model, block_given),
+                        config=for_model(config, model, block_given, shipped=shipped_wanted()),
                         max_tokens=max_tokens, chat_template=chat_template,
                         prepare=lambda c: for_model(c, model), scheduler_kinds=kinds,
                         presets=_request_presets(presets_path, spec, config, model),

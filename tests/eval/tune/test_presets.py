@@ -128,3 +128,16 @@ def test_the_server_picks_a_preset_by_task_tag():
     class Out:
         nfe, seconds, queued = 3, 0.1, 0.0
     assert extension(tagged, Out())["preset"] == "shuffle" and "preset" not in extension(plain, Out())
+
+
+def test_a_served_preset_keeps_its_scheduler_where_the_server_names_none(tmp_path, embedded):
+    """The model's shipped decoding fills in only the command's own record: a server started
+    without --scheduler serves each preset with the preset's rule, not the shipped one."""
+    from dllm_decode.cli.serve import _request_presets, serve_command
+    from dllm_decode.modelspec import ModelSpec
+
+    path = tuned_file(tmp_path, {"name": "embedded"})
+    config = DecodeConfig(component("scheduler", "threshold"), gen_length=32, block_length=32)
+    with serve_command.make_context("serve", ["--model", "embedded", "--presets", str(path)]):
+        presets = _request_presets(str(path), ModelSpec.parse("embedded"), config, embedded)
+    assert presets["copy"].scheduler.threshold == 0.5 and presets["shuffle"].scheduler.threshold == 0.95
