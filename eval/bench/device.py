@@ -19,7 +19,11 @@ of a real model's shape (no download, no checkpoint), or a check:
    exactly (bf16 rows report agreement as a fraction: random weights have near-ties).
 5. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B, grouped-query attention)
    under the block cache: the per-step captured path, batch 1 and 32, eager and captured.
-6. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
+6. `low_precision`: weight-only int8, int4 (group 128) and FP8 linear layers
+   (`dllm_decode.quant.QuantLinear`) against bf16 at LLaDA-8B's projection shapes and an MoE
+   expert's, 1 and 32 rows, and a 4-layer LLaDA-8B-width step: ms per call and x each format's
+   own weight-read floor (its bytes, scales included, over the memory bandwidth).
+6b. `large_batch`: batch 32 and 64, compact, none and dual, eager and captured.
 7. `engine`: the serving engine under load on the device: requests queued at once and arriving
    one per step, continuous batching up to its max batch (`dllm_decode.engine.Engine`).
 8. `block_peer`: Fast-dLLM v2's `batch_sample` beside this project's block loop at one token per
@@ -82,8 +86,8 @@ class DeviceOptions:
             raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {list(STAGE_COST)}")
 
 
-STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "block": 90.0, "large_batch": 150.0,
-              "engine": 40.0, "block_peer": 45.0}
+STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "block": 90.0, "low_precision": 40.0,
+              "large_batch": 150.0, "engine": 40.0, "block_peer": 45.0}
 """Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates), in the order they
 run (most wanted first); a stage starts only when the budget left covers it. `--quick` scales them
 down 100x."""
@@ -286,6 +290,94 @@ def cached_step_floor(model: Any, options: Any, replay_ms: dict[str, float], pea
                             "x_read_floor": replay_ms[bucket] / read_ms if read_ms else None}}
 
 
+LOW_PRECISION_SHAPES = {"llada-8b q/o": (4096, 4096), "llada-8b up": (4096, 12288),
+                        "llada-8b down": (12288, 4096), "moe expert up": (2048, 1408),
+                        "moe expert down": (1408, 2048)}
+"""(in, out) features of the layers the low-precision stage times: LLaDA-8B's projections and an
+MoE expert of the LLaDA2-mini class (2048 wide, 1408 per expert)."""
+
+
+def low_precision(o: DeviceOptions, formats: tuple[str, ...] = ("bf16", "int8", "int4:128", "fp8"),
+                  calls: int = 50) -> dict[str, Any]:
+    """Each format's linear layers and a short LLaDA-8B-width model step, timed on the device
+    against its own weight-read floor (`QuantLinear`'s kernels where this build has them, its
+    dequantizing fallback elsewhere: the stage sizes the gap either way)."""
+    from torch import nn
+
+    from dllm_decode.devices import device_name, device_peaks
+    from dllm_decode.quant import QuantLinear, quantize_model, weight_bytes
+
+    device = torch.device(o.device)
+    peaks = device_peaks(device_name(device))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    shapes = {"tiny": (64, 96)} if o.quick else LOW_PRECISION_SHAPES
+    rows, calls = ((1, 4), 2) if o.quick else ((1, 32), calls)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        fn()
+        sync()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        return 1000 * (time.perf_counter() - started) / calls
+
+    def floor_ms(module: Any) -> float | None:
+        return 1000 * weight_bytes(module) / peaks.hbm_bytes_per_s if peaks else None
+
+    out: dict[str, Any] = {"layers": [], "steps": [], "calls": calls}
+    torch.manual_seed(0)
+    for name, (fan_in, fan_out) in shapes.items():
+        base = nn.Linear(fan_in, fan_out, bias=False, device=device, dtype=torch.bfloat16)
+        for fmt in formats:
+            try:
+                layer = base if fmt == "bf16" else QuantLinear.from_linear(base, *_format(fmt))
+            except (ValueError, RuntimeError) as err:
+                out["layers"].append({"shape": name, "format": fmt, "note": str(err).splitlines()[0]})
+                continue
+            for n in rows:
+                x = torch.randn(n, fan_in, device=device, dtype=torch.bfloat16)
+                ms, bound = timed(lambda: layer(x)), floor_ms(layer)
+                out["layers"].append({"shape": name, "format": fmt, "rows": n, "ms": ms, "read_floor_ms": bound,
+                                      "x_read_floor": ms / bound if bound else None})
+    from dllm_decode.eval.bench.shaped import ShapedOptions, shaped_model
+
+    options = ShapedOptions(shape="embedded" if o.quick else "llada-8b", layers=2 if o.quick else 4,
+                            device=o.device, dtype="bfloat16")
+    for fmt in formats:
+        model = shaped_model(options)
+        try:
+            if fmt != "bf16":
+                quantize_model(model, *_format(fmt))
+        except (ValueError, RuntimeError) as err:
+            out["steps"].append({"format": fmt, "note": str(err).splitlines()[0]})
+            continue
+        for batch in rows:
+            ids = torch.randint(5, 100, (batch, 32 if o.quick else 288), device=device)
+            with torch.inference_mode():
+                ms = timed(lambda: model(ids))
+            bound = floor_ms(model)
+            out["steps"].append({"format": fmt, "batch": batch, "layers": options.layers, "ms": ms,
+                                 "weight_bytes": weight_bytes(model), "read_floor_ms": bound,
+                                 "x_read_floor": ms / bound if bound else None})
+        del model
+    return out
+
+
+def _step_ratios(stage: dict[str, Any]) -> dict[str, float] | None:
+    """Each format's batch-1 step time over bf16's (the FP8 target: <= 0.6x)."""
+    steps = {r["format"]: r["ms"] for r in stage.get("steps", []) if r.get("batch") == 1}
+    if "bf16" not in steps:
+        return None
+    return {fmt: ms / steps["bf16"] for fmt, ms in steps.items() if fmt != "bf16"}
+
+
+def _format(text: str) -> tuple[str, ...]:
+    """`int4:128` -> ("int4", 128); `int8` -> ("int8",)."""
+    name, _, group = text.partition(":")
+    return (name, int(group)) if group else (name,)
+
+
 def engine_load(o: DeviceOptions) -> dict[str, Any]:
     """The serving engine on the device: `requests` prompts queued at once, then arriving one per
     step, continuous batching up to `max_batch` rows (dual cache, the benchmark's fixed-count
@@ -384,6 +476,9 @@ def run_device(o: DeviceOptions, say: Callable[[str], None] = print) -> tuple[di
             elif stage == "sanity":
                 report["commands"][stage] = "dllm_decode.eval.bench.device.sanity (sync debug mode around replays)"
                 result = sanity(o)
+            elif stage == "low_precision":
+                report["commands"][stage] = "dllm_decode.eval.bench.device.low_precision (QuantLinear vs bf16)"
+                result = low_precision(o)
             else:
                 report["commands"][stage] = "dllm_decode.eval.bench.device.engine_load (Engine, in process)"
                 result = engine_load(o)
@@ -428,6 +523,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         "fp32_captured_identical_tokens": ({f"{r['cache']}@B{r['batch']}": r["identical_tokens"] for r in identity}
                                            or None),
         "batch1_bf16_token_agreement": captured and captured.get("token_agreement"),
+        "low_precision_step_vs_bf16_batch1": _step_ratios(report["stages"].get("low_precision", {})),
         "batch1_captured_ms_per_forward": captured and captured["ms_per_forward"],
         "batch1_read_floor_ms": captured and captured["read_floor_ms"],
         "batch1_captured_x_read_floor": (captured["ms_per_forward"] / captured["read_floor_ms"]

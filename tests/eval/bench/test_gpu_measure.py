@@ -17,12 +17,10 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "gpu_measure.py"
 BLOCK = """
 import runpy, sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {"click", "transformers", "tokenizers", "huggingface_hub", "pydantic", "tqdm",
-                                  "fastapi", "uvicorn"}:
-            raise ImportError("not on the device machine: " + name)
-sys.meta_path.insert(0, Block())
+# absent as a missing package is: `import X` fails and importlib.util.find_spec("X") is None
+# (torch probes optional packages that way)
+for name in ("click", "transformers", "tokenizers", "huggingface_hub", "pydantic", "tqdm", "fastapi", "uvicorn"):
+    sys.modules[name] = None
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]   # not installed
 for name in [m for m in sys.modules if m == "dllm_decode" or m.startswith("dllm_decode.")]:
     del sys.modules[name]
@@ -147,3 +145,16 @@ def test_cached_step_is_read_against_its_own_floor():
     assert out["bucket"] == "step" and out["replay_ms"] == 2.0
     assert out["read_floor_ms"] == pytest.approx(1000 * one.read_seconds)
     assert out["x_read_floor"] == pytest.approx(2.0 / out["read_floor_ms"])
+
+
+def test_low_precision_stage_times_each_format_against_its_own_floor(one_thread):
+    """The stage runs every format's layers and a model step (a format a shape cannot take is a
+    note, not a failure), quantized weights are smaller, and the target reads the step ratios."""
+    from dllm_decode.eval.bench.device import low_precision, targets
+
+    out = low_precision(DeviceOptions(device="cpu", quick=True))
+    steps = {(r["format"], r.get("batch")): r for r in out["steps"]}
+    assert steps[("int8", 1)]["weight_bytes"] < 0.6 * steps[("bf16", 1)]["weight_bytes"]
+    assert {r["format"] for r in out["layers"] if "ms" in r} >= {"bf16", "int8", "fp8"}
+    ratios = targets({"stages": {"low_precision": out}})["low_precision_step_vs_bf16_batch1"]
+    assert set(ratios) >= {"int8", "fp8"} and all(v > 0 for v in ratios.values())
