@@ -1,0 +1,100 @@
+"""Classes of bad input found by an independent probe, each checked over every registered
+component (not one example): Unicode digits in option text, finite floats too large for a
+float32 step, list options spelled as text in a server request, an unbounded filter chain."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from dllm_decode.config import MAX_FILTERS, DecodeConfig
+from dllm_decode.fields import FLOAT_MOST
+from dllm_decode.registry import component, registry
+from dllm_decode.serve.options import OptionError, check_options
+
+KINDS = ("scheduler", "cache", "filter")
+
+
+def _fields(want):
+    """(kind, name, field) for every registered component field whose annotation `want` accepts."""
+    out = []
+    for kind in KINDS:
+        for name, cls in registry(kind).items():
+            hints = typing.get_type_hints(cls)
+            out += [(kind, name, f.name) for f in dataclasses.fields(cls) if f.init and want(hints[f.name])]
+    return out
+
+
+def _plain(annotation):
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if len(args) == 1 and typing.get_origin(annotation) is not tuple else annotation
+
+
+INT_FIELDS = _fields(lambda a: _plain(a) is int)
+FLOAT_FIELDS = _fields(lambda a: _plain(a) is float)
+TUPLE_FIELDS = _fields(lambda a: typing.get_origin(a) is tuple)
+
+
+def test_the_classes_are_populated():
+    assert len(INT_FIELDS) > 40 and len(FLOAT_FIELDS) > 40 and TUPLE_FIELDS
+
+
+@pytest.mark.parametrize("digits", ["\uff11\uff12", "\u0661\u0662", "\u0967"])   # fullwidth, Arabic-Indic, Devanagari
+def test_option_text_in_non_ascii_digits_is_refused_for_every_int_field(digits):
+    """int("\\uff11\\uff12") is 12 in Python; an option's text is a number only in ASCII digits."""
+    accepted = []
+    for kind, name, field in INT_FIELDS:
+        try:
+            component(kind, {"name": name, field: digits})
+        except (ValueError, TypeError) as err:
+            assert "\n" not in str(err)
+        else:
+            accepted.append(f"{kind} {name}.{field}")
+    assert not accepted, accepted
+
+
+def test_a_float_too_large_for_a_float32_step_is_refused_for_every_float_field():
+    accepted = []
+    for kind, name, field in FLOAT_FIELDS:
+        for value in (1e39, -1e300, FLOAT_MOST * 10):
+            try:
+                component(kind, {"name": name, field: value})
+            except ValueError as err:
+                assert "\n" not in str(err)
+            else:
+                accepted.append(f"{kind} {name}.{field}={value:g}")
+    assert not accepted, accepted
+
+
+def test_pc_sampler_clip_past_float32_is_one_line_at_construction_not_a_failed_decode():
+    with pytest.raises(ValueError, match="clip"):
+        component("scheduler", {"name": "pc_sampler", "clip": 1e39})
+    assert component("scheduler", {"name": "pc_sampler", "clip": 1e12}).clip == 1e12
+
+
+@pytest.mark.parametrize("value", ["12", "\u0661\u0662", [True], ["1"], [1.5], {"a": 1}, 7])
+def test_a_request_spells_a_list_option_only_as_a_json_list_of_its_items(value):
+    """A server request's option values are typed JSON: text is the CLI's spelling of a list."""
+    for kind, name, field in TUPLE_FIELDS:
+        spec = {"name": name, field: value}
+        with pytest.raises(OptionError) as err:
+            check_options((kind,), spec, [], f"dllm.{kind}")
+        assert field in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_request_list_option_of_the_right_items_passes():
+    for kind, name, field in TUPLE_FIELDS:
+        inner = typing.get_args(typing.get_type_hints(registry(kind)[name])[field])[0]
+        good = {int: [1, 2], float: [0.5], str: ["a"], bool: [True]}.get(inner, [[1, 2]])
+        if good is not None:
+            check_options((kind,), {"name": name, field: good}, [], f"dllm.{kind}")
+
+
+def test_the_filter_chain_is_bounded():
+    eotp = component("filter", "eotp")
+    threshold = component("scheduler", "threshold")
+    DecodeConfig(threshold, filters=(eotp,) * MAX_FILTERS, gen_length=16, block_length=8)
+    with pytest.raises(ValueError, match="filters may hold at most"):
+        DecodeConfig(threshold, filters=(eotp,) * (MAX_FILTERS * 300), gen_length=16, block_length=8)
