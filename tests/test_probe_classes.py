@@ -5,6 +5,7 @@ float32 step, list options spelled as text in a server request, an unbounded fil
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 
 import pytest
@@ -98,3 +99,48 @@ def test_the_filter_chain_is_bounded():
     DecodeConfig(threshold, filters=(eotp,) * MAX_FILTERS, gen_length=16, block_length=8)
     with pytest.raises(ValueError, match="filters may hold at most"):
         DecodeConfig(threshold, filters=(eotp,) * (MAX_FILTERS * 300), gen_length=16, block_length=8)
+
+
+# --- batch outputs: resume keys on how the model was loaded; a file that is not ours is kept ---
+
+def _batch(tmp_path, *extra):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text(json.dumps({"id": "a", "prompt": "sort : mia ella hank", "max_tokens": 8}) + "\n")
+    return CliRunner().invoke(main, ["--input", str(requests), "--output", str(tmp_path / "out.jsonl"),
+                                     "--gen-length", "8", "--block-length", "8", *extra])
+
+
+@pytest.mark.parametrize("changed, named", [(("--quantize", "int8"), "quantize"),
+                                            (("--no-chat-template",), "chat_template"),
+                                            (("--dtype", "bfloat16"), "dtype")])
+def test_resume_after_changing_how_the_model_loads_is_refused(tmp_path, changed, named):
+    assert _batch(tmp_path).exit_code == 0
+    before = (tmp_path / "out.jsonl").read_text()
+    (tmp_path / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text()
+                                       + json.dumps({"id": "b", "prompt": "sort : ella mia", "max_tokens": 8}) + "\n")
+    result = _batch(tmp_path, *changed)
+    assert result.exit_code == 2 and named in result.output and "Traceback" not in result.output
+    assert (tmp_path / "out.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("foreign", [b"precious\n", b"precious", b"[1, 2]\n", b'{"id": "x"}\nnot json\n'])
+def test_an_output_that_is_not_a_results_file_is_refused_and_kept(tmp_path, foreign):
+    """Only an unterminated record (a torn append) is cut: another file's text never is."""
+    (tmp_path / "out.jsonl").write_bytes(foreign)
+    result = _batch(tmp_path)
+    assert (tmp_path / "out.jsonl").read_bytes()[:len(foreign)] == foreign
+    if foreign != b"[1, 2]\n":               # valid JSON lines: kept, the result appended after
+        assert result.exit_code == 2 and "not valid JSON" in result.output
+
+
+def test_a_torn_last_record_is_still_cut(tmp_path):
+    from dllm_decode.eval.harness.records import read_records, repair
+
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b'{"id": "a"}\n{"id": "b", "te')
+    assert read_records(out) == [{"id": "a"}] and repair(out) > 0
+    assert out.read_bytes() == b'{"id": "a"}\n'

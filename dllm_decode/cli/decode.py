@@ -238,6 +238,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     from dllm_decode.cli import batch, launch
     from dllm_decode.cli.options import (capture_mode, device_option, load_diffusion_model,
                                          model_spec, read_prompt)
+    from dllm_decode.runkey import load_identity
 
     if (input_path is None) != (output_path is None):
         raise click.UsageError("--input and --output go together")
@@ -273,7 +274,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         with launch.leader_speaks(groups):
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
-                           capture, views)
+                           capture, views, load_identity(quantize, split_adapters(adapter, named_ok=False).merged,
+                                                         dtype, chat_template))
     finally:
         launch.finish(groups)
 
@@ -281,7 +283,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
 def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: str | None,
                    requests: Any, output_path: str | None, chat_template: bool, batch_size: int,
                    stream: bool, as_json: bool, where: Any, groups: Any, capture: str,
-                   views: Any = None) -> None:
+                   views: Any = None, load: Any = None) -> None:
     import torch
 
     from dllm_decode.cli import batch
@@ -296,7 +298,7 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
                                "uniform-noise model one --prompt at a time")
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
-                           str(spec), groups=groups, capture=capture)
+                           str(spec), groups=groups, capture=capture, load=load)
         return
     with usage_errors("--prompt"):
         wrapped = chat_prompt(tokenizer, text, chat_template)
