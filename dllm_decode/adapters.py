@@ -81,6 +81,17 @@ def _pattern(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
     return default
 
 
+def _inside(folder: Path, name: str) -> None:
+    """Refuse a file of the folder that links outside it (as a checkpoint's weights may not)."""
+    from dllm_decode.models.checkpoint import ModelLoadError, weight_file
+
+    try:
+        weight_file(folder, name)
+    except ModelLoadError:
+        raise AdapterError(f"{folder}: {name} links outside the adapter folder (to "
+                           f"{(folder / name).resolve()}); adapter files are read only from inside it") from None
+
+
 def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
     """The adapter of a PEFT folder (`adapter_config.json` and `adapter_model.safetensors`).
 
@@ -90,13 +101,16 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
     """
     from safetensors.torch import load_file
 
+    from dllm_decode.models.hub import first_line
+
     folder = Path(directory)
     if not (folder / CONFIG).is_file():
         raise AdapterError(f"{folder} is not a PEFT adapter folder: no {CONFIG}")
+    _inside(folder, CONFIG)
     try:
         config = json.loads((folder / CONFIG).read_text())
-    except (OSError, ValueError) as err:
-        raise AdapterError(f"{folder / CONFIG} is not valid JSON ({err})") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise AdapterError(f"{folder / CONFIG} is not valid JSON ({first_line(err)})") from None
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         raise AdapterError(f"{folder}: only LORA adapters are supported, got peft_type "
                            f"{config.get('peft_type') if isinstance(config, dict) else None!r}")
@@ -110,7 +124,11 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
         also = " (only pickled adapter_model.bin, which is never loaded: convert it to safetensors)" \
             if (folder / "adapter_model.bin").exists() else ""
         raise AdapterError(f"{folder} has no {WEIGHTS}{also}")
-    tensors = load_file(str(folder / WEIGHTS))
+    _inside(folder, WEIGHTS)
+    try:
+        tensors = load_file(str(folder / WEIGHTS))
+    except Exception as err:  # noqa: BLE001 - safetensors' own error type: a corrupt or cut file
+        raise AdapterError(f"{folder / WEIGHTS} is not a readable safetensors file ({first_line(err)})") from None
     pairs: dict[str, dict[str, Tensor]] = {}
     for key, value in tensors.items():
         match = re.fullmatch(rf"{re.escape(PREFIX)}(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)

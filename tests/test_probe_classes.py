@@ -144,3 +144,91 @@ def test_a_torn_last_record_is_still_cut(tmp_path):
     out.write_bytes(b'{"id": "a"}\n{"id": "b", "te')
     assert read_records(out) == [{"id": "a"}] and repair(out) > 0
     assert out.read_bytes() == b'{"id": "a"}\n'
+
+
+# --- the command line: numbers in ASCII digits, for every numeric option of every command ---
+
+def _numeric_options():
+    import click
+
+    from dllm_decode.cli import main
+
+    ctx = click.Context(main)
+    out = []
+    for command in [main, *main.commands.values()]:
+        for param in command.params:
+            if isinstance(param, click.Option) and isinstance(param.type, click.types._NumberParamTypeBase):
+                out.append((command, param))
+    assert len(out) > 30
+    return ctx, out
+
+
+def test_every_numeric_cli_option_refuses_non_ascii_digits():
+    import click
+
+    ctx, options = _numeric_options()
+    for command, param in options:
+        for text in ("\uff13\uff12", "\u0660.\u0665", "\u0967"):
+            with pytest.raises(click.BadParameter, match="ASCII digits"):
+                param.type.convert(text, param, ctx)
+
+
+def test_gen_length_in_fullwidth_digits_is_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["--prompt", "x", "--gen-length", "\uff13\uff12"])
+    assert result.exit_code == 2 and "ASCII digits" in result.output
+
+
+# --- files a start-up option names: confined, and a bad file is one line ---
+
+def _adapter(tmp_path, name):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                            "target_modules": ["q_proj"]}))
+    return folder
+
+
+def test_an_adapter_file_linking_outside_its_folder_is_refused(tmp_path):
+    from dllm_decode.adapters import AdapterError, read_adapter
+
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    folder = _adapter(tmp_path, "linked")
+    (folder / "adapter_model.safetensors").symlink_to(outside)
+    with pytest.raises(AdapterError, match="links outside the adapter folder"):
+        read_adapter(folder)
+    config = _adapter(tmp_path, "config_linked") / "adapter_config.json"
+    config.unlink()
+    config.symlink_to(tmp_path / "linked" / "adapter_config.json")
+    with pytest.raises(AdapterError, match="links outside the adapter folder"):
+        read_adapter(config.parent)
+
+
+@pytest.mark.parametrize("config, weights", [("[" * 100000 + "]" * 100000, None), (None, b"\xff" * 64),
+                                             (None, b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":")])
+def test_a_corrupt_adapter_is_one_line(tmp_path, config, weights):
+    from dllm_decode.adapters import AdapterError, read_adapter
+
+    folder = _adapter(tmp_path, "bad")
+    if config is not None:
+        (folder / "adapter_config.json").write_text(config)
+    (folder / "adapter_model.safetensors").write_bytes(weights or b"")
+    with pytest.raises(AdapterError) as err:
+        read_adapter(folder)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name, data", [("t.safetensors", b"\xff" * 64), ("t.json", b"[" * 100000 + b"]" * 100000),
+                                        ("t.json", b"[1, 2]"), ("t.json", b'{"num_token": 3, "p_baseline_dict": {"a": 1}}'),
+                                        ("t.safetensors", b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")])
+def test_a_corrupt_frequency_table_is_one_line(tmp_path, name, data):
+    from dllm_decode.schedulers.frequency import read_table
+
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError) as err:
+        read_table(tmp_path / name)
+    assert "\n" not in str(err.value)
