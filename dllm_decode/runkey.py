@@ -21,12 +21,8 @@ from typing import Any
 def model_identity(name: str) -> dict[str, Any]:
     """The identity of the model a `--model` text names (see the module docstring)."""
     identity: dict[str, Any] = {"name": name}
-    base = name.split("@", 1)[0].split(":", 1)[0]
-    try:
-        from dllm_decode.models.checkpoint import resolve_model_dir
-
-        directory = resolve_model_dir(base)
-    except Exception:  # noqa: BLE001 - not a checkpoint directory (ideal, tiny, a causal LM name)
+    directory = model_directory(name)
+    if directory is None:
         return identity
     config = Path(directory) / "config.json"
     if config.is_file():
@@ -67,6 +63,17 @@ def _adapter_identity(folder: Any) -> dict[str, Any]:
     except OSError:
         pass
     return identity
+
+
+def model_directory(name: str) -> Path | None:
+    """The checkpoint folder a `--model` text names (None: not a folder, such as `ideal`)."""
+    base = name.split("@", 1)[0].split(":", 1)[0]
+    try:
+        from dllm_decode.models.checkpoint import resolve_model_dir
+
+        return Path(resolve_model_dir(base))
+    except Exception:  # noqa: BLE001 - not a checkpoint directory (ideal, tiny, a causal LM name)
+        return None
 
 
 def run_record(model: dict[str, Any], decode: Any) -> dict[str, Any]:

@@ -232,3 +232,21 @@ def test_a_corrupt_frequency_table_is_one_line(tmp_path, name, data):
     with pytest.raises(ValueError) as err:
         read_table(tmp_path / name)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("where", ["model.safetensors", "config.json", "sub/../tokenizer.json", "new/trace.html"])
+def test_trace_html_never_lands_in_the_model_folder(tmp_path, where):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+    from dllm_decode.models.checkpoint import EMBEDDED_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED_DIR / "dllm", model)
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    result = CliRunner().invoke(main, ["--model", str(model), "--prompt", "x", "--gen-length", "8",
+                                       "--block-length", "8", "--trace-html", f"{model}/{where}"])
+    assert result.exit_code == 2 and "inside this run's input" in result.output
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before

@@ -248,6 +248,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         raise click.UsageError("--stream prints text; drop --json")
     views = _views(show, trace_html, input_path, stream, as_json)
     spec = model_spec(model_name)
+    if trace_html is not None:
+        _not_an_input(trace_html, str(spec), adapter)
     preset = record_preset(record.pop("preset", None), spec)
     config = decode_record(**record, preset=preset)
     if launch.check_world(tensor_parallel, "dllm-decode") > 1 and input_path is None and prompt is None:
@@ -322,6 +324,18 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
         "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
         "seconds": result.seconds, "model": str(spec), "config": config.to_dict(),
     }))
+
+
+def _not_an_input(trace_html: str, model_name: str, adapters: tuple[str, ...]) -> None:
+    """--trace-html may not land on the model's or an adapter's files (it would replace them)."""
+    from dllm_decode.outputs import OutputError, check_not_input
+    from dllm_decode.runkey import model_directory
+
+    folders = [model_directory(model_name), *(value.partition("=")[2] or value for value in adapters)]
+    try:
+        check_not_input(trace_html, folders, "--trace-html file")
+    except OutputError as err:
+        raise click.BadParameter(str(err), param_hint="--trace-html") from None
 
 
 def _views(show: bool, trace_html: str | None, input_path: str | None, stream: bool, as_json: bool) -> Any:
