@@ -250,3 +250,30 @@ def test_trace_html_never_lands_in_the_model_folder(tmp_path, where):
                                        "--block-length", "8", "--trace-html", f"{model}/{where}"])
     assert result.exit_code == 2 and "inside this run's input" in result.output
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+# --- a server's own counts are bounded up front, from the CLI and from Python ---
+
+@pytest.mark.parametrize("option, value", [("--max-concurrent", "1000000000"), ("--max-queue", str(10**9)),
+                                           ("--max-tokens", str(10**12)), ("--max-body-bytes", str(1 << 40))])
+def test_serve_counts_are_bounded(option, value):
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["serve", option, value])
+    assert result.exit_code == 2 and "range" in result.output
+
+
+def test_server_records_bound_their_counts():
+    from dllm_decode.cost import MAX_CANVAS, MAX_ROWS
+    from dllm_decode.engine import Engine
+    from dllm_decode.serve.app import Limits
+    from dllm_decode.serve.protocol import Settings
+
+    with pytest.raises(ValueError, match="max_batch_size"):
+        Engine(None, max_batch_size=MAX_ROWS + 1)
+    with pytest.raises(ValueError, match="max_queue"):
+        Limits(max_queue=16 * MAX_ROWS + 1)
+    with pytest.raises(ValueError, match="max_tokens"):
+        Settings(config=DecodeConfig(component("scheduler", "threshold")), model_id="m", max_tokens=MAX_CANVAS + 1)
