@@ -277,3 +277,24 @@ def test_server_records_bound_their_counts():
         Limits(max_queue=16 * MAX_ROWS + 1)
     with pytest.raises(ValueError, match="max_tokens"):
         Settings(config=DecodeConfig(component("scheduler", "threshold")), model_id="m", max_tokens=MAX_CANVAS + 1)
+
+
+@pytest.mark.parametrize("body", [{"prompt": "x", "model": "/etc"}, {"prompt": "x", "model": "other"},
+                                  {"prompt": "x", "model": ["m"]}, {"prompt": "x", "modle": "m"},
+                                  {"prompt": "x", "model": "m:nope"}])
+def test_tokenize_never_ignores_a_model_or_a_key(body):
+    """/tokenize answers for the served model only, like /v1/completions, and refuses keys it
+    does not know instead of ignoring them."""
+    from types import SimpleNamespace
+
+    from dllm_decode.serve.router_compat import tokenize
+
+    settings = SimpleNamespace(model_id="m", adapters=("one",), presets={"fast": None})
+    engine = SimpleNamespace(model=SimpleNamespace(max_length=64))
+    state = SimpleNamespace(settings=settings, tokenizer=lambda text, add_special_tokens: {"input_ids": [1]},
+                            worker=SimpleNamespace(engine=engine))
+    with pytest.raises(ValueError) as err:
+        tokenize(state, body)
+    assert "\n" not in str(err.value)
+    for model in ("m", "m:one", "m:fast", None):
+        assert tokenize(state, {"prompt": "x", **({} if model is None else {"model": model})})["count"] == 1
