@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dllm_decode.fields import FLOAT_MOST
+
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
@@ -118,8 +120,10 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
         if not _neutral(config.get(key, default), default):
             raise AdapterError(f"{folder}: {key}={config[key]!r} is not supported (only {default!r})")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
-        raise AdapterError(f"{folder}: r must be an integer >= 1 and lora_alpha a number, got {r!r}, {alpha!r}")
+    if (isinstance(r, bool) or not isinstance(r, int) or r < 1 or isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or abs(alpha) > FLOAT_MOST):
+        raise AdapterError(f"{folder}: r must be an integer >= 1 and lora_alpha a finite number within "
+                           f"+-{FLOAT_MOST:g}, got {r!r}, {alpha!r}")
     if not (folder / WEIGHTS).is_file():
         also = " (only pickled adapter_model.bin, which is never loaded: convert it to safetensors)" \
             if (folder / "adapter_model.bin").exists() else ""
@@ -140,6 +144,8 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"{folder}: {module} has lora_{''.join(pair)} without its pair")
         a, b = pair["A"], pair["B"]
+        if not (a.is_floating_point() and b.is_floating_point()) or not bool(a.isfinite().all() and b.isfinite().all()):
+            raise AdapterError(f"{folder}: {module} holds non-float or NaN/infinite LoRA weights")
         rank = _pattern(config.get("rank_pattern") or {}, module, r)
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] != rank:
             raise AdapterError(f"{folder}: {module} has lora_A {tuple(a.shape)} and lora_B "

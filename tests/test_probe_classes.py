@@ -295,3 +295,29 @@ def test_tokenize_never_ignores_a_model_or_a_key(body):
     assert "\n" not in str(err.value)
     for model in ("m", "m:one", "m:fast", None):
         assert tokenize(state, {"prompt": "x", **({} if model is None else {"model": model})})["count"] == 1
+
+
+@pytest.mark.parametrize("change", ["alpha_inf", "alpha_huge", "r_bool", "nan_weights", "int_weights"])
+def test_an_adapter_that_would_poison_the_logits_is_refused_at_load(tmp_path, change):
+    """A LoRA folder with an infinite scale or NaN/integer weights is an AdapterError naming the
+    folder, not a decode that fails later on NaN logits."""
+    import torch
+    from safetensors.torch import save_file
+
+    from dllm_decode.adapters import AdapterError, read_adapter
+
+    folder = _adapter(tmp_path, "lora")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config.update({"alpha_inf": {"lora_alpha": float("inf")}, "alpha_huge": {"lora_alpha": 1e300},
+                   "r_bool": {"r": True}}.get(change, {}))
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    a, b = torch.ones(4, 8), torch.ones(8, 4)
+    if change == "nan_weights":
+        a[0, 0] = float("nan")
+    if change == "int_weights":
+        a, b = a.to(torch.int8), b.to(torch.int8)
+    save_file({"base_model.model.layer.q_proj.lora_A.weight": a, "base_model.model.layer.q_proj.lora_B.weight": b},
+              str(folder / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError) as err:
+        read_adapter(folder)
+    assert "\n" not in str(err.value)
