@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dllm_decode.fields import FLOAT_MOST
+
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."
@@ -81,6 +83,17 @@ def _pattern(patterns: Mapping[str, Any], name: str, default: Any) -> Any:
     return default
 
 
+def _inside(folder: Path, name: str) -> None:
+    """Refuse a file of the folder that links outside it (as a checkpoint's weights may not)."""
+    from dllm_decode.models.checkpoint import ModelLoadError, weight_file
+
+    try:
+        weight_file(folder, name)
+    except ModelLoadError:
+        raise AdapterError(f"{folder}: {name} links outside the adapter folder (to "
+                           f"{(folder / name).resolve()}); adapter files are read only from inside it") from None
+
+
 def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
     """The adapter of a PEFT folder (`adapter_config.json` and `adapter_model.safetensors`).
 
@@ -90,13 +103,16 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
     """
     from safetensors.torch import load_file
 
+    from dllm_decode.models.hub import first_line
+
     folder = Path(directory)
     if not (folder / CONFIG).is_file():
         raise AdapterError(f"{folder} is not a PEFT adapter folder: no {CONFIG}")
+    _inside(folder, CONFIG)
     try:
         config = json.loads((folder / CONFIG).read_text())
-    except (OSError, ValueError) as err:
-        raise AdapterError(f"{folder / CONFIG} is not valid JSON ({err})") from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise AdapterError(f"{folder / CONFIG} is not valid JSON ({first_line(err)})") from None
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         raise AdapterError(f"{folder}: only LORA adapters are supported, got peft_type "
                            f"{config.get('peft_type') if isinstance(config, dict) else None!r}")
@@ -104,13 +120,19 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
         if not _neutral(config.get(key, default), default):
             raise AdapterError(f"{folder}: {key}={config[key]!r} is not supported (only {default!r})")
     r, alpha = config.get("r"), config.get("lora_alpha")
-    if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
-        raise AdapterError(f"{folder}: r must be an integer >= 1 and lora_alpha a number, got {r!r}, {alpha!r}")
+    if (isinstance(r, bool) or not isinstance(r, int) or r < 1 or isinstance(alpha, bool)
+            or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or abs(alpha) > FLOAT_MOST):
+        raise AdapterError(f"{folder}: r must be an integer >= 1 and lora_alpha a finite number within "
+                           f"+-{FLOAT_MOST:g}, got {r!r}, {alpha!r}")
     if not (folder / WEIGHTS).is_file():
         also = " (only pickled adapter_model.bin, which is never loaded: convert it to safetensors)" \
             if (folder / "adapter_model.bin").exists() else ""
         raise AdapterError(f"{folder} has no {WEIGHTS}{also}")
-    tensors = load_file(str(folder / WEIGHTS))
+    _inside(folder, WEIGHTS)
+    try:
+        tensors = load_file(str(folder / WEIGHTS))
+    except Exception as err:  # noqa: BLE001 - safetensors' own error type: a corrupt or cut file
+        raise AdapterError(f"{folder / WEIGHTS} is not a readable safetensors file ({first_line(err)})") from None
     pairs: dict[str, dict[str, Tensor]] = {}
     for key, value in tensors.items():
         match = re.fullmatch(rf"{re.escape(PREFIX)}(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
@@ -122,6 +144,8 @@ def read_adapter(directory: str | Path, name: str | None = None) -> LoraAdapter:
         if set(pair) != {"A", "B"}:
             raise AdapterError(f"{folder}: {module} has lora_{''.join(pair)} without its pair")
         a, b = pair["A"], pair["B"]
+        if not (a.is_floating_point() and b.is_floating_point()) or not bool(a.isfinite().all() and b.isfinite().all()):
+            raise AdapterError(f"{folder}: {module} holds non-float or NaN/infinite LoRA weights")
         rank = _pattern(config.get("rank_pattern") or {}, module, r)
         if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or a.shape[0] != rank:
             raise AdapterError(f"{folder}: {module} has lora_A {tuple(a.shape)} and lora_B "

@@ -36,6 +36,10 @@ def cache_name(cache: Cache) -> str:
         return type(cache).__name__
 
 
+MAX_FILTERS = 16
+"""The most filters one decode record chains (each runs on every step)."""
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """How to decode, all of it: the record the CLI, eval, bench, presets, the lm-eval adapter
@@ -75,6 +79,8 @@ class DecodeConfig:
             raise TypeError(f"filters must be a list of Filter instances, got {type(self.filters).__name__}")
         if not isinstance(self.filters, tuple):
             object.__setattr__(self, "filters", tuple(self.filters))
+        if len(self.filters) > MAX_FILTERS:             # each runs every step: a bounded chain
+            raise ValueError(f"filters may hold at most {MAX_FILTERS}, got {len(self.filters)}")
         for name, value, kind in (("scheduler", self.scheduler, Scheduler), ("cache", self.cache, Cache),
                                   *(("filters", f, Filter) for f in self.filters)):
             if not isinstance(value, kind):

@@ -29,6 +29,10 @@ def _cores() -> int:
 CORES = _cores()
 """CPU cores this process may run on: the most threads a command starts (more only thrash, and
 far more fail to start)."""
+MAX_ROWS = 4096
+"""The most batch rows a server decodes at once (`serve --max-concurrent`) and requests it keeps
+waiting (`--max-queue` is at most 16x that): each row holds a canvas and its cache, so the count
+is bounded like every other one."""
 MAX_PROMPTS = 100_000
 """The most prompts per task an evaluation or a tuning split takes (`eval --limit`, `tune
 --calibration/--held-out`, `select_tasks(limit=)`): the task generators are cheap, but a count of

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.cost import MAX_ROWS
 from dllm_decode.interfaces import NoCache
 from dllm_decode.adapters import adapter_index
 from dllm_decode.capture import GraphCache, graph_cache
@@ -66,8 +67,8 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any = None, max_batch_size: int = 8,
                  capture: Any = "off"):
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
+            raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""

@@ -8,7 +8,8 @@ the same check without a line of its own. Records that are not components (`Deco
 The rules, for fields annotated with plain types (optionally `| None`, or `tuple[T, ...]`):
   * `int` refuses bools, floats and text;
   * `float` refuses bools and non-numbers, and (after the class's own range checks, so their
-    messages stay) NaN, and infinity unless the class lists the field in `infinite_ok`;
+    messages stay) NaN, infinity unless the class lists the field in `infinite_ok`, and finite
+    values beyond +-`FLOAT_MOST`;
   * `bool` refuses anything but `True`/`False`;
   * `str` refuses anything but text.
 Fields of any other annotation (components, tensors, callables) are left to the class.
@@ -76,6 +77,10 @@ def _kinds(cls: type) -> dict[str, tuple[str, type, bool]]:
 MAX_CANVAS = 1 << 20
 """The longest canvas any count may name (a generation length, a window, a radius, steps per
 block): far past any model's context, and small enough that a tensor of it never stalls a step."""
+FLOAT_MOST = 1e18
+"""The largest magnitude of a finite float option: a step computes in float32 (largest finite
+value 3.4e38), and the product of two such magnitudes still fits, so an option can never turn a
+step's scores into infinities (which stalls the block instead of failing in one line)."""
 FILE_OPTION = "loads_file"
 """Field metadata key: the field names a file (see `file_option`)."""
 FREE_NAMES = "file_free_names"
@@ -225,6 +230,8 @@ def check_finite(obj: Any, infinite_ok: tuple[str, ...] = (), only: tuple[str, .
                 raise ValueError(f"{_label(obj, name)} must be a number, got nan")
             if math.isinf(item) and name not in infinite_ok:
                 raise ValueError(f"{_label(obj, name)} must be finite, got {item}")
+            if math.isfinite(item) and abs(item) > FLOAT_MOST:
+                raise ValueError(f"{_label(obj, name)} must lie within +-{FLOAT_MOST:g}, got {item:g}")
 
 
 class Checked:

@@ -19,7 +19,7 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from pathlib import Path
 
@@ -84,6 +84,24 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.samefile(pa, pb)
     except OSError:
         return False
+
+
+def check_not_input(path: str | os.PathLike, inputs: Iterable[str | os.PathLike | None],
+                    what: str = "output") -> None:
+    """Refuse an output that is one of the run's inputs or lies inside one (a model or adapter
+    folder, an input file): writing it would destroy what the run reads.
+
+    Raises:
+        OutputError: naming the output and the input.
+    """
+    target = Path(path).expanduser().resolve()
+    for item in inputs:
+        if item is None:
+            continue
+        source = Path(item).expanduser().resolve()
+        if target == source or source in target.parents or same_file(path, item):
+            raise OutputError(f"the {what} {os.fspath(path)!r} is inside this run's input {os.fspath(item)!r} "
+                              f"(writing it would overwrite what the run reads); write it elsewhere")
 
 
 @contextlib.contextmanager

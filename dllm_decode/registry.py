@@ -219,6 +219,9 @@ def coerce(annotation: Any, value: Any) -> Any:
         if value.lower() not in {"true", "false", "1", "0"}:
             raise ValueError(f"expected a boolean (true/false), got {value!r}")
         return value.lower() in {"true", "1"}
+    if annotation in (int, float) and not value.isascii():
+        # int("\uff11\uff12") is 12: a number is written in ASCII digits, as everywhere else
+        raise ValueError(f"expected {annotation.__name__} in ASCII digits, got {value!r}")
     if annotation in (int, float, str):
         try:
             return annotation(value)

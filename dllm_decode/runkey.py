@@ -21,18 +21,59 @@ from typing import Any
 def model_identity(name: str) -> dict[str, Any]:
     """The identity of the model a `--model` text names (see the module docstring)."""
     identity: dict[str, Any] = {"name": name}
-    base = name.split("@", 1)[0].split(":", 1)[0]
-    try:
-        from dllm_decode.models.checkpoint import resolve_model_dir
-
-        directory = resolve_model_dir(base)
-    except Exception:  # noqa: BLE001 - not a checkpoint directory (ideal, tiny, a causal LM name)
+    directory = model_directory(name)
+    if directory is None:
         return identity
     config = Path(directory) / "config.json"
     if config.is_file():
         identity["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()
         identity["weights"] = {p.name: p.stat().st_size for p in sorted(Path(directory).glob("*.safetensors"))}
     return identity
+
+
+LOAD_KEYS = ("quantize", "adapters", "dtype", "chat_template")
+"""How a run loads the model and wraps its prompts, beyond the checkpoint itself: each changes
+the answers, so each is part of the model identity (recorded only when not the default, so a
+plain run's identity stays the checkpoint's)."""
+
+
+def load_identity(quantize: str | None = None, adapters: Any = (), dtype: str | None = None,
+                  chat_template: bool = True) -> dict[str, Any]:
+    """The `LOAD_KEYS` entries of a run that sets them: the quantization, each adapter folder's
+    identity (its config's hash and weight sizes), the dtype, a chat template turned off."""
+    out: dict[str, Any] = {}
+    if quantize:
+        out["quantize"] = str(quantize)
+    if adapters:
+        out["adapters"] = [_adapter_identity(a) for a in adapters]
+    if dtype:
+        out["dtype"] = str(dtype)
+    if not chat_template:
+        out["chat_template"] = False
+    return out
+
+
+def _adapter_identity(folder: Any) -> dict[str, Any]:
+    path = Path(str(folder))
+    config = path / "adapter_config.json"
+    identity: dict[str, Any] = {"name": path.name}
+    try:
+        identity["config_sha256"] = hashlib.sha256(config.read_bytes()).hexdigest()
+        identity["weights"] = {p.name: p.stat().st_size for p in sorted(path.glob("*.safetensors"))}
+    except OSError:
+        pass
+    return identity
+
+
+def model_directory(name: str) -> Path | None:
+    """The checkpoint folder a `--model` text names (None: not a folder, such as `ideal`)."""
+    base = name.split("@", 1)[0].split(":", 1)[0]
+    try:
+        from dllm_decode.models.checkpoint import resolve_model_dir
+
+        return Path(resolve_model_dir(base))
+    except Exception:  # noqa: BLE001 - not a checkpoint directory (ideal, tiny, a causal LM name)
+        return None
 
 
 def run_record(model: dict[str, Any], decode: Any) -> dict[str, Any]:
@@ -48,7 +89,9 @@ def what_changed(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]
     if old_model.get("name") != new_model.get("name"):
         changes.append(f"model {old_model.get('name')!r} -> {new_model.get('name')!r}")
     elif old_model != new_model:
-        changes.append(f"model {new_model.get('name')!r} (its config or weights differ)")
+        loaded = [f"{key} {_short(old_model.get(key))} -> {_short(new_model.get(key))}"
+                  for key in LOAD_KEYS if old_model.get(key) != new_model.get(key)]
+        changes.extend(loaded or [f"model {new_model.get('name')!r} (its config or weights differ)"])
     old, new = recorded.get("decode"), current.get("decode")
     if old is not None and new is not None:
         for key in sorted(set(old) | set(new)):

@@ -91,11 +91,26 @@ def build_frequency_table(tokenizer: Any, texts: Iterable[str], source: str = ""
 
 
 def read_table(path: str | Path) -> FrequencyTable:
-    """A table from a `.safetensors` file or the reference's JSON (either key spelling)."""
+    """A table from a `.safetensors` file or the reference's JSON (either key spelling).
+
+    Raises:
+        ValueError: one line naming the file: missing, not a regular file, or not a table (corrupt,
+            cut short, nested too deeply, missing keys, wrong types).
+    """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"frequency table {str(path)!r} not found; give a shipped name "
                          f"({', '.join(sorted(SHIPPED))}) or a .safetensors/.json file")
+    try:
+        return _read_table(path)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any reader failure is a bad file, in one line
+        text = str(err).strip().splitlines()
+        raise ValueError(f"{path} is not a frequency table ({text[0] if text else type(err).__name__})") from None
+
+
+def _read_table(path: Path) -> FrequencyTable:
     if path.suffix == ".json":
         data = json.loads(path.read_text())
         counts = data.get("p_baseline_dict", data.get("token_frequency_dict"))

@@ -171,11 +171,12 @@ def _same_request(record: dict[str, Any], body: dict[str, Any]) -> bool:
 
 def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, Any]]], output_path: str,
                  chat_template: bool, batch_size: int, model_name: str, groups: Any = None,
-                 capture: str = "off") -> None:
+                 capture: str = "off", load: dict[str, Any] | None = None) -> None:
     """Decode the requests with the engine and append each result when it finishes, holding the
     output's writer lock throughout; requests another run finished since `read_requests` are
     skipped. `capture` (`--compile` / `--cuda-graphs`) is the engine's step runtime: its graphs
-    are made once per bucket and reused by every batch of the file.
+    are made once per bucket and reused by every batch of the file. `load`
+    (`runkey.load_identity`) joins the model identity the results are recorded with.
 
     Under tensor parallelism (`groups` of a world > 1) every rank calls this with the requests of
     the same file: TP rank 0 takes the lock, finds what is left to do and publishes those ids;
@@ -187,7 +188,7 @@ def run_requests(model: Any, config: Any, requests: list[tuple[str, dict[str, An
     from dllm_decode.outputs import OutputError
     from dllm_decode.runkey import model_identity, run_record
 
-    run = run_record(model_identity(model_name), config)
+    run = run_record({**model_identity(model_name), **(load or {})}, config)
     channel = None
     if groups is not None and groups.world > 1:
         from dllm_decode.parallel.control import ControlChannel

@@ -240,6 +240,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     from dllm_decode.cli import batch, launch
     from dllm_decode.cli.options import (capture_mode, device_option, load_diffusion_model,
                                          model_spec, read_prompt)
+    from dllm_decode.runkey import load_identity
 
     if (input_path is None) != (output_path is None):
         raise click.UsageError("--input and --output go together")
@@ -249,6 +250,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         raise click.UsageError("--stream prints text; drop --json")
     views = _views(show, trace_html, input_path, stream, as_json)
     spec = model_spec(model_name)
+    if trace_html is not None:
+        _not_an_input(trace_html, str(spec), adapter)
     preset = record_preset(record.pop("preset", None), spec)
     config = decode_record(**record, preset=preset)
     if launch.check_world(tensor_parallel, "dllm-decode") > 1 and input_path is None and prompt is None:
@@ -275,7 +278,8 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
         with launch.leader_speaks(groups):
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
-                           capture, views)
+                           capture, views, load_identity(quantize, split_adapters(adapter, named_ok=False).merged,
+                                                         dtype, chat_template))
     finally:
         launch.finish(groups)
 
@@ -283,7 +287,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
 def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: str | None,
                    requests: Any, output_path: str | None, chat_template: bool, batch_size: int,
                    stream: bool, as_json: bool, where: Any, groups: Any, capture: str,
-                   views: Any = None) -> None:
+                   views: Any = None, load: Any = None) -> None:
     import torch
 
     from dllm_decode.cli import batch
@@ -298,7 +302,7 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
                                "uniform-noise model one --prompt at a time")
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
-                           str(spec), groups=groups, capture=capture)
+                           str(spec), groups=groups, capture=capture, load=load)
         return
     with usage_errors("--prompt"):
         wrapped = chat_prompt(tokenizer, text, chat_template)
@@ -322,6 +326,18 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
         "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
         "seconds": result.seconds, "model": str(spec), "config": config.to_dict(),
     }))
+
+
+def _not_an_input(trace_html: str, model_name: str, adapters: tuple[str, ...]) -> None:
+    """--trace-html may not land on the model's or an adapter's files (it would replace them)."""
+    from dllm_decode.outputs import OutputError, check_not_input
+    from dllm_decode.runkey import model_directory
+
+    folders = [model_directory(model_name), *(value.partition("=")[2] or value for value in adapters)]
+    try:
+        check_not_input(trace_html, folders, "--trace-html file")
+    except OutputError as err:
+        raise click.BadParameter(str(err), param_hint="--trace-html") from None
 
 
 def _views(show: bool, trace_html: str | None, input_path: str | None, stream: bool, as_json: bool) -> Any:

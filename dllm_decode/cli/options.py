@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from dllm_decode.cli.numbers import ascii_numbers
 from dllm_decode.cost import CORES, MAX_CANVAS, MAX_PROMPTS  # noqa: F401 - the commands' bounds, re-exported
 from dllm_decode.modelspec import ModelSpec, parse_options
 
@@ -19,6 +20,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 TRUST_HELP = ("Let a checkpoint run its own Python code (e.g. Dream-v0's DreamTokenizer). Only for "
               "directories you trust.")
+
+ascii_numbers()                 # every numeric option of every command, in one place
 
 
 class RegistryHelp(click.Option):

@@ -10,7 +10,7 @@ import click
 
 from dllm_decode.cli.decode import MODEL_HELP, record_options
 from dllm_decode.cli.launch import tensor_parallel_option
-from dllm_decode.cost import DEFAULT_REQUEST_BYTES
+from dllm_decode.cost import DEFAULT_REQUEST_BYTES, MAX_CANVAS, MAX_ROWS
 from dllm_decode.cli.options import CORES, FloatRange, capture_options
 
 
@@ -36,18 +36,18 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", default=None, help="The model id clients send [--model].")
-@click.option("--max-concurrent", type=click.IntRange(1), default=8, show_default=True,
+@click.option("--max-concurrent", type=click.IntRange(1, MAX_ROWS), default=8, show_default=True,
               help="Requests decoded at once (batch rows); more wait in the queue.")
-@click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
+@click.option("--max-queue", type=click.IntRange(0, 16 * MAX_ROWS), default=64, show_default=True,
               help="Requests that may wait for a row; beyond that a request gets 429.")
-@click.option("--max-tokens", type=click.IntRange(1), default=1024, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(1, MAX_CANVAS), default=1024, show_default=True,
               help="The largest canvas (gen_length) a request may ask for.")
 @click.option("--request-timeout", type=Seconds(), default=600.0,
               show_default=True, help="Seconds per request, queueing included (then 504).")
 @click.option("--shutdown-timeout", type=Seconds(), default=30.0,
               show_default=True, help="On SIGINT/SIGTERM, seconds in-flight requests get to finish "
               "before they are cancelled.")
-@click.option("--max-body-bytes", type=click.IntRange(1), default=1 << 20, show_default=True,
+@click.option("--max-body-bytes", type=click.IntRange(1, 1 << 30), default=1 << 20, show_default=True,
               help="The largest request body (then 413).")
 @click.option("--body-timeout", type=Seconds(), default=30.0, show_default=True,
               help="Seconds a request body may take to arrive in full (then 408).")

@@ -36,6 +36,7 @@ from typing import Any
 
 from fastapi import Request as HTTPRequest   # module level: FastAPI reads the route annotations
 
+from dllm_decode.cost import MAX_ROWS
 from dllm_decode.engine import Output, Request, Update
 from dllm_decode.serve import probes
 from dllm_decode.serve.metrics import Metrics
@@ -76,6 +77,8 @@ class Limits:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "max_queue" else 1):
                 raise ValueError(f"{name} must be an integer >= {0 if name == 'max_queue' else 1}, got {value!r}")
+        if self.max_queue > 16 * MAX_ROWS:              # each waiting request holds its prompt
+            raise ValueError(f"max_queue must be at most {16 * MAX_ROWS}, got {self.max_queue}")
         for name in ("request_timeout", "shutdown_timeout", "body_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \

@@ -155,7 +155,14 @@ def _typed(annotation: Any, value: Any, where: str) -> None:
         raise OptionError(f"{where} must be an integer, got {value!r}", where)
     if plain is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise OptionError(f"{where} must be a number, got {value!r}", where)
-    if typing.get_origin(plain) is tuple and isinstance(value, list):
+    if typing.get_origin(plain) is tuple:
+        # a JSON list of the declared items: text ("1,2", Unicode digits) is the CLI's spelling
+        inner = typing.get_args(plain)[0]
+        if not isinstance(value, list):
+            raise OptionError(f"{where} must be a JSON list of {getattr(inner, '__name__', inner)}, "
+                              f"got {value!r}", where)
         for item in value:
-            if isinstance(item, str):
+            if inner in (int, float, bool, str) or typing.get_origin(inner) is tuple:
+                _typed(inner, item, f"{where}[]")
+            elif isinstance(item, str):
                 _no_path(item, where)

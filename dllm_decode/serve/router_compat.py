@@ -95,6 +95,9 @@ def model_info(state: Any) -> dict[str, Any]:
             "max_tokens": state.settings.max_tokens}
 
 
+TOKENIZE_KEYS = frozenset({"prompt", "add_special_tokens", "model"})
+
+
 def tokenize(state: Any, body: Any) -> dict[str, Any]:
     """`/tokenize` (vLLM's shape): `{"prompt": text}` -> `{"tokens", "count", "max_model_len"}`
     (`add_special_tokens` as the request says; false by default, as the server encodes prompts).
@@ -104,6 +107,13 @@ def tokenize(state: Any, body: Any) -> dict[str, Any]:
     """
     if not isinstance(body, Mapping) or not isinstance(body.get("prompt"), str):
         raise ValueError("the body must be an object with a string `prompt`")
+    if unknown := sorted(set(body) - TOKENIZE_KEYS, key=str):
+        raise ValueError(f"unknown key {str(unknown[0])[:80]!r}; /tokenize takes {', '.join(sorted(TOKENIZE_KEYS))}")
+    model, settings = body.get("model"), state.settings
+    served = {settings.model_id, *(f"{settings.model_id}:{tag}" for tag in (*settings.adapters, *settings.presets))}
+    if model is not None and (not isinstance(model, str) or model not in served):          # as /v1/completions: never ignored
+        shown = repr(model)[:80]
+        raise ValueError(f"the model {shown} is not served here; this server serves {settings.model_id!r}")
     if state.tokenizer is None:
         raise ValueError("this model has no tokenizer")
     special = body.get("add_special_tokens", False)

@@ -42,11 +42,18 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         try:
             records.append(json.loads(line))
         except (json.JSONDecodeError, RecursionError):
-            if number >= len(lines) - 1:            # the last (possibly unterminated) line
+            if number == len(lines) and _torn(line):   # unterminated: a write cut short
                 break
-            raise ValueError(f"{path}:{number} is not valid JSON; only the last line may be "
-                             f"torn, so this file was edited or corrupted") from None
+            raise ValueError(f"{path}:{number} is not valid JSON; only an unterminated last line "
+                             f"may be torn, so this file was edited, corrupted or is not a "
+                             f"results file") from None
     return records
+
+
+def _torn(tail: bytes) -> bool:
+    """Whether an unterminated last line can be a record cut short: every record is one JSON
+    object written with its newline, so a torn one starts with `{` and never ends a line."""
+    return tail.lstrip().startswith(b"{")
 
 
 def repair(path: str | Path) -> int:
@@ -56,15 +63,10 @@ def repair(path: str | Path) -> int:
         return 0
     data = path.read_bytes()
     keep = len(data)
-    if data and not data.endswith(b"\n"):
+    # only an unterminated record is cut: a terminated line, or a tail that is not the start of
+    # a record, was not written by a torn append (cutting it would destroy another file's text)
+    if data and not data.endswith(b"\n") and _torn(data[data.rfind(b"\n") + 1:]):
         keep = data.rfind(b"\n") + 1
-    else:                                           # terminated but undecodable last line
-        last_start = data.rfind(b"\n", 0, max(len(data) - 1, 0)) + 1
-        try:
-            if data[last_start:].strip():
-                json.loads(data[last_start:])
-        except (json.JSONDecodeError, RecursionError):
-            keep = last_start
     if keep < len(data):
         with path.open("r+b") as handle:
             handle.truncate(keep)

@@ -23,7 +23,7 @@ pytest.importorskip("uvicorn")
 @pytest.mark.parametrize("args, fragment", [
     (["--scheduler", "nope"], "unknown scheduler 'nope'"),
     (["--gen-length", "2048", "--block-length", "32"], "exceeds --max-tokens 1024"),
-    (["--max-concurrent", "0"], "0 is not in the range x>=1"),
+    (["--max-concurrent", "0"], "0 is not in the range 1<=x<=4096"),
     (["--model", "ar:"], "needs a target model"),
     (["--model", "/no/such/dir"], "/no/such/dir"),
 ])
