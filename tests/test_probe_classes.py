@@ -321,3 +321,14 @@ def test_an_adapter_that_would_poison_the_logits_is_refused_at_load(tmp_path, ch
     with pytest.raises(AdapterError) as err:
         read_adapter(folder)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", ["../x=DIR", "a/b=DIR", ".hidden=DIR", "a..b=DIR", "x:y=DIR", "=DIR", "x="])
+def test_an_adapter_name_is_a_plain_name_never_a_path(value):
+    import click
+
+    from dllm_decode.cli.adapters import split_adapters
+
+    with pytest.raises(click.BadParameter, match="a name, never a path"):
+        split_adapters((value,), named_ok=True)
+    assert split_adapters(("math-v2.1=DIR",), named_ok=True).named == (("math-v2.1", "DIR"),)

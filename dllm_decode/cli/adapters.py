@@ -4,6 +4,7 @@ chosen per request by the model name `MODEL:NAME`."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,10 @@ ADAPTER_HELP = ("A PEFT LoRA adapter folder (adapter_config.json + adapter_model
 
 def adapter_option(command: Any) -> Any:
     return click.option("--adapter", "adapter", multiple=True, metavar="[NAME=]DIR", help=ADAPTER_HELP)(command)
+
+
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""What a request may call an adapter (`MODEL:NAME`): a plain name that cannot read as a path."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +43,10 @@ def split_adapters(values: tuple[str, ...], named_ok: bool) -> AdapterOptions:
         if not named_ok:
             raise click.BadParameter(f"{value!r}: NAME=DIR adapters are served unmerged (serve only); "
                                      f"give the folder alone to merge it", param_hint="--adapter")
-        if not name.strip() or not folder.strip() or ":" in name:
-            raise click.BadParameter(f"{value!r}: expected NAME=DIR with a non-empty name (no ':') "
-                                     f"and folder", param_hint="--adapter")
+        if not ADAPTER_NAME.fullmatch(name.strip()) or ".." in name or not folder.strip():
+            raise click.BadParameter(f"{value!r}: expected NAME=DIR, NAME of letters, digits, '_', "
+                                     f"'-' and '.' (a name, never a path), and a folder",
+                                     param_hint="--adapter")
         if any(name == other for other, _ in named):
             raise click.BadParameter(f"the adapter name {name!r} is given twice", param_hint="--adapter")
         named.append((name.strip(), folder.strip()))
