@@ -123,8 +123,9 @@ class Cell:
 
 
 def try_decode(model: Any, scheduler: Any, cache: Any, gen_length: int = 8,
-               block_length: int = 4) -> Cell:
-    """Decode `gen_length` tokens after a 4-token prompt; any `ValueError`/`TypeError` (the
+               block_length: int = 4, self_decoder: Any = None) -> Cell:
+    """Decode `gen_length` tokens after a 4-token prompt (with the denoising loop, or with
+    `self_decoder` after its own check, as the CLI runs it); any `ValueError`/`TypeError` (the
     toolkit's way of refusing a combination) becomes the cell's reason."""
     import torch
 
@@ -139,15 +140,22 @@ def try_decode(model: Any, scheduler: Any, cache: Any, gen_length: int = 8,
                               block_length=min(block, gen_length))
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")          # a rule's advice for a tiny random model
-            generate(model, [prompt], config, generator=torch.Generator().manual_seed(0))
+            generator = torch.Generator().manual_seed(0)
+            if self_decoder is None:
+                generate(model, [prompt], config, generator=generator)
+            else:
+                self_decoder.check(model, config)
+                self_decoder.decode(model, [prompt], config, generator=generator)
     except (ValueError, TypeError) as err:
         return Cell(False, first_line(err))
     return Cell(True)
 
 
 def matrix() -> dict[str, dict[tuple[str, str], Cell]]:
-    """Every scheduler x cache (LLaDA layout), scheduler x family (no cache) and cache x family
-    (the `threshold` scheduler), each cell from a real tiny decode with default settings."""
+    """Every scheduler x cache (LLaDA layout), scheduler x family (no cache), cache x family
+    (the `threshold` scheduler), self-decoder x family (`threshold`, no cache) and self-decoder x
+    cache (on the Fast-dLLM v2 block model, which every self-decoder accepts), each cell from a
+    real tiny decode with default settings."""
     from dllm_decode.registry import registry
 
     schedulers, caches = registry("scheduler"), registry("cache")
@@ -161,6 +169,24 @@ def matrix() -> dict[str, dict[tuple[str, str], Cell]]:
                                for s in schedulers for f in models},
         "cache x family": {(c, f): try_decode(models[f], default(), caches[c]())
                            for c in caches for f in models},
+        **self_decoder_tables(models),
+    }
+
+
+def self_decoder_tables(models: dict[str, Any]) -> dict[str, dict[tuple[str, str], Cell]]:
+    """Self-decoder x family (`threshold` base rule, no cache) over `models` (family -> tiny
+    model) and self-decoder x cache on its Fast-dLLM v2 model, each cell a real tiny decode
+    after the decoder's own check (as the CLI runs it)."""
+    from dllm_decode.registry import registry
+
+    caches, selfdecs = registry("cache"), registry("self_decoder")
+    default = registry("scheduler")["threshold"]
+    return {
+        "self-decoder x family": {(d, f): try_decode(models[f], default(), caches["none"](), self_decoder=selfdecs[d]())
+                                  for d in selfdecs for f in models},
+        "self-decoder x cache": {(d, c): try_decode(models["fast_dllm"], default(), caches[c](),
+                                                    self_decoder=selfdecs[d]())
+                                 for d in selfdecs for c in caches},
     }
 
 

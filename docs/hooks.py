@@ -1,8 +1,9 @@
 """MkDocs hook: pages hold `<!-- generated: NAME -->` markers that are replaced at build time by
 text computed from the code and the measurement files, so the docs cannot drift from them.
 
-* `compatibility`: scheduler x cache, scheduler x model family and cache x model family, each
-  cell a real tiny decode (`dllm_decode.compat.matrix`).
+* `compatibility`: scheduler x cache, scheduler x model family, cache x model family,
+  self-decoder x model family and self-decoder x cache, each cell a real tiny decode
+  (`dllm_decode.compat.matrix`).
 * `components`: every registered scheduler, cache and filter with its fields and defaults (the
   registries, as `dllm-decode list` prints them).
 * `results`: every measurement file under `measurements/` with its machine, date, commit,
@@ -102,7 +103,8 @@ def components() -> str:
 
     out = []
     for title, kind in (("Schedulers", "scheduler"), ("Caches", "cache"), ("Filters", "filter"),
-                        ("AR draft-length rules", "draft_length")):
+                        ("AR draft-length rules", "draft_length"),
+                        ("Self-speculative decoders (`--self-decoder`)", "self_decoder")):
         out += [f"### {title}", "", "| name | what | fields (defaults) |", "|---|---|---|"]
         for name, doc, params in describe(registry(kind)):
             fields = ", ".join(f"`{f}={default!r}`" for f, _, default in params) or "–"

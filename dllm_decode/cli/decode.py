@@ -15,6 +15,7 @@ from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.adapters import adapter_option, split_adapters
 from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, quantize_option, registry_names, runtime_option,
                                      trust_option)
+from dllm_decode.cli.self_decoding import self_decoder_options
 
 DEFAULT_MODEL = "embedded"
 DEFAULT_SCHEDULER = "threshold"
@@ -60,6 +61,7 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
                      cls=RegistryHelp,
                      help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order."),
         click.option("--preset", default=None, metavar="NAME|FILE[:NAME]", help=PRESET_HELP),
+        self_decoder_options,
         click.option("--gen-length", type=int, default=None,
                      help=f"Canvas length [the model's own: max_new_tokens in its "
                           f"generation_config.json (32 for the embedded models); else "
@@ -240,6 +242,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     from dllm_decode.cli import batch, launch
     from dllm_decode.cli.options import (capture_mode, device_option, load_diffusion_model,
                                          model_spec, read_prompt)
+    from dllm_decode.cli.self_decoding import build_self_decoder, preset_self_decoder, refuse_with
     from dllm_decode.runkey import load_identity
 
     if (input_path is None) != (output_path is None):
@@ -249,10 +252,15 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
     if stream and as_json:
         raise click.UsageError("--stream prints text; drop --json")
     views = _views(show, trace_html, input_path, stream, as_json)
+    selfdec = build_self_decoder(record.pop("self_decoder"), record.pop("self_decoder_opts"))
     spec = model_spec(model_name)
     if trace_html is not None:
         _not_an_input(trace_html, str(spec), adapter)
     preset = record_preset(record.pop("preset", None), spec)
+    selfdec = preset_self_decoder(preset, selfdec)
+    refuse_with(selfdec, {"--input": input_path is not None, "--stream": stream, "--show": show,
+                          "--trace-html": trace_html is not None, "--cuda-graphs": cuda_graphs,
+                          "--compile": compile_step, "--tensor-parallel": tensor_parallel > 1})
     config = decode_record(**record, preset=preset)
     if launch.check_world(tensor_parallel, "dllm-decode") > 1 and input_path is None and prompt is None:
         raise click.UsageError("under torchrun give the prompt with --prompt (standard input "
@@ -279,7 +287,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
                            capture, views, load_identity(quantize, split_adapters(adapter, named_ok=False).merged,
-                                                         dtype, chat_template))
+                                                         dtype, chat_template), selfdec)
     finally:
         launch.finish(groups)
 
@@ -287,7 +295,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
 def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: str | None,
                    requests: Any, output_path: str | None, chat_template: bool, batch_size: int,
                    stream: bool, as_json: bool, where: Any, groups: Any, capture: str,
-                   views: Any = None, load: Any = None) -> None:
+                   views: Any = None, load: Any = None, selfdec: Any = None) -> None:
     import torch
 
     from dllm_decode.cli import batch
@@ -309,9 +317,21 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
     if stream:
         batch.stream_one(model, config, wrapped, capture=capture)
         return
-    with usage_errors():
-        result = generate(model, [wrapped], config, capture=capture, trace=views is not None,
-                          generator=torch.Generator(device=where).manual_seed(config.seed))
+    generator = torch.Generator(device=where).manual_seed(config.seed)
+    extra: dict[str, Any] = {}
+    if selfdec is not None:
+        from dllm_decode.cli.self_decoding import check_self_decoder
+        from dllm_decode.registry import component_dict
+
+        check_self_decoder(selfdec, model, config)
+        with usage_errors():
+            out = selfdec.decode(model, [wrapped], config, generator=generator, tokenizer=tokenizer)
+        result = out.result
+        extra = {"self_decoder": component_dict(selfdec), "verifies": int(out.verifies[0])}
+    else:
+        with usage_errors():
+            result = generate(model, [wrapped], config, capture=capture, trace=views is not None,
+                              generator=generator)
     if views is not None:
         views.present(result, tokenizer, text)
         if views.show:
@@ -324,7 +344,7 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
         "text": answer, "tokens": result.tokens[0].tolist(), "nfe": int(result.nfe[0]),
         "tokens_per_step": float(result.tokens_per_step[0]),
         "answer_tokens_per_step": float(result.answer_tokens_per_step[0]),
-        "seconds": result.seconds, "model": str(spec), "config": config.to_dict(),
+        "seconds": result.seconds, "model": str(spec), "config": config.to_dict(), **extra,
     }))
 
 

@@ -11,6 +11,7 @@ import click
 from dllm_decode.cli.decode import DEFAULT_MODEL
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.adapters import adapter_option, split_adapters
+from dllm_decode.cli.self_decoding import self_decoder_eval_options
 from dllm_decode.cli.options import (DTYPES, MAX_CANVAS, MAX_PROMPTS, RegistryHelp, capture_options, key_values,
                                      registry_names, quantize_option, runtime_option, trust_option)
 
@@ -50,6 +51,7 @@ def command_line() -> str:
               help="Set a cache field; repeatable.")
 @click.option("--filter", "filter_specs", multiple=True, metavar="NAME[:KEY=VALUE,...]", cls=RegistryHelp,
               help=lambda: f"Add a filter ({registry_names('filter')}); repeatable, applied in order.")
+@self_decoder_eval_options
 @click.option("--limit", type=click.IntRange(1, MAX_PROMPTS), default=None, help="Examples per task [100 / whole file].")
 @click.option("--gen-length", default="32", show_default=True,
               help="Canvas length, or `answer` for each example's reference length (infilling).")
@@ -88,7 +90,8 @@ def command_line() -> str:
 def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tuple[str, ...],
                  scheduler_specs: tuple[str, ...],
                  scheduler_opts: dict[str, str], sweep_specs: tuple[str, ...], cache_name: str,
-                 cache_opts: dict[str, str], filter_specs: tuple[str, ...], limit: int | None,
+                 cache_opts: dict[str, str], filter_specs: tuple[str, ...],
+                 self_decoder_specs: tuple[str, ...], self_decoder_opts: dict[str, str], limit: int | None,
                  gen_length: str, block_length: int | None, temperature: float, seed: int,
                  data_seed: int, sort_by: str, released_scoring: str, batch_size: int, out_dir: str,
                  chat_template: bool,
@@ -103,7 +106,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     from dllm_decode.cli.options import (capture_mode, device_option, model_spec, parse_spec, usage_errors,
                                          writable_dir)
     from dllm_decode.eval.harness import distributed
-    from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep
+    from dllm_decode.eval.harness.grid import ANSWER, expand_grid, parse_sweep, with_self_decoders
     from dllm_decode.eval.tasks.sources import select_tasks
 
     spec = model_spec(model_name)
@@ -126,6 +129,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                                gen_length=None if gen_length == ANSWER else int(gen_length),
                                block_length=block_length, temperature=temperature, seed=seed)
         runs, skipped = select_tasks(",".join(selection), limit, data_seed, sort_by, released_scoring)
+    with usage_errors("--self-decoder / -s"):
+        settings = with_self_decoders(settings, [parse_spec(text) for text in self_decoder_specs],
+                                      self_decoder_opts)
     if preset_specs:
         from dllm_decode.cli.decode import preset_sampling
         from dllm_decode.eval.harness.presets import find_preset, identity_of, preset_setting
@@ -175,7 +181,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.records import combined_records
     from dllm_decode.eval.harness.report import write_outputs
-    from dllm_decode.eval.harness.runner import decoder_for, evaluate
+    from dllm_decode.eval.harness.runner import check_settings, decoder_for, evaluate
     from dllm_decode.runkey import model_identity
 
     with usage_errors("--model"):
@@ -183,6 +189,8 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
                                          chat_template, trust_remote_code=trust_remote_code,
                                          runtime=runtime, tensor_parallel=tensor_parallel, capture=capture,
                                          adapter=adapters, quantize=quantize)
+    with usage_errors("--self-decoder"):
+        check_settings(decoder, settings)
     if rank == 0:
         for message in skipped:
             click.echo(message, err=True)

@@ -6,12 +6,13 @@ import click
 
 KINDS = (("schedulers", "scheduler"), ("caches", "cache"), ("filters", "filter"),
          ("AR draft-length rules (spec --scheduler, beside the schedulers)", "draft_length"),
-         ("drafters (spec --draft NAME -d KEY=VALUE)", "drafter"))
+         ("drafters (spec --draft NAME -d KEY=VALUE)", "drafter"),
+         ("self-speculative decoders (--self-decoder NAME -s KEY=VALUE)", "self_decoder"))
 
 
 @click.command("list")
 def list_command() -> None:
-    """Print every scheduler, cache, filter and drafter with each one's fields and defaults."""
+    """Print every scheduler, cache, filter, drafter and self-decoder with each one's fields and defaults."""
     from dllm_decode.registry import describe, registry
     from dllm_decode.speculative.drafters import draft_help
 

@@ -100,6 +100,9 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     from dllm_decode.cli import launch
     from dllm_decode.cli.adapters import split_adapters
 
+    from dllm_decode.cli.self_decoding import build_self_decoder, preset_self_decoder, refuse_serving
+
+    refuse_serving(build_self_decoder(record.pop("self_decoder"), record.pop("self_decoder_opts")))
     adapters = split_adapters(adapter, named_ok=True)
     spec = model_spec(model_name)
     where = device_option(device)
@@ -118,6 +121,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                                      param_hint="--cache / -c")
         record = {**record, "scheduler": _rule(record)}
     preset = record_preset(record.pop("preset", None), spec)
+    refuse_serving(preset_self_decoder(preset, None))
     config = decode_record(**record, preset=preset)
     if config.gen_length > max_tokens:
         raise click.BadParameter(f"--gen-length {config.gen_length} exceeds --max-tokens {max_tokens}",
@@ -248,6 +252,10 @@ def _request_presets(path: str | None, spec: Any, config: Any, model: Any) -> di
 
     with usage_errors("--presets"):
         presets = tuned_presets(path, identity_of(spec))
+        tuned = [name for name, preset in presets.items() if preset.build_self_decoder() is not None]
+        if tuned:
+            raise ValueError(f"preset {tuned[0]!r} decodes with a self-decoder, which the server's denoising "
+                             f"loop cannot drive; serve a presets file without self-decoder presets")
         return {name: for_model(preset.config(gen_length=config.gen_length, block_length=preset.parts.get(
             "block_length", config.block_length), temperature=config.temperature, seed=config.seed), model)
             for name, preset in presets.items()}

@@ -29,6 +29,9 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--caches", default="none", show_default=True,
               help="Caches to cross with (comma list, or `auto`: every cache the model supports). Under the "
                    "forwards objective a cache changes no forward count, only accuracy.")
+@click.option("--self-decoders", "self_decoders", default="auto", show_default=True,
+              help="Self-speculative decoders to search too, each along its base rule's knob (comma list, "
+                   "`none`, or `auto`: every one a block-diffusion model takes; none for other models).")
 @click.option("--gen-length", default="256", show_default=True, help="Canvas length, or `answer`.")
 @click.option("--block-length", type=click.IntRange(1), default=32, show_default=True,
               help="Block length (ignored with --gen-length answer: one block per canvas).")
@@ -41,7 +44,8 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--device", default=None)
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 def tune_command(model_name: str, selection: str, calibration: int, held_out: int, data_seed: int, split_salt: str,
-                 budget: str, confidence: float, rules: str, caches: str, gen_length: str, block_length: int, exhaustive: bool,
+                 budget: str, confidence: float, rules: str, caches: str, self_decoders: str, gen_length: str,
+                 block_length: int, exhaustive: bool,
                  batch_size: int, out_dir: str, progress: bool | None, device: str | None, dtype: str | None) -> None:
     """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
     forwards per prompt) within the budget, per task and overall; check it on a held-out split;
@@ -97,6 +101,7 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype))
     cache_names = _caches(caches, spec)
+    selfdecs = _self_decoders(self_decoders, decoder, canvas, block)
     for message in messages if rank == 0 else ():
         click.echo(message, err=True)
     with usage_errors():
@@ -104,7 +109,8 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
                        calibration=calibration, salt=split_salt, gen_length=canvas, block_length=block,
                        out=Path(out_dir), tokenizer=tokenizer, batch_size=batch_size,
                        progress=True if progress is None else progress, exhaustive=exhaustive,
-                       log=(lambda line: click.echo(line, err=True)) if rank == 0 else None)
+                       log=(lambda line: click.echo(line, err=True)) if rank == 0 else None,
+                       self_decoders=selfdecs)
     if rank != 0:                                         # rank 0 writes and reports
         return
     from dllm_decode.cli.evaluate import command_line
@@ -142,4 +148,24 @@ def _caches(text: str, spec) -> list[str]:
                                  param_hint="--caches")
     if spec.kind == "ideal" and names != ["none"]:
         raise click.BadParameter("the ideal model has no K/V to cache; use --caches none", param_hint="--caches")
+    return names
+
+
+def _self_decoders(text: str, decoder, gen_length: int | None, block_length: int | None) -> list[str]:
+    """`--self-decoders`: `auto` (those a block-diffusion model takes), `none`, or names, each
+    checked against the model as `eval --self-decoder` checks it."""
+    from dllm_decode.cli.options import usage_errors
+    from dllm_decode.eval.harness.runner import check_settings
+    from dllm_decode.eval.tune.space import SELF_BASE, self_chain, self_decoders_for
+
+    if text == "auto":
+        return self_decoders_for(decoder, gen_length, block_length)
+    names = [] if text == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SELF_BASE]
+    if unknown or (text != "none" and not names):
+        raise click.BadParameter(f"unknown self-decoder {', '.join(unknown) or '(none given)'}; known: "
+                                 f"{', '.join(SELF_BASE)}, or auto / none", param_hint="--self-decoders")
+    with usage_errors("--self-decoders"):
+        for name in names:
+            check_settings(decoder, self_chain(name, gen_length, block_length)[:1])
     return names

@@ -59,6 +59,16 @@ def check_base(config: DecodeConfig, what: str) -> None:
                          f"or filters (e.g. threshold, low_confidence); got {problem}")
 
 
+def check_mask_canvas(model: DiffusionLM, what: str) -> None:
+    """Raise a one-line ValueError for a model whose uncommitted positions hold noise, not a
+    [MASK] (DiffusionGemma): drafts and verification read masked columns."""
+    kind = getattr(model, "canvas_kind", "mask")
+    if kind != "mask":
+        name = getattr(model, "name_or_path", None) or type(model).__name__
+        raise ValueError(f"{what} drafts into [MASK] positions; {name} decodes a {kind} canvas "
+                         f"(use the denoising loop)")
+
+
 def check_verifier(model: DiffusionLM, what: str) -> None:
     """Raise a one-line ValueError unless `model` is a block-diffusion model with
     `verify_forward` (a `DecoderLM` family: Fast-dLLM v2 with the token shift, or SDAR)."""
@@ -132,6 +142,7 @@ class BlockRun:
                 verifier: bool) -> tuple[BlockRun, torch.Generator]:
         """The batch of decoder `what` after its checks (`check_verifier` when it verifies in
         AR mode, `check_base`), and the request's generator (seeded by `config.seed` if None)."""
+        check_mask_canvas(model, what)
         if verifier:
             check_verifier(model, what)
         check_base(config, what)

@@ -12,7 +12,7 @@ import torch
 from dllm_decode.config import DecodeConfig
 from dllm_decode.fields import Checked
 from dllm_decode.interfaces import DiffusionLM
-from dllm_decode.speculative.blockrun import BlockRun, SpecDecode, check_verifier
+from dllm_decode.speculative.blockrun import BlockRun, SpecDecode, check_base, check_mask_canvas, check_verifier
 from dllm_decode.step import propose
 
 
@@ -39,6 +39,17 @@ class SelfDecoder(Checked, abc.ABC):
             ValueError: a model or config the decoder refuses (`check_verifier`, `check_base`),
                 or what every decode entry point refuses (`member.check_request`).
         """
+
+    def check(self, model: DiffusionLM, config: DecodeConfig) -> None:
+        """Raise the one-line ValueError `decode` would raise for this model and record before any
+        work (`check_mask_canvas`, `check_verifier` when it verifies in AR mode, `check_base`), so every entry point
+        (CLI decode and eval, the tuner) refuses the same pairs the same way."""
+        from dllm_decode.registry import name_of
+
+        check_mask_canvas(model, name_of(self))
+        if self.needs_verifier:
+            check_verifier(model, name_of(self))
+        check_base(config, name_of(self))
 
     @property
     @abc.abstractmethod

@@ -41,6 +41,9 @@ class Setting:
         block_length: semi-AR block; None = one block over the canvas (ParallelBench's default).
         temperature, seed: as `DecodeConfig`.
         swept: option keys a sweep varies (left out of `group`).
+        self_decoder, self_decoder_options: a registered self-speculative decoder that decodes
+            this setting (the scheduler is its base rule), and its fields; `none`: the denoising
+            loop. Left out of `to_dict` when `none`, so the keys of loop settings stay as they were.
     """
 
     scheduler: str
@@ -53,6 +56,8 @@ class Setting:
     temperature: float = 0.0
     seed: int = 0
     swept: tuple[str, ...] = ()
+    self_decoder: str = "none"
+    self_decoder_options: Options = ()
 
     def block_for(self, gen_length: int, natural: int | None = None) -> int:
         """The block length used on a canvas of `gen_length`: when unset, the model's `natural`
@@ -85,6 +90,12 @@ class Setting:
             "gen_length": gen_length, "block_length": self.block_for(gen_length, natural_block),
             "temperature": self.temperature, "seed": self.seed})
 
+    def build_self_decoder(self) -> Any:
+        """The `SelfDecoder` that decodes this setting, or None for the denoising loop."""
+        if self.self_decoder == "none":
+            return None
+        return component("self_decoder", {"name": self.self_decoder, **dict(self.self_decoder_options)})
+
     def params(self) -> dict[str, Any]:
         """Options set on the command line or by a sweep, typed (for tables and legends)."""
         built = component("scheduler", self._scheduler_spec())
@@ -113,7 +124,11 @@ class Setting:
                             for name, options in self.filters],
                 "gen_length": self.gen_length if self.gen_length is not None else ANSWER,
                 "block_length": self.block_length, "temperature": self.temperature,
-                "seed": self.seed}
+                "seed": self.seed, **self._self_decoder_part()}
+
+    def _self_decoder_part(self) -> dict[str, Any]:
+        decoder = self.build_self_decoder()
+        return {} if decoder is None else {"self_decoder": component_dict(decoder)}
 
     @property
     def key(self) -> str:
@@ -130,13 +145,16 @@ class Setting:
             **({"temperature": -1.0} if "temperature" in self.swept else {}))
         return stable_hash([base.scheduler, base.options, base.cache, base.cache_options,
                             base.filters, base.gen_length, base.block_length, base.temperature,
-                            base.seed, self.swept])
+                            base.seed, self.swept]
+                           + ([] if self.self_decoder == "none" else [self.self_decoder, self.self_decoder_options]))
 
     def label(self) -> str:
         """Short legend text: scheduler plus its fixed (non-swept) options."""
         fixed = [f"{k}={v}" for k, v in self.options if k not in self.swept]
         extra = [] if self.cache == "none" else [f"cache={self.cache}"]
-        return " ".join([self.scheduler, *fixed, *extra, *(name for name, _ in self.filters)])
+        own = [] if self.self_decoder == "none" else \
+            [f"self_decoder={self.self_decoder}", *(f"{k}={v}" for k, v in self.self_decoder_options)]
+        return " ".join([self.scheduler, *fixed, *extra, *(name for name, _ in self.filters), *own])
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -232,3 +250,34 @@ def _number(key: str, value: str) -> float:
         return float(value)
     except ValueError:
         raise ValueError(f"{key} must be a number, got {value!r}") from None
+
+
+def with_self_decoders(settings: Sequence[Setting], decoders: Sequence[tuple[str, Mapping[str, str]]],
+                       options: Mapping[str, str]) -> list[Setting]:
+    """Every setting once per self-decoder (`none`: the denoising loop), each built once.
+
+    Args:
+        decoders: (name, its own options) per `--self-decoder`.
+        options: `-s` options, set on every self-decoder that has the field.
+    Raises:
+        ValueError: an unknown self-decoder, an option no named self-decoder has, a bad value.
+    """
+    known = registry("self_decoder")
+    for name, _ in decoders:
+        if name != "none" and name not in known:
+            raise ValueError(f"unknown self_decoder {name!r}; choose from {['none', *known]}")
+    has = {name: {f.name for f in dataclasses.fields(known[name])} for name, _ in decoders if name != "none"}
+    for key in options:
+        if not any(key in fields for fields in has.values()):
+            raise ValueError(f"self-decoder option {key!r} applies to none of {[n for n, _ in decoders]}")
+    out = []
+    for name, own in decoders:
+        chosen = {} if name == "none" else {k: v for k, v in options.items() if k in has[name]} | dict(own)
+        if name == "none" and own:
+            raise ValueError(f"`none` (the denoising loop) takes no self-decoder options, got {sorted(own)}")
+        for setting in settings:
+            out.append(dataclasses.replace(setting, self_decoder=name,
+                                           self_decoder_options=tuple(sorted(chosen.items()))))
+    for setting in out:
+        setting.build_self_decoder()                 # errors surface now
+    return list(dict.fromkeys(out))

@@ -41,6 +41,12 @@ class Preset:
     def __post_init__(self) -> None:
         check_parts(self.parts)
 
+    def build_self_decoder(self) -> Any:
+        """The self-speculative decoder a tuned preset decodes with (its `self_decoder` part, a
+        `SelfDecoder`), or None: the denoising loop. Not a `DecodeConfig` part: the preset's
+        scheduler is its base rule."""
+        return _self_decoder_of(self.parts)
+
     def config(self, **fields: Any) -> DecodeConfig:
         """The full record: the preset's parts plus `fields` (gen_length, block_length, ...). A
         tuned fixed-count preset's `tokens_per_step` becomes `steps_per_block` on the block."""
@@ -49,11 +55,19 @@ class Preset:
 
 def _record(parts: dict[str, Any], fields: dict[str, Any]) -> DecodeConfig:
     parts = {**parts, **fields}
+    parts.pop("self_decoder", None)                 # decodes the record; not part of it
     k = parts.pop("tokens_per_step", None)
     if k is not None:
         block = parts.get("block_length") or parts.get("gen_length", 1)
         parts["scheduler"] = {**parts["scheduler"], "steps_per_block": math.ceil(block / int(k))}
     return DecodeConfig.from_dict(parts)
+
+
+def _self_decoder_of(parts: dict[str, Any]) -> Any:
+    from dllm_decode.registry import component
+
+    value = parts.get("self_decoder")
+    return None if value is None else component("self_decoder", value)
 
 
 def check_parts(parts: Any) -> None:
@@ -75,6 +89,7 @@ def check_parts(parts: Any) -> None:
                                             not isinstance(block, bool) and block >= 1 else 32}
     try:
         _record(parts, own)
+        _self_decoder_of(parts)
     except RecursionError:
         raise ValueError("a preset is nested too deeply") from None
     except (ValueError, TypeError) as err:
@@ -273,9 +288,12 @@ def preset_setting(preset: Preset, *, gen_length: int | None, block_length: int 
     filters = tuple((f["name"], tuple(sorted(_flat(f)))) if isinstance(f, dict) else (f, ())
                     for f in parts.get("filters") or ())
     block = block_length if block_length is not None else parts.get("block_length")
+    own = parts.get("self_decoder") or {"name": "none"}
+    own = own if isinstance(own, dict) else {"name": own}
     return Setting(scheduler=scheduler["name"], options=tuple(options), cache=cache["name"],
                    cache_options=tuple(sorted(_flat(cache))), filters=filters, gen_length=gen_length,
-                   block_length=None if gen_length is None else block, temperature=temperature, seed=seed)
+                   block_length=None if gen_length is None else block, temperature=temperature, seed=seed,
+                   self_decoder=own["name"], self_decoder_options=tuple(sorted(_flat(own))))
 
 
 def preset_config(text: str, model: dict[str, str] | None = None, **fields: Any) -> DecodeConfig:

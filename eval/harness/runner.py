@@ -35,8 +35,8 @@ from dllm_decode.eval.tasks import Example
 from dllm_decode.eval.tasks.sources import TaskRun
 from dllm_decode.schedulers.adaptive_block import with_delimiters
 
-__all__ = ["SAMPLES", "Batch", "Decoder", "ar_decoder", "decoder_for", "diffusion_decoder",
-           "evaluate", "generate_rows", "ideal_decoder", "plan"]
+__all__ = ["SAMPLES", "Batch", "Decoder", "ar_decoder", "check_settings", "decoder_for", "diffusion_decoder",
+           "evaluate", "generate_rows", "ideal_decoder", "plan", "self_decoded_rows"]
 
 
 @dataclass(frozen=True)
@@ -115,13 +115,65 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
     tokenizer = getattr(model, "tokenizer", None)
     capture = graph_cache(capture) or "off"
 
+    own = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)   # a noise canvas
+
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
-        own = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)   # a noise canvas
         config = setting.decode_config(gen_length, own)
+        selfdec = setting.build_self_decoder()
+        if selfdec is not None:
+            return self_decoded_rows(model, selfdec, prompts, config, generator, tokenizer)
         return generate_rows(model, prompts, config, generator, tokenizer, capture)
+
+    def check(setting: Setting, gen_length: int) -> None:
+        """Raise the one-line ValueError a setting's self-decoder gives for this model, before
+        any decode (`SelfDecoder.check`; loop settings pass), or for a capture mode beside it."""
+        selfdec = setting.build_self_decoder()
+        if selfdec is None:
+            return
+        if capture != "off":
+            raise ValueError("a self-decoder runs its own rounds, which capture does not record; "
+                             "drop --cuda-graphs / --compile (or --self-decoder)")
+        selfdec.check(model, setting.decode_config(gen_length, own))
+
+    decode.check = check                      # type: ignore[attr-defined]
+    decode.model = model                      # type: ignore[attr-defined]  # probed by the tuner
     return decode
+
+
+def check_settings(decoder: Decoder, settings: Sequence[Setting]) -> None:
+    """Raise a one-line ValueError for a setting the decoder refuses before any decode: a
+    self-decoder the model or record does not fit (the diffusion decoder's `check`), or any
+    self-decoder on a decoder without one (the ideal model, the AR baseline)."""
+    check = getattr(decoder, "check", None)
+    for setting in settings:
+        if check is not None:
+            check(setting, setting.gen_length or 32)
+        elif setting.self_decoder != "none":
+            raise ValueError(f"self-decoder {setting.self_decoder!r} runs on a diffusion LM checkpoint "
+                             f"(block-diffusion families); this model has no self-decoding")
+
+
+def self_decoded_rows(model: Any, decoder: Any, prompts: list[str], config: DecodeConfig,
+                      generator: torch.Generator, tokenizer: Any) -> tuple[list[dict[str, Any]], float]:
+    """One `SelfDecoder.decode` call: the rows `generate_rows` gives (NFE counts verification
+    forwards), plus each row's verification forwards and the decoder's record."""
+    from dllm_decode.registry import component_dict
+
+    config = dataclasses.replace(config, scheduler=with_delimiters(config.scheduler, tokenizer))
+    out = decoder.decode(model, prompts, config, generator=generator, tokenizer=tokenizer)
+    result = out.result
+    texts = result.text or [" ".join(map(str, row.tolist())) for row in result.tokens]
+    used, own = config.to_dict(), component_dict(decoder)
+    rows = [{"output": text, "nfe": int(nfe), "tokens_per_step": float(tps),
+             "answer_tokens_per_step": float(atps), "block_length": config.block_length,
+             "forward_rows": int(frows), "guide_nfe": 0, "verifies": int(verifies),
+             "decode_config": used, "self_decoder": own}
+            for text, nfe, tps, atps, frows, verifies in zip(
+                texts, result.nfe.tolist(), result.tokens_per_step.tolist(),
+                result.answer_tokens_per_step.tolist(), result.forward_rows.tolist(), out.verifies.tolist())]
+    return rows, result.seconds
 
 
 def ideal_decoder(noise: float = 1e-3, capture: str = "off") -> Decoder:

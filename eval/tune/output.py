@@ -18,13 +18,15 @@ def parts(setting: Setting, gen_length: int) -> dict[str, Any]:
     it was tuned at (`tokens_per_step` resolved to `steps_per_block` at `gen_length`). On
     answer-length canvases (`gen_length` 0) the block is the whole canvas and a fixed-count rule's
     `tokens_per_step` is kept beside the parts, since its step count depends on each canvas."""
+    own = setting.to_dict().get("self_decoder")
+    own = {} if own is None else {"self_decoder": own}         # a self-decoder decodes the record
     if gen_length:
         record = setting.decode_config(gen_length).to_dict()
-        return {key: record[key] for key in ("scheduler", "cache", "filters", "block_length")}
+        return {**{key: record[key] for key in ("scheduler", "cache", "filters", "block_length")}, **own}
     record = setting.to_dict()
     scheduler = dict(record["scheduler"])
     tokens_per_step = scheduler.pop("tokens_per_step", None)
-    out = {"scheduler": scheduler, "cache": record["cache"], "filters": record["filters"]}
+    out = {"scheduler": scheduler, "cache": record["cache"], "filters": record["filters"], **own}
     return out if tokens_per_step is None else {**out, "tokens_per_step": tokens_per_step}
 
 

@@ -9,6 +9,7 @@ recommended ranges), cut to a handful of points. A knob may be a `DecodeConfig` 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,12 @@ SPACE: dict[str, Knob] = {
 }
 
 
+SELF_BASE: dict[str, str] = {"s2d2": "threshold", "psd": "threshold", "simsd": "threshold"}
+"""Self-speculative decoder -> the rule it drafts with, searched along that rule's knob (no
+cache: they recompute the canvas). Strict modes only, the registry defaults: PSD's tokens are its
+base rule's, S2D2's and SimSD's the block model's AR-mode decode, so only the forwards move."""
+
+
 def chain(rule: str, cache: str, gen_length: int | None, block_length: int | None) -> list[Setting]:
     """The rule's grid as settings, conservative first."""
     knob = SPACE[rule]
@@ -71,3 +78,27 @@ def check_rules(rules: Sequence[str]) -> None:
     unknown = [r for r in rules if r not in SPACE]
     if unknown:
         raise ValueError(f"no tuning knob for {', '.join(unknown)}; searchable rules: {', '.join(sorted(SPACE))}")
+
+
+def self_chain(decoder: str, gen_length: int | None, block_length: int | None) -> list[Setting]:
+    """A self-decoder's grid: its base rule's (`SELF_BASE`) settings decoded by it."""
+    return [dataclasses.replace(setting, self_decoder=decoder)
+            for setting in chain(SELF_BASE[decoder], "none", gen_length, block_length)]
+
+
+def self_decoders_for(decoder: object, gen_length: int | None, block_length: int | None) -> list[str]:
+    """The self-decoders of `SELF_BASE` searched by default: none unless the model behind
+    `decoder` (an eval `Decoder`) is a block-diffusion model, else those it takes, each by its
+    own check on the first setting of its grid (`runner.check_settings`)."""
+    from dllm_decode.eval.harness.runner import check_settings
+
+    if not getattr(getattr(decoder, "model", None), "block_size", None):
+        return []
+    out = []
+    for name in SELF_BASE:
+        try:
+            check_settings(decoder, self_chain(name, gen_length, block_length)[:1])
+        except ValueError:
+            continue
+        out.append(name)
+    return out

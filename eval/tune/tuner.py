@@ -12,7 +12,7 @@ from dllm_decode.eval.harness.runner import Decoder
 from dllm_decode.eval.tasks.sources import TaskRun
 from dllm_decode.eval.tune.search import (STAGES, Budget, Ledger, Point, choose, paired, runner, search,
                                           split)
-from dllm_decode.eval.tune.space import chain, reference
+from dllm_decode.eval.tune.space import chain, reference, self_chain
 
 
 @dataclass
@@ -38,23 +38,26 @@ class Outcome:
 def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequence[str], caches: Sequence[str],
          budget: Budget, calibration: int, salt: str, gen_length: int | None, block_length: int | None,
          out: Path, tokenizer: Any = None, batch_size: int = 8, progress: bool = False,
-         exhaustive: bool = False, log: Callable[[str], None] | None = None) -> Outcome:
+         exhaustive: bool = False, log: Callable[[str], None] | None = None,
+         self_decoders: Sequence[str] = ()) -> Outcome:
     """Search `rules` x their grids x `caches` on the calibration split and check the choice on
     the held-out split. `exhaustive` also runs the full grid on the full calibration split (in the
     same resumable store) to count its forwards and find the best single global setting. `log`
-    (a line at a time) hears what stage the run is in, so a long run is never silent."""
+    (a line at a time) hears what stage the run is in, so a long run is never silent.
+    `self_decoders` (`space.SELF_BASE` names) join the search, each along its base rule's grid."""
     say = log or (lambda line: None)
     cal, held = split(runs, calibration, salt)
-    say(f"tune: searching {len(rules)} rule(s) x {len(caches)} cache(s) on {sum(len(c.examples) for c in cal)} "
+    say(f"tune: searching {len(rules)} rule(s) x {len(caches)} cache(s) and {len(self_decoders)} self-decoder(s) on {sum(len(c.examples) for c in cal)} "
         f"calibration prompts over {len(cal)} task(s)")
     tasks = [r.name for r in cal]
     ledger = Ledger(model)
     run = runner(decoder, model, out / "calibration", ledger, tokenizer, batch_size, progress)
     ref = reference(gen_length, block_length)
     chains = [chain(rule, cache, gen_length, block_length) for rule in rules for cache in caches]
+    chains += [self_chain(name, gen_length, block_length) for name in self_decoders]
     points = search(run, ledger, chains, ref, cal, budget)
     per_task, overall = choose(points, tasks)
-    threshold_points = [p for p in points if p.setting.scheduler == "threshold"]
+    threshold_points = [p for p in points if p.setting.scheduler == "threshold" and p.setting.self_decoder == "none"]
     _, best_threshold = choose(threshold_points, tasks)
     reference_forwards = sum(sum(ledger.of(ref, t, len(c.examples))[1]) for t, c in zip(tasks, cal))
     outcome = Outcome(budget, tasks, {r.name: (len(c.examples), len(r.examples)) for c, r in zip(cal, held)},
@@ -71,7 +74,8 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
                 for s in every for t, c in zip(tasks, cal)
                 for sc, n in [ledger.of(s, t, len(c.examples))]]
         _, sweep_overall = choose(full, tasks)
-        _, outcome.best_threshold = choose([p for p in full if p.setting.scheduler == "threshold"], tasks)
+        _, outcome.best_threshold = choose([p for p in full if p.setting.scheduler == "threshold"
+                                            and p.setting.self_decoder == "none"], tasks)
         if sweep_overall is not None:
             cost = [p.nfe for p in full if p.setting == sweep_overall]
             outcome.sweep_best = {"setting": sweep_overall.label() + " " + str(sweep_overall.params()),
