@@ -2,12 +2,19 @@
 implementation computes, on the user's own checkpoint and device?
 
 The reference is the implementation the checkpoint names: transformers' own class where
-transformers has one (DiffusionGemma: `DiffusionGemmaForBlockDiffusion`), else the checkpoint's
-own modeling files (`auto_map` in config.json), loaded only with `trust_remote_code=True`
-(LLaDA, Dream). Both run in float32 on a few seeded prompts: the largest logit difference is
-checked against the project's tolerance (`dllm_decode.testing.FLOAT32_ULPS` float32 ulps of the
-logits' scale), and, where the reference ships a `generate`, the seeded default decode must
-agree token for token.
+transformers has one (DiffusionGemma: `DiffusionGemmaForBlockDiffusion`; a generic masked LM such
+as BERT or ModernBERT: its `AutoModelForMaskedLM` class), else the checkpoint's own modeling files
+(`auto_map` in config.json: LLaDA, Dream, Fast-dLLM v2, SDAR, LLaDA2), loaded only with
+`trust_remote_code=True`. Both run in float32 on a few seeded prompts: the largest logit
+difference is checked against the project's tolerance (`dllm_decode.testing.FLOAT32_ULPS`
+float32 ulps of the logits' scale); where the reference ships a `generate` (DiffusionGemma) the
+seeded default decode must agree token for token, else the greedy (argmax) predictions at the
+masked positions must.
+
+A reference from the checkpoint's own code is called as `model(input_ids).logits` on a prompt
+plus a [MASK] tail: its forward applies the family's own attention (bidirectional, or
+block-causal on the block grid for Fast-dLLM v2, SDAR and LLaDA2) and, for Dream and Fast-dLLM
+v2, returns the shifted logits (row i predicts i + 1), which are aligned here.
 """
 
 from __future__ import annotations
@@ -23,8 +30,15 @@ import torch
 from dllm_decode.testing import FLOAT32_ULPS
 
 PROMPT_LENGTHS = (5, 11, 17)
-REMOTE_FAMILIES = ("llada", "dream")
-"""Families whose reference is the checkpoint's own code (`auto_map`): logits are compared."""
+MASK_TAIL = 8
+REMOTE_FAMILIES = ("llada", "dream", "fast_dllm_qwen", "fast_dllm_llama", "sdar", "llada2_moe", "llada21_moe")
+"""Families (config.json `model_type`) whose reference is the checkpoint's own code (`auto_map`)."""
+SHIFTED = ("dream", "fast_dllm_qwen", "fast_dllm_llama")
+"""Families whose network's row i predicts position i + 1: the reference's raw logits are aligned
+by this, the family's convention, never by the port's own `token_shift` (a port that forgot the
+shift must fail)."""
+AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM")
+"""The `auto_map` entries a remote reference is loaded through, in this order."""
 
 
 class VerifyError(ValueError):
@@ -95,17 +109,27 @@ def verify(path: str | Path, trust_remote_code: bool = False, device: str | None
     """
     from dllm_decode.models.checkpoint import read_config, resolve_model_dir
 
+    from dllm_decode.models.loading import BUILDERS, _model_kind
+
     directory = resolve_model_dir(path)
-    model_type = str(read_config(directory).get("model_type", "")).lower()
+    config = read_config(directory)
+    model_type = str(config.get("model_type", "")).lower()
     if model_type == "diffusion_gemma":
         return verify_diffusion_gemma(directory, str(path), device, seed)
     if model_type in REMOTE_FAMILIES:
+        auto = [name for name in AUTO_CLASSES if name in (config.get("auto_map") or {})]
+        if not auto:
+            raise VerifyError(f"the reference for model_type {model_type!r} is the checkpoint's own modeling "
+                              f"code, and its config.json names none (no auto_map {list(AUTO_CLASSES)} entry)")
         if not trust_remote_code:
             raise VerifyError(f"the reference for model_type {model_type!r} is the checkpoint's own "
                               f"code (config.json auto_map); pass --trust-remote-code to run it")
-        return verify_remote(directory, str(path), model_type, device, seed)
+        return verify_canvas(directory, str(path), model_type, device, seed, auto[0])
+    if model_type not in BUILDERS and _model_kind(config) == "masked":
+        return verify_canvas(directory, str(path), model_type, device, seed, None)
     raise VerifyError(f"verify has no reference for model_type {model_type!r}; it covers "
-                      f"['diffusion_gemma'] (transformers) and {list(REMOTE_FAMILIES)} (their own code)")
+                      f"['diffusion_gemma'] and transformers' masked LMs (transformers' own classes) and "
+                      f"{list(REMOTE_FAMILIES)} (their own code)")
 
 
 def _prompts(vocab: int, seed: int, banned: int | None = None) -> list[torch.Tensor]:
@@ -172,27 +196,38 @@ def verify_diffusion_gemma(directory: Path, name: str, device: str | None, seed:
     return report
 
 
-def verify_remote(directory: Path, name: str, model_type: str, device: str | None, seed: int) -> Report:
-    """Full-canvas logits (prompt plus [MASK] tail) against the checkpoint's own model class."""
-    from transformers import AutoConfig, AutoModel
+def verify_canvas(directory: Path, name: str, model_type: str, device: str | None, seed: int,
+                  auto_class: str | None) -> Report:
+    """Full-canvas logits (prompt plus a [MASK] tail) and the greedy predictions at the masked
+    positions, against the checkpoint's own model class (`auto_class`, an `auto_map` entry, with
+    `trust_remote_code`) or, for a transformers masked LM (`auto_class` None), its own class."""
+    import transformers
 
     from dllm_decode.models.loading import load_model
 
     dev = torch.device(device or "cpu")
-    ours = load_model(directory, dtype=torch.float32, device=dev, trust_remote_code=True)
+    remote = auto_class is not None
+    loader = getattr(transformers, auto_class or "AutoModelForMaskedLM")
     with quiet_transformers():
-        config = AutoConfig.from_pretrained(str(directory), trust_remote_code=True)
-        ref = AutoModel.from_pretrained(str(directory), config=config, trust_remote_code=True,
-                                        dtype=torch.float32).to(dev).eval()
-    report = Report(name, model_type, type(ref).__module__ + "." + type(ref).__name__)
-    shift = 1 if model_type == "dream" else 0       # Dream's row i predicts i + 1
-    mine, theirs = [], []
+        ours = load_model(directory, dtype=torch.float32, device=dev, trust_remote_code=remote)
+        config = transformers.AutoConfig.from_pretrained(str(directory), trust_remote_code=remote)
+        ref = loader.from_pretrained(str(directory), config=config, trust_remote_code=remote,
+                                     dtype=torch.float32).to(dev).eval()
+    report = Report(name, model_type or "masked_lm", type(ref).__module__ + "." + type(ref).__name__)
+    shift = int(model_type in SHIFTED)
+    mine, theirs, agree, total = [], [], 0, 0
     with torch.no_grad():
-        for ids in _prompts(ours.vocab_size, seed):
-            canvas = torch.cat([ids, torch.full((1, 8), ours.mask_token_id)], 1).to(dev)
+        for ids in _prompts(ours.vocab_size, seed, ours.mask_token_id):
+            canvas = torch.cat([ids, torch.full((1, MASK_TAIL), ours.mask_token_id)], 1).to(dev)
             expected = ref(canvas).logits.float()
-            got = ours(canvas)
-            theirs.append(expected[:, :expected.shape[1] - shift])
-            mine.append(got[:, shift:])
+            expected = expected[:, :expected.shape[1] - shift]
+            got = ours(canvas)[:, shift:]
+            theirs.append(expected)
+            mine.append(got)
+            masked = slice(ids.shape[1] - shift, None)                 # the [MASK] tail's rows
+            agree += int((got[:, masked].argmax(-1) == expected[:, masked].argmax(-1)).sum())
+            total += MASK_TAIL
     report.checks.append(logits_check("logits", mine, theirs))
+    report.checks.append(Check("greedy predictions", agree == total, float(total - agree), 0.0,
+                               f"{agree}/{total} masked positions agree on the argmax over {len(mine)} prompts"))
     return report

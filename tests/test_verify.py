@@ -1,5 +1,7 @@
-"""`dllm-decode verify`: passes on a reference checkpoint, fails (exit 1) on a deliberately
-broken port, and refuses (exit 2, one line) a checkpoint it has no reference for."""
+"""`dllm-decode verify`: passes on each family's reference checkpoint (DiffusionGemma against
+transformers' class, a BERT masked LM against its own class, LLaDA, Dream, Fast-dLLM v2 and SDAR
+against the modeling file shipped in their folder), fails (exit 1) on deliberately broken ports,
+and refuses (exit 2, one line) a checkpoint it has no reference for or no opt-in to run."""
 
 from __future__ import annotations
 
@@ -71,9 +73,100 @@ def test_refuses_what_it_cannot_verify(tmp_path):
     from tests.models.conftest import make_llada
     from dllm_decode.testing import tiny_block_diffusion
 
-    make_llada().save_pretrained(tmp_path / "llada")
-    result = run("--model", str(tmp_path / "llada"))
-    assert result.exit_code == 2 and "--trust-remote-code" in result.output
+    make_llada().save_pretrained(tmp_path / "llada")                 # no modeling code shipped
+    result = run("--model", str(tmp_path / "llada"), "--trust-remote-code")
+    assert result.exit_code == 2 and "names none (no auto_map" in result.output
     tiny_block_diffusion("sdar").save_pretrained(tmp_path / "sdar")
     result = run("--model", str(tmp_path / "sdar"))
-    assert result.exit_code == 2 and "no reference for model_type 'sdar'" in result.output
+    assert result.exit_code == 2 and "model_type 'sdar'" in result.output
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    result = run("--model", str(tmp_path / "gpt2"))
+    assert result.exit_code == 2 and "no reference for model_type 'gpt2'" in result.output
+
+
+# ---- every family, against the reference its folder names --------------------------------------
+
+REMOTE = ["llada", "dream", "fast_dllm", "sdar"]
+
+
+@pytest.fixture(autouse=True)
+def modules_cache(tmp_path_factory, monkeypatch):
+    """Remote code is imported from a cache under the test's folder, never ~/.cache."""
+    import transformers.dynamic_module_utils as dynamic
+
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path_factory.getbasetemp() / "hf_modules"))
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    from tests.verify_checkpoints import WRITERS
+
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name, write in WRITERS.items():
+        (root / name).mkdir()
+        out[name] = write(root / name)
+    return out
+
+
+@pytest.mark.parametrize("family", [*REMOTE, "masked_lm"])
+def test_passes_on_every_familys_reference(family, family_dirs):
+    opt_in = [] if family == "masked_lm" else ["--trust-remote-code"]     # BERT: transformers' own class
+    result = run("--model", str(family_dirs[family]), "--json", *opt_in)
+    assert result.exit_code == 0, result.output
+    report = report_of(result)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["ok"] and list(checks) == ["logits", "greedy predictions"]
+    assert 0 <= checks["logits"]["value"] <= checks["logits"]["tolerance"]
+    assert checks["greedy predictions"]["detail"].startswith("24/24")
+    expected = "BertForMaskedLM" if family == "masked_lm" else "modeling_ref.RefModel"
+    assert report["reference"].endswith(expected)
+
+
+@pytest.mark.parametrize("family", REMOTE)
+def test_own_code_runs_only_with_the_opt_in(family, family_dirs):
+    result = run("--model", str(family_dirs[family]))
+    assert result.exit_code == 2 and "pass --trust-remote-code" in result.output
+    assert sum(line.startswith("Error:") for line in result.output.splitlines()) == 1
+
+
+def test_fails_on_a_port_with_one_weight_off(family_dirs, monkeypatch):
+    import dllm_decode.models.loading as loading
+
+    load = loading.load_model
+
+    def perturbed(*args, **kwargs):                   # a port that reads one weight wrong
+        model = load(*args, **kwargs)
+        with torch.no_grad():
+            next(p for n, p in model.named_parameters() if "q_proj" in n)[0, 0] += 0.05
+        return model
+
+    monkeypatch.setattr(loading, "load_model", perturbed)
+    result = run("--model", str(family_dirs["llada"]), "--trust-remote-code")
+    assert result.exit_code == 1, result.output
+    assert "FAIL logits" in result.output
+
+
+def test_fails_on_a_port_that_forgot_the_token_shift(family_dirs, monkeypatch):
+    from dllm_decode.models import FastDLLMModel
+
+    monkeypatch.setattr(FastDLLMModel, "token_shift", 0)
+    result = run("--model", str(family_dirs["fast_dllm"]), "--trust-remote-code", "--json")
+    assert result.exit_code == 1, result.output
+    assert {c["name"]: c["ok"] for c in report_of(result)["checks"]}["logits"] is False
+
+
+def test_fails_on_a_port_with_the_wrong_block_size(family_dirs, monkeypatch):
+    import dllm_decode.models.loading as loading
+
+    load = loading.load_model
+
+    def wider(*args, **kwargs):                       # a port that read the block size wrong
+        model = load(*args, **kwargs)
+        model.block_size *= 2
+        return model
+
+    monkeypatch.setattr(loading, "load_model", wider)
+    result = run("--model", str(family_dirs["sdar"]), "--trust-remote-code")
+    assert result.exit_code == 1 and "FAIL logits" in result.output
