@@ -1,6 +1,6 @@
 """`dllm-decode verify`: passes on each family's reference checkpoint (DiffusionGemma against
-transformers' class, a BERT masked LM against its own class, LLaDA, Dream, Fast-dLLM v2 and SDAR
-against the modeling file shipped in their folder), fails (exit 1) on deliberately broken ports,
+transformers' class, a BERT masked LM against its own class, LLaDA, Dream, Fast-dLLM v2, SDAR and
+LLaDA2 against the modeling file shipped in their folder), fails (exit 1) on deliberately broken ports,
 and refuses (exit 2, one line) a checkpoint it has no reference for or no opt-in to run."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_refuses_what_it_cannot_verify(tmp_path):
 
 # ---- every family, against the reference its folder names --------------------------------------
 
-REMOTE = ["llada", "dream", "fast_dllm", "sdar"]
+REMOTE = ["llada", "dream", "fast_dllm", "sdar", "llada2"]
 
 
 @pytest.fixture(autouse=True)
@@ -169,4 +169,12 @@ def test_fails_on_a_port_with_the_wrong_block_size(family_dirs, monkeypatch):
 
     monkeypatch.setattr(loading, "load_model", wider)
     result = run("--model", str(family_dirs["sdar"]), "--trust-remote-code")
+    assert result.exit_code == 1 and "FAIL logits" in result.output
+
+
+def test_fails_on_a_moe_port_without_group_limited_routing(family_dirs, monkeypatch):
+    import dllm_decode.models.llada2 as port
+
+    monkeypatch.setattr(port, "group_limited_topk", lambda scores, k, n_group, topk_group: scores.topk(k, -1).indices)
+    result = run("--model", str(family_dirs["llada2"]), "--trust-remote-code")
     assert result.exit_code == 1 and "FAIL logits" in result.output
