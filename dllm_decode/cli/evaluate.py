@@ -132,6 +132,9 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
     with usage_errors("--self-decoder / -s"):
         settings = with_self_decoders(settings, [parse_spec(text) for text in self_decoder_specs],
                                       self_decoder_opts)
+    if tensor_parallel > 1 and any(s.self_decoder != "none" for s in settings):
+        raise click.UsageError("--self-decoder runs its own rounds on one process's model; drop "
+                               "--tensor-parallel (data-parallel ranks under torchrun are fine)")
     if preset_specs:
         from dllm_decode.cli.decode import preset_sampling
         from dllm_decode.eval.harness.presets import find_preset, identity_of, preset_setting

@@ -95,6 +95,9 @@ def test_eval_records_self_decoded_samples(tmp_path, bd):
     refused = invoke("eval", "--model", "embedded", "--tasks", "sort", "--limit", "1", "--self-decoder", "simsd",
                      "--out", str(tmp_path / "masked"))
     assert refused.exit_code == 2 and "needs a block-diffusion model" in refused.output
+    sharded = invoke("eval", "--model", "embedded-bd", "--tasks", "sort", "--limit", "1", "--self-decoder", "psd",
+                     "--tensor-parallel", "2", "--out", str(tmp_path / "tp"))
+    assert sharded.exit_code == 2 and "drop --tensor-parallel" in sharded.output
 
 
 def test_the_compatibility_matrix_has_the_self_decoder_rows():
