@@ -99,7 +99,6 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         raise click.BadParameter("the served model name is empty", param_hint="--served-model-name")
     from dllm_decode.cli import launch
     from dllm_decode.cli.adapters import split_adapters
-
     from dllm_decode.cli.self_decoding import build_self_decoder, preset_self_decoder, refuse_serving
 
     refuse_serving(build_self_decoder(record.pop("self_decoder"), record.pop("self_decoder_opts")))
