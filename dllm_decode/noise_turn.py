@@ -115,7 +115,8 @@ def start_canvas(model: Any, batch: Batch, g: int) -> None:
         mask = pick(batch.rows.attention_mask)[:, first:start]
     state.encoder = model.encode(pick(batch.rows.x)[:, first + state.seen:start], mask, state.encoder)
     state.seen = start - first
-    member.nfe.index_add_(0, pick(batch.rows.slot), (~state.finished).long())   # the encoder pass
+    for count in (member.nfe, member.forward_rows):                           # the encoder pass
+        count.index_add_(0, pick(batch.rows.slot), (~state.finished).long())
     b, device = len(rows), state.finished.device
     state.tokens = torch.randint(0, model.vocab_size, (b, end - start), generator=member.generator,
                                  device=device)

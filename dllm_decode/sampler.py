@@ -102,11 +102,11 @@ class Decoding:
         check_decoding(model, cache, trace)
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
+        self.canvas = canvas_of(model, trace, capture)   # what an open column holds ([MASK], noise)
         # what runs the cache's plans: the cache (eager) or the captured step (`capture.dispatch`)
         self.runner, self.capture_problem = executor_for(model, cache, capture)
         self.fused: str | None = "eager"     # why this phase decides on the host (None: in the graph)
         self.device = device_of(model)
-        self.canvas = canvas_of(model, trace, capture)   # what an open column holds ([MASK], noise)
         self.mask_id = self.canvas.open_id
         self.eos_ids = tuple(model.eos_token_ids)
         self.eos = torch.tensor(self.eos_ids, dtype=torch.long, device=self.device)
