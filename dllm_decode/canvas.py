@@ -73,6 +73,5 @@ def canvas_of(model: Any, trace: bool = False, capture: Any = "off") -> MaskCanv
         raise ValueError("a noise canvas records no step trace; decode with trace=False")
     if not (isinstance(capture, str) and capture == "off"):
         raise ValueError("a noise canvas steps eagerly; use capture 'off'")
-    pad = noise_turn.pad_of(model)
-    eos = tuple(model.eos_token_ids)
-    return NoiseCanvas(pad if pad is not None else (eos[0] if eos else 0))
+    pad = noise_turn.pad_of(model)         # else 0 (Gemma's pad): padding reaches the experts'
+    return NoiseCanvas(pad if pad is not None else 0)   # matmuls, so it is fixed, not the EOS
