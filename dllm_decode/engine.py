@@ -32,12 +32,13 @@ from typing import Any
 import torch
 
 from dllm_decode.cost import MAX_ROWS
-from dllm_decode.interfaces import NoCache
 from dllm_decode.adapters import adapter_index
 from dllm_decode.capture import GraphCache, graph_cache
+from dllm_decode.canvas import canvas_of
 from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
 from dllm_decode.models.checkpoint import first_line
+from dllm_decode.noise import check_canvas
 from dllm_decode.provisional import Draft, canvas, draft
 from dllm_decode.sampler import Decoding
 from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
@@ -75,10 +76,6 @@ class Engine:
         if graphs is not None and isinstance(model, SpeculativeModel):
             raise ValueError(f"capture {self.capture!r} runs a diffusion model's step; a causal "
                              f"LM decodes eagerly (use capture 'off')")
-        if getattr(model, "canvas_kind", "mask") != "mask":     # refused at start, not mid-request
-            from dllm_decode.member import check_decoding
-
-            check_decoding(model, NoCache(), False)
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.max_batch_size = max_batch_size
@@ -263,6 +260,7 @@ class DiffusionBackend(Backend):
         self.idle: list[GraphCache] = [] if graphs is None else [graphs]
         self.held: dict[Any, GraphCache] = {}        # a running batch's cache -> its graphs
         self.eos_ids = tuple(model.eos_token_ids)
+        self.open_id = canvas_of(model, capture=self.mode or "off").open_id   # refused at start
         self.vocab_size = vocab_size_of(model)
         self.decodings: dict[Any, Decoding] = {}
         self.where: dict[str, Any] = {}               # request id -> its batch's cache
@@ -272,6 +270,7 @@ class DiffusionBackend(Backend):
 
     def check(self, request: Request) -> None:
         check_cache(self.model, request.config)
+        check_canvas(self.model, request.config)      # a rule that does not run on its canvas kind
         adapter_index(self.model, request.adapter)
         if self.vocab_size is not None:
             request.config.scheduler.check_fits(self.vocab_size, request.config.gen_length)
@@ -353,7 +352,7 @@ class DiffusionBackend(Backend):
                 tokens, nfe = result.tokens[0].tolist(), int(result.nfe[0])
                 final = len(tokens)
                 if live.request.provisional:
-                    view = canvas(tokens, self.model.mask_token_id, None, nfe)
+                    view = canvas(tokens, self.open_id, None, nfe)
                     self._forget(key)
             else:
                 decoding = self.decodings[self.where[key]]
@@ -361,7 +360,7 @@ class DiffusionBackend(Backend):
                 tokens, final, nfe = snapshot[0].tolist(), int(lengths[0]), None
                 found = decoding.proposals.get(key)
                 if found is not None:                 # a provisional request that took a step
-                    view = canvas(tokens, self.model.mask_token_id, found, decoding.nfe_of(key))
+                    view = canvas(tokens, self.open_id, found, decoding.nfe_of(key))
                     decoding.proposals[key] = None
             prefix = tokens[:final]
             stop = next((i for i, t in enumerate(prefix) if t in self.eos_ids), None)

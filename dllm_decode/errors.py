@@ -18,5 +18,13 @@ class UnknownRequest(KeyError, ValueError):
     """A `Decoding` call named a request key it cannot answer for (unknown, taken, or not yet
     finished). A `ValueError` like every bad argument, and a `KeyError` as before."""
 
+    @classmethod
+    def of(cls, key: object, in_flight: object) -> UnknownRequest:
+        """Unknown `key`, or (`in_flight`: what it is doing) known but not in the state the call
+        needs."""
+        if in_flight:
+            return cls(f"request {key!r} {in_flight}")
+        return cls(f"no request {key!r} in this batch (results are handed over once)")
+
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from dllm_decode.config import DecodeConfig, DecodeResult
 from dllm_decode.interfaces import Cache
+from dllm_decode.noise import check_canvas
 from dllm_decode.prompts import encode_prompts
 
 
@@ -57,6 +58,7 @@ class Member:
     guide_nfe: Tensor | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     adapter: int = -1                       # its unmerged LoRA adapter's index (-1: none)
+    noise: Any = None                       # its noise canvas (`noise_turn.NoiseRows`), if any
 
     def __post_init__(self) -> None:
         if self.forward_rows is None:
@@ -67,6 +69,11 @@ class Member:
     @property
     def gen_length(self) -> int:
         return self.config.gen_length
+
+    @property
+    def stops_at_eos(self) -> bool:
+        """A row leaves at its end of text by itself (a noise canvas ends its rows together)."""
+        return self.config.stop_at_eos and self.noise is None
 
     @property
     def revises(self) -> str:
@@ -120,9 +127,6 @@ def check_decoding(model: Any, cache: Any, trace: Any) -> None:
                         f"{type(model).__name__} lacks {missing}")
     if not isinstance(cache, Cache):
         raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
-    if getattr(model, "canvas_kind", "mask") != "mask":
-        raise ValueError("a running batch (server, streaming, requests file) decodes masked canvases; "
-                         "decode this uniform-noise model with generate (dllm-decode --prompt)")
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
 
@@ -154,6 +158,7 @@ def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, ge
         raise TypeError(f"tokenizer must be a tokenizer (callable, with decode), got "
                         f"{type(tokenizer).__name__} {tokenizer!r}")
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    check_canvas(model, config)                 # the rule runs on this model's canvas kind
     ids = encode_prompts(prompts, tokenizer, model.vocab_size, model.mask_token_id)
     config.scheduler.check_fits(int(model.vocab_size), config.gen_length)
     if config.scheduler.guide is not None:          # a guide that cannot serve this model: now

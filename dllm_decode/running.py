@@ -193,6 +193,16 @@ class Batch:
         canvas[slots, first:] = self.pad_id
         canvas[slots, first:first + region.shape[1]] = region
 
+    def snapshot(self, member: Member, decoding: bool) -> tuple[Tensor, Tensor]:
+        """A member's generation region as it stands, on the CPU (see `Decoding.snapshot`): its
+        rows' canvases (`decoding`: still in the batch) and each row's final prefix length."""
+        canvas, rows = member.out.clone(), self.rows_of(member) if decoding else []
+        if rows:
+            self.store(canvas, rows, member)
+        tokens = canvas[:, -member.gen_length:].cpu()
+        still = tokens == self.mask_id
+        return tokens, torch.where(still.any(-1), still.int().argmax(-1), tokens.shape[1])
+
     def drop(self, done: list[bool], store: bool = True) -> Tensor:
         """Rows marked `done` leave (their canvases go to their members' `out` when `store`);
         the members' scheduler states keep only their remaining rows. Returns the kept rows."""
@@ -228,8 +238,8 @@ class Batch:
                 ran_post = b.revising[i]                  # each pass that edited
                 b.post[i] += ran_post
                 b.revising[i] = bool(not left and b.post[i] < budget and (edited or not ran_post))
-        stops = [bool(c.stop_at_eos and not left and eos and not rev)
-                 for c, left, eos, rev in zip(configs, block_left, block_eos, b.revising)]
+        stops = [bool(self.members[r].stops_at_eos and not left and eos and not rev)
+                 for r, left, eos, rev in zip(b.request, block_left, block_eos, b.revising)]
         if any(stops):
             after = self.phase.columns >= torch.tensor(b.end, device=self.device).unsqueeze(-1)
             stopped = torch.tensor(stops, device=self.device).unsqueeze(-1)

@@ -1,21 +1,22 @@
-"""`generate`: the one masked-denoising loop. Schedulers, caches and filters plug into it.
+"""`generate`: the one denoising loop. Schedulers, caches and filters plug into it.
 
 `Decoding` holds a running batch and advances it one denoising step at a time; `generate` adds
 one request and steps it to the end, and a server adds requests as they come (they join between
-blocks and leave when they finish). Per step: the cache gives logits for the active window, each
-request's rows get their view (`StepInput`), its scheduler and then its filters decide,
-`Decision.resolve` applies the loop's rules, the commits are written, and one host sync updates
-the bookkeeping. The invariants hold for every scheduler, once, here: commits lie in the masked
-part of the row's active block (an "all-in" finish may fill every masked column it sees), every
-row with work commits at least one token per step, [MASK] is never written, committed tokens
-change only under a scheduler that declares `revises` (then only inside its scope, and every step
-still leaves one mask fewer), every block ends with no masks, and a hard step cap turns a stuck
-block into an error instead of masked output.
+blocks and leave when they finish). Per step: the canvas kind (`.canvas`: [MASK] or noise in an
+open column) gives logits for the active window through the cache, each request's rows get their
+view (`StepInput`), its scheduler and then its filters decide, `Decision.resolve` applies the
+loop's rules, the commits are written, and one host sync updates the bookkeeping. The invariants
+hold for every scheduler, once, here: commits lie in the open part of the row's active block (an
+"all-in" finish may fill every open column it sees), every row with work commits at least one
+token per step (a noise canvas commits whole canvases, within its step budget), [MASK] is never
+written, committed tokens change only under a scheduler that declares `revises` (then only inside
+its scope, and every step still leaves one mask fewer), every block ends with no open column,
+and a hard step cap turns a stuck block into an error instead of masked output.
 
 `Decoding` orchestrates: the step's maths live in `dllm_decode.step`, the batch geometry in
-`.running`, the request side in `.member`, each request's host turn in `.turns`; `.reference` is
-the loop for one request in locals. Features plug in through the step's records (`.records`) and
-the executors (the cache's eager forward, `dllm_decode.capture`), never as copies of the loop."""
+`.running`, the request side in `.member`, each request's host turn in `.turns` (`.noise_turn`
+on a noise canvas); `.reference` is the loop for one request in locals. Features plug in through
+the step's records (`.records`) and the executors, never as copies of the loop."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.prompts import left_pad
 from dllm_decode.provisional import Proposal
 from dllm_decode.models.block_grid import grid_canvas
-from dllm_decode.noise import canvas_kind, check_canvas, generate_noise
+from dllm_decode.canvas import canvas_of
 from dllm_decode.member import Member, OneThread, check_decoding, check_request
 from dllm_decode.running import Batch
 from dllm_decode.records import Outcome
 from dllm_decode.step import MAX_REVISIONS, Window
-from dllm_decode.turns import draw, turn
+from dllm_decode.turns import draw
 
 __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 
@@ -50,7 +51,7 @@ __all__ = ["MAX_REVISIONS", "Decoding", "UnknownRequest", "generate"]
 def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]],
              config: DecodeConfig, *, generator: torch.Generator | None = None,
              tokenizer: Any = None, trace: bool = False, capture: Any = "off") -> DecodeResult:
-    """Decode a batch of prompts with masked denoising in semi-autoregressive blocks.
+    """Decode a batch of prompts in semi-autoregressive blocks (a uniform-noise model: canvases).
 
     Args:
         model: a DiffusionLM (see `dllm_decode.interfaces`).
@@ -60,12 +61,10 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
             generator seeded with `config.seed`.
         tokenizer: for string prompts and decoded text.
         trace: record which positions were committed at which step with which confidence.
-        capture: how each step's model forward runs (`dllm_decode.capture.CAPTURE_MODES`): "off"
-            (eager, the default), "static" (the bucketed captured step, eagerly), "compile"
-            (torch.compile of it), "cuda-graphs" (recorded and replayed per bucket),
-            "regional" (one compiled block for every layer), or a `GraphCache`. A
-            configuration it cannot serve runs eagerly, with a `CaptureFallback` warning
-            (`dllm_decode.capture.capture_problem` says why).
+        capture: how each step's model forward runs: "off" (eager, the default), a mode of
+            `dllm_decode.capture.CAPTURE_MODES` ("static", "compile", "cuda-graphs",
+            "regional") or a `GraphCache`. A configuration it cannot serve runs eagerly, with
+            a `CaptureFallback` warning (`dllm_decode.capture.capture_problem` says why).
     Returns:
         A `DecodeResult`; batched output equals decoding each prompt alone (greedy).
     Raises:
@@ -76,9 +75,6 @@ def generate(model: DiffusionLM, prompts: Sequence[str] | Sequence[Sequence[int]
     """
     if not isinstance(config, DecodeConfig):
         raise TypeError(f"config must be a DecodeConfig, got {type(config).__name__}")
-    check_canvas(model, config)                 # the rule runs on this model's canvas kind
-    if canvas_kind(model) == "noise":           # uncommitted columns hold noise, not [MASK]
-        return generate_noise(model, prompts, config, generator=generator, tokenizer=tokenizer, trace=trace)
     decoding = Decoding(model, config.cache, trace=trace, capture=capture)
     key = decoding.add(prompts, config, generator=generator, tokenizer=tokenizer)
     while not decoding.finished:
@@ -106,17 +102,17 @@ class Decoding:
         check_decoding(model, cache, trace)
         self.model, self.cache, self.trace = model, cache, trace
         cache.init_state(model)              # a cache that cannot serve this model says so now
-        # the executor that runs the cache's plans: the cache itself (eager), or the captured
-        # step behind the same calls (`capture.dispatch` decides, and says why not)
+        self.canvas = canvas_of(model, trace, capture)   # what an open column holds ([MASK], noise)
+        # what runs the cache's plans: the cache (eager) or the captured step (`capture.dispatch`)
         self.runner, self.capture_problem = executor_for(model, cache, capture)
         self.fused: str | None = "eager"     # why this phase decides on the host (None: in the graph)
         self.device = device_of(model)
-        self.mask_id = model.mask_token_id
+        self.mask_id = self.canvas.open_id
         self.eos_ids = tuple(model.eos_token_ids)
-        self.eos = torch.tensor(self.eos_ids, device=self.device)
+        self.eos = torch.tensor(self.eos_ids, dtype=torch.long, device=self.device)
         self.trimmable = bool(getattr(model, "trimmable", False))
         self.grid: int | None = getattr(model, "block_size", None)     # block-causal models
-        self.batch = Batch(self.device, self.mask_id, self.eos_ids[0])
+        self.batch = Batch(self.device, self.mask_id, self.canvas.pad_id)
         self.pending: list[tuple[Member, Tensor, Tensor | None, list[list[int]]]] = []
         self.results: dict[Hashable, Member] = {}
         self.cache_state: Any = None
@@ -149,14 +145,15 @@ class Decoding:
                 key = next(k for k in self._keys if not self._known(k))
             elif self._known(key):
                 raise ValueError(f"request key {key!r} is already in use")
-            canvas, mask = left_pad(ids, config.gen_length, self.mask_id, self.eos_ids[0], self.device)
+            canvas, mask = left_pad(ids, config.gen_length, self.mask_id, self.canvas.pad_id, self.device)
             generator = generator if generator is not None else \
                 torch.Generator(device=self.device).manual_seed(config.seed)
             member = Member(key, config, generator, tokenizer, out=canvas.clone(), live=len(ids),
                             nfe=torch.zeros(len(ids), dtype=torch.long, device=self.device),
                             trace=[] if self.trace else None, adapter=adapter_id)
+            self.canvas.join(self.model, member, len(ids), self.device)
             canvas, mask = grid_canvas(self.model, canvas, mask, [len(row) for row in ids],  # whole
-                                       config.gen_length, self.mask_id, self.eos_ids[0])   # blocks
+                                       config.gen_length, self.mask_id, self.canvas.pad_id)   # blocks
             self.pending.append((member, canvas, mask, ids))
         return key
 
@@ -179,20 +176,15 @@ class Decoding:
         return member.result(self.eos_ids)
 
     def snapshot(self, key: Hashable) -> tuple[Tensor, Tensor]:
-        """A request's generation region as it stands, on the CPU: (n, G) tokens ([MASK] where
-        undecided) and (n,) the length of each row's final prefix, the answer tokens no later
-        step can change (up to its first masked column). Servers stream that prefix."""
+        """A request's generation region as it stands, on the CPU: (n, G) tokens (the canvas
+        kind's `open_id`, [MASK] or -1, where undecided) and (n,) the length of each row's final
+        prefix, the answer tokens no later step can change (up to its first open column).
+        Servers stream that prefix."""
         with self._owner:
             member = self.results.get(key) or self._find(key)
             if member is None:
                 raise self._missing(key, "")
-            canvas = member.out.clone()
-            rows = [] if key in self.results else self.batch.rows_of(member)
-            if rows:
-                self.batch.store(canvas, rows, member)
-        tokens = canvas[:, -member.gen_length:].cpu()
-        masked = tokens == self.mask_id
-        return tokens, torch.where(masked.any(-1), masked.int().argmax(-1), tokens.shape[1])
+            return self.batch.snapshot(member, decoding=key not in self.results)
 
     def nfe_of(self, key: Hashable) -> int:
         """Forwards a request still decoding has taken part in with work to do (its most busy row)."""
@@ -236,9 +228,8 @@ class Decoding:
                     self.mask_id, self.eos_ids, draw)
             else:
                 with adapter_rows(self.model, batch):          # unmerged LoRA rows
-                    logits, offset, self.cache_state = self.runner.logits(
-                        self.model, batch.rows.x, batch.rows.attention_mask, (lo, hi), self.block_step,
-                        self.cache_state)
+                    logits, offset, self.cache_state = self.canvas.logits(
+                        self.runner, self.model, batch, (lo, hi), self.block_step, self.cache_state)
                 window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
                 # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
                 outcome = Outcome.join([
@@ -249,8 +240,8 @@ class Decoding:
             return self._collect()
 
     def _turn(self, g: int, window: Window) -> Outcome:
-        """Request `g`'s step on the host (`turns.turn`)."""
-        return turn(self.batch, g, window, model=self.model, block_step=self.block_step,
+        """Request `g`'s step on the host (its canvas kind's turn)."""
+        return self.canvas.turn(self.batch, g, window, model=self.model, block_step=self.block_step,
                     budgets=self.budgets, eos_ids=self.eos_ids, mask_id=self.mask_id,
                     report=lambda: self.runner.report(self.cache_state), proposals=self.proposals)
 
@@ -305,7 +296,5 @@ class Decoding:
     def _missing(self, key: Hashable, in_flight: str) -> UnknownRequest:
         """The error for a key this batch cannot answer for: unknown, or (`in_flight`) known but
         not in the state the call needs."""
-        if self._known(key) and in_flight:
-            return UnknownRequest(f"request {key!r} {in_flight}")
-        return UnknownRequest(f"no request {key!r} in this batch (results are handed over once)")
+        return UnknownRequest.of(key, self._known(key) and in_flight)
 

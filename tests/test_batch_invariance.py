@@ -122,3 +122,15 @@ def test_sampled(model_name):
                           temperature=0.7)
     check_invariant(family(model_name), config)
     check_invariant(family(model_name), dataclasses.replace(config, scheduler=component("scheduler", "random")))
+
+
+@pytest.mark.parametrize("name", ["uniform_noise", pytest.param("threshold", marks=pytest.mark.slow)])
+def test_noise_canvas(name):
+    """DiffusionGemma: each request keeps its own encoder cache (its prompt and committed
+    canvases at its own positions) and draws its noise from its own generator only while its own
+    canvas denoises, so its forward and its draws never see its batch-mates: identical tokens,
+    also when it joins a batch whose other requests are on a later canvas."""
+    from dllm_decode.testing import tiny_diffusion_gemma
+
+    config = DecodeConfig(scheduler=component("scheduler", name), gen_length=16, block_length=8)
+    check_invariant(tiny_diffusion_gemma(seed=3, steps=4), config)

@@ -1,5 +1,5 @@
 """The command line on a DiffusionGemma checkpoint: the shipped decoding by default, a named
-rule on the same canvas, and one-line refusals for what needs the masked running batch."""
+rule on the same canvas, streaming and a requests file through the running batch."""
 
 from __future__ import annotations
 
@@ -47,14 +47,26 @@ def test_a_named_rule_runs_on_the_canvas(gemma_dir):
     assert bad.exit_code == 2 and "does not run on a noise canvas" in bad.output
 
 
-@pytest.mark.parametrize("args", [["--prompt", "w1", "--stream"], ["serve", "--port", "8765"]])
-def test_the_running_batch_is_refused_in_one_line(gemma_dir, args):
-    if args[0] == "serve":
-        result = run("serve", "--model", str(gemma_dir), *args[1:])
-    else:
-        result = run("--model", str(gemma_dir), *args)
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "uniform-noise model" in result.output
+def test_stream_prints_the_same_answer(gemma_dir):
+    whole = run("--model", str(gemma_dir), "--prompt", "w1 w2 w3")
+    streamed = run("--model", str(gemma_dir), "--prompt", "w1 w2 w3", "--stream")
+    assert whole.exit_code == 0 and streamed.exit_code == 0, streamed.output
+    assert streamed.output.strip() == whole.output.strip()
+
+
+def test_a_requests_file_equals_one_by_one_decoding(gemma_dir, tmp_path):
+    """The running batch on noise canvases: three requests of different lengths, two at a time
+    (each with its own generator), equal to each decoded alone."""
+    prompts = ["w1 w2", "w3 w4 w5 w6", "w7"]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(row) + "\n" for row in [
+        {"id": "a", "prompt": prompts[0]}, {"id": "b", "prompt": prompts[1]},
+        {"id": "c", "prompt": prompts[2]}]))
+    result = run("--model", str(gemma_dir), "--input", str(src), "--output", str(out), "--batch-size", "2")
+    assert result.exit_code == 0, result.output
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    singles = [json.loads(run("--model", str(gemma_dir), "--prompt", p, "--json").output) for p in prompts]
+    assert [rows[k]["text"] for k in "abc"] == [one["text"] for one in singles]
 
 
 def test_eval_runs_on_the_noise_canvas(gemma_dir, tmp_path):

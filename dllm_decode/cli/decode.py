@@ -305,9 +305,6 @@ def _decode_loaded(model: Any, spec: Any, config: Any, block_given: bool, text: 
 
     tokenizer = getattr(model, "tokenizer", None)
     config = for_model(config, model, block_given=block_given, shipped=shipped_wanted())
-    if (requests is not None or stream) and getattr(model, "canvas_kind", "mask") != "mask":
-        raise click.UsageError("--stream and --input run the masked loop's running batch; decode a "
-                               "uniform-noise model one --prompt at a time")
     if requests is not None:
         batch.run_requests(model, config, requests, output_path, chat_template, batch_size,
                            str(spec), groups=groups, capture=capture, load=load)

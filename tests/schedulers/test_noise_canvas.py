@@ -52,18 +52,18 @@ def test_each_rule_runs_on_a_noise_canvas_or_is_refused_in_one_line(model, name)
     assert bool((first.nfe >= 2 + 2).all()) and bool((first.nfe <= 2 + 2 * steps).all())
 
 
-def test_the_running_batch_refuses_a_noise_model_in_one_line(model):
+def test_a_captured_step_is_refused_in_one_line(model):
     from dllm_decode.interfaces import NoCache
     from dllm_decode.sampler import Decoding
 
-    with pytest.raises(ValueError, match="decode this uniform-noise model with generate") as err:
-        Decoding(model, NoCache())
+    with pytest.raises(ValueError, match="a noise canvas steps eagerly") as err:
+        Decoding(model, NoCache(), capture="static")
     assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("prompts, message", [
-    ([[]], "the prompt is empty"),
-    ([[5, 999]], "token id 999 is outside the vocabulary"),
+    ([[]], "prompt 0 is empty"),
+    ([[5, 999]], "token id 999, outside the vocabulary"),
     ([[5] * 131070], "exceeds the model's context"),
 ])
 def test_bad_prompts_are_one_line(model, prompts, message):

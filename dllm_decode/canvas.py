@@ -1,0 +1,77 @@
+"""What an uncommitted canvas column holds: the canvas kind of a model, as the one loop runs it.
+
+`Decoding` keeps one canvas of committed tokens per row, with the kind's `open_id` in every
+column not committed yet (what `progress`, `snapshot` and streaming read), and asks its canvas
+kind for the step's logits and for each request's turn:
+- `MaskCanvas` (every masked diffusion LM): an open column holds [MASK], the model reads the
+  canvas as it is through the request's cache, and a turn commits columns for good
+  (`dllm_decode.turns`).
+- `NoiseCanvas` (a model with `canvas_kind = "noise"`, DiffusionGemma): an open column holds a
+  uniformly random token redrawn every step, kept beside the canvas per request; the model reads
+  that noise canvas, and a turn accepts, re-noises and commits whole canvases
+  (`dllm_decode.noise_turn`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from dllm_decode import noise_turn, turns
+from dllm_decode.noise import canvas_kind
+
+NOISE_OPEN = -1
+"""The noise canvas's open marker in the loop's canvas: never a token, never fed to the model."""
+
+
+@dataclass(frozen=True)
+class MaskCanvas:
+    """An open column holds the model's [MASK] (`open_id`); `pad_id` fills padding and a row's
+    region after its end of text."""
+
+    open_id: int
+    pad_id: int
+
+    def join(self, model: Any, member: Any, rows: int, device: Any) -> None:
+        """Nothing to keep beside the canvas."""
+
+    def logits(self, runner: Any, model: Any, batch: Any, span: tuple[int, int], block_step: int,
+               state: Any) -> tuple[Tensor, int, Any]:
+        """The cache's (or captured executor's) logits for the window over the batch's canvas."""
+        return runner.logits(model, batch.rows.x, batch.rows.attention_mask, span, block_step, state)
+
+    turn = staticmethod(turns.turn)
+
+
+@dataclass(frozen=True)
+class NoiseCanvas:
+    """An open column holds noise (see the module docstring); `open_id` is `NOISE_OPEN`."""
+
+    pad_id: int
+    open_id: int = NOISE_OPEN
+
+    def join(self, model: Any, member: Any, rows: int, device: Any) -> None:
+        """The request's noise canvas state (schedule, end-of-text rules, its encoder cache)."""
+        member.noise = noise_turn.NoiseRows.of(model, member.config, rows, device)
+
+    def logits(self, runner: Any, model: Any, batch: Any, span: tuple[int, int], block_step: int,
+               state: Any) -> tuple[Tensor, int, Any]:
+        """Each denoising request's own forward, placed in the window (`noise_turn.forward`)."""
+        return noise_turn.forward(model, batch, span, block_step), span[0], state
+
+    turn = staticmethod(noise_turn.turn)
+
+
+def canvas_of(model: Any, trace: bool = False, capture: Any = "off") -> MaskCanvas | NoiseCanvas:
+    """The model's canvas kind. Raises a one-line ValueError for what a noise canvas does not
+    record or run: a step trace (it commits no columns step by step), a captured step."""
+    if canvas_kind(model) != "noise":
+        return MaskCanvas(model.mask_token_id, model.eos_token_ids[0])
+    if trace:
+        raise ValueError("a noise canvas records no step trace; decode with trace=False")
+    if not (isinstance(capture, str) and capture == "off"):
+        raise ValueError("a noise canvas steps eagerly; use capture 'off'")
+    pad = noise_turn.pad_of(model)         # else 0 (Gemma's pad): padding reaches the experts'
+    return NoiseCanvas(pad if pad is not None else 0)   # matmuls, so it is fixed, not the EOS
