@@ -85,11 +85,11 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
     bodies = [{"model": model_name, "prompt": p} for p in prompts]
     phases = {}
     with background(state) as url:
-        _clients(url, bodies[:2], 1)                         # warm-up
+        load_clients(url, bodies[:2], 1)                         # warm-up
         for name, n in (("sequential", 1), ("concurrent", clients)):
             progress(f"{name}: {requests} requests from {n} client(s) ...")
             steps = state.worker.engine.steps
-            phases[name] = _summary(_clients(url, bodies, n), reference)
+            phases[name] = _summary(load_clients(url, bodies, n), reference)
             phases[name]["engine_steps"] = state.worker.engine.steps - steps
     report = {
         "model": bench.label, "requests": requests, "clients": clients, "max_batch": max_batch,
@@ -104,7 +104,8 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
     return report
 
 
-def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+def load_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+    """The load-test clients (`dllm_decode.serve.loadtest`) in a child process: their report."""
     done = subprocess.run([sys.executable, "-m", "dllm_decode.serve.loadtest", url, "--clients", str(clients)],
                           input=json.dumps(bodies), capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
@@ -121,11 +122,11 @@ def _summary(run: dict[str, Any], reference: list[str]) -> dict[str, Any]:
         "different_from_offline": sum(r["status"] == 200 and r["text"] != ref for r, ref in zip(results, reference)),
         "wall_seconds": round(wall, 3), "requests_per_second": round(len(ok) / wall, 3),
         "answer_tokens_per_second": round(sum(r["completion_tokens"] for r in ok) / wall, 1),
-        "latency_p50": round(_quantile(latencies, 0.5), 4), "latency_p99": round(_quantile(latencies, 0.99), 4),
+        "latency_p50": round(quantile(latencies, 0.5), 4), "latency_p99": round(quantile(latencies, 0.99), 4),
     }
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if len(values) > 1 \
