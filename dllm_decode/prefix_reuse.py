@@ -92,6 +92,8 @@ class PrefixSharing:
         grid = getattr(model, "block_size", None)
         if getattr(cache, "prefix_reuse", None) != "exact" or not grid:
             return None
+        if getattr(model, "kv_store", None) is not None:     # K/V kept in low precision: not
+            return None                                      # float blocks this hook can copy
         return PrefixReuse(self, cache, grid)
 
     def admitted(self, key: Hashable, tokens: int) -> None:

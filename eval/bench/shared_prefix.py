@@ -12,7 +12,9 @@ offline, alone (`generate`, the reference answers). Then, per phase, a fresh ser
 clients (`dllm_decode.serve.loadtest`, in a child process): once with the prefix cache off and once
 with it on (`prefix_cache_bytes`), alternating which goes first over `repeats` pairs. Reported per
 phase: requests/s, time to first text (p50/p99), latency, answers differing from the offline ones,
-prompt tokens served from the cache, the store's bytes; and per pair the on/off requests/s ratio.
+prompt tokens served from the cache, the store's bytes, and the server's CPU seconds (this
+process's, the clients excluded: less swayed than wall time by other work on a shared machine);
+and per pair the on/off ratios of requests/s and of requests per CPU second.
 The decode is greedy threshold decoding with the exact `block` cache (a block-diffusion model).
 """
 
@@ -109,6 +111,8 @@ def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict
             phases.append({"pair": pair, "prefix_cache": mode,
                            **_phase(model, tokenizer, config, o, bodies, texts, mode == "on")})
     ratios = [_rate(phases, p, "on") / _rate(phases, p, "off") for p in range(o.repeats)]
+    cpu_ratios = [_rate(phases, p, "on", "requests_per_cpu_second") / _rate(phases, p, "off", "requests_per_cpu_second")
+                  for p in range(o.repeats)]
     return {"model": bench.label, "workload": "shared-prefix", "requests": len(bodies),
             "single_turn": o.requests, "chats": o.chats, "prefix_tokens": o.prefix_tokens,
             "prompt_tokens_mean": round(statistics.fmean(len(p) for p in prompts), 1),
@@ -116,6 +120,8 @@ def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict
             "config": config.to_dict(), "offline_requests_per_second": round(len(prompts) / offline, 3),
             "phases": phases, "speedup": [round(r, 3) for r in ratios],
             "speedup_range": [round(min(ratios), 3), round(max(ratios), 3)],
+            "cpu_speedup": [round(r, 3) for r in cpu_ratios],
+            "cpu_speedup_range": [round(min(cpu_ratios), 3), round(max(cpu_ratios), 3)],
             "identical": all(p["different_from_offline"] == 0 and p["answered"] == len(bodies) for p in phases)}
 
 
@@ -135,7 +141,9 @@ def _phase(model: Any, tokenizer: Any, config: DecodeConfig, o: SharedPrefixOpti
     warm = [{"model": o.model, "prompt": [5, 6, 7], "stream": True}] * 2      # shares no block
     with background(state) as url:
         load_clients(url, warm, 1)
+        cpu = time.process_time()                 # the server's threads (the clients run apart)
         run = load_clients(url, bodies, o.clients)
+        cpu = time.process_time() - cpu
     results = run["results"]
     ok = [r for r in results if r["status"] == 200]
     first = sorted(r["first_token_seconds"] for r in ok)
@@ -144,6 +152,7 @@ def _phase(model: Any, tokenizer: Any, config: DecodeConfig, o: SharedPrefixOpti
            "different_from_offline": sum(r["status"] == 200 and r["text"] != t for r, t in zip(results, texts)),
            "wall_seconds": round(run["wall_seconds"], 3),
            "requests_per_second": round(len(ok) / run["wall_seconds"], 3),
+           "server_cpu_seconds": round(cpu, 3), "requests_per_cpu_second": round(len(ok) / cpu, 3),
            "ttft_p50": round(quantile(first, 0.5), 4), "ttft_p99": round(quantile(first, 0.99), 4),
            "latency_p50": round(quantile(latency, 0.5), 4),
            "cached_tokens": sum(r.get("cached_tokens", 0) for r in ok)}
@@ -152,8 +161,8 @@ def _phase(model: Any, tokenizer: Any, config: DecodeConfig, o: SharedPrefixOpti
     return out
 
 
-def _rate(phases: list[dict[str, Any]], pair: int, mode: str) -> float:
-    return next(p["requests_per_second"] for p in phases if p["pair"] == pair and p["prefix_cache"] == mode)
+def _rate(phases: list[dict[str, Any]], pair: int, mode: str, figure: str = "requests_per_second") -> float:
+    return next(p[figure] for p in phases if p["pair"] == pair and p["prefix_cache"] == mode)
 
 
 def format_shared_prefix(report: dict[str, Any]) -> str:
@@ -164,13 +173,17 @@ def format_shared_prefix(report: dict[str, Any]) -> str:
              f"{report['prefix_cache_bytes']} bytes",
              f"offline one at a time: {report['offline_requests_per_second']} req/s",
              f"{'pair':>4} {'cache':>5} {'ok':>4} {'diff':>4} {'req/s':>7} {'ttft p50':>9} {'ttft p99':>9} "
-             f"{'lat p50':>8} {'cached tok':>10} {'store bytes':>11}"]
+             f"{'lat p50':>8} {'cpu s':>7} {'req/cpu s':>9} {'cached tok':>10} {'store bytes':>11}"]
     for p in report["phases"]:
         store = p.get("store", {}).get("resident_bytes", "-")
         lines.append(f"{p['pair'] + 1:>4} {p['prefix_cache']:>5} {p['answered']:>4} {p['different_from_offline']:>4} "
                      f"{p['requests_per_second']:>7} {p['ttft_p50']:>9} {p['ttft_p99']:>9} {p['latency_p50']:>8} "
+                     f"{p['server_cpu_seconds']:>7} {p['requests_per_cpu_second']:>9} "
                      f"{p['cached_tokens']:>10} {store:>11}")
     low, high = report["speedup_range"]
     lines.append(f"requests/s with / without the prefix cache: {', '.join(map(str, report['speedup']))} "
                  f"(range {low}-{high}x); tokens identical to offline: {'yes' if report['identical'] else 'NO'}")
+    low, high = report["cpu_speedup_range"]
+    lines.append(f"requests per server CPU second, with / without: {', '.join(map(str, report['cpu_speedup']))} "
+                 f"(range {low}-{high}x)")
     return "\n".join(lines)
