@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 import torch
 
-from tests.distributed.test_serve_tp import _free_port, _rank_zero
-from tests.serve.conftest import post, wait_until
+from tests.distributed.test_serve_tp import _rank_zero, two_rank_server
+from tests.serve.conftest import post
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -40,24 +38,10 @@ def _offline(bodies: list[dict]) -> list[str]:
 
 @pytest.mark.slow
 def test_two_ranks_share_prefixes_and_answer_like_offline_generate():
-    port, rendezvous = _free_port(), _free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(rendezvous), "-m", "dllm_decode", "serve", "--tensor-parallel", "2", "--model", "embedded-bd",
-         "--port", str(port), "--dtype", "float32", "--gen-length", str(GEN), "--block-length", str(BLOCK), "--cache", "block",
-         "--scheduler", "threshold", "--max-concurrent", "2", "--prefix-cache-bytes", str(1 << 24),
-         "--threads", "1", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": os.devnull})
+    url, process = two_rank_server(
+        "--model", "embedded-bd", "--dtype", "float32", "--gen-length", str(GEN), "--block-length", str(BLOCK),
+        "--cache", "block", "--scheduler", "threshold", "--max-concurrent", "2", "--prefix-cache-bytes", str(1 << 24))
     try:
-        def up() -> bool:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-        assert wait_until(up, timeout=180), process.stdout.read1().decode() if process.poll() else "no answer"
         bodies = _bodies()
         answers = [post(url, "/v1/completions", body, timeout=120) for body in bodies]   # in order
         assert [status for status, _ in answers] == [200] * len(bodies)
