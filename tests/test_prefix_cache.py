@@ -67,7 +67,8 @@ def workload():
             Request("e", SYSTEM + prompt(6, 1) + prompt(12, 5), config()),
             Request("f", SYSTEM + prompt(3, 6), sampled),
             Request("g", SYSTEM + prompt(3, 6), sampled),
-            Request("h", prompt(17, 7), config())]
+            Request("h", prompt(17, 7), config()),
+            Request("i", SYSTEM + prompt(6, 1), config(block_length=4))]      # sub-blocks of the grid
 
 
 # -- the store ------------------------------------------------------------------------------------
@@ -119,7 +120,8 @@ def test_tokens_equal_with_and_without_the_prefix_cache(bd):
     assert cached["f"] == 32 and cached["h"] == 0
     assert cached["g"] == 40                  # f's whole prompt (5 blocks): it starts at its answer
     stats = engine.prefix.stats()
-    assert stats.hits == 4 and stats.misses == 4 and stats.reused_tokens == sum(cached.values())
+    assert cached["i"] == 40                  # a's prompt, as for e
+    assert stats.hits == 5 and stats.misses == 4 and stats.reused_tokens == sum(cached.values())
     assert 0 < stats.resident_bytes == stats.entries * KV_BLOCK
     assert without["f"].tokens == without["g"].tokens               # seeded sampling repeats
 
