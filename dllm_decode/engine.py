@@ -65,16 +65,19 @@ class Engine:
         prefix_cache_bytes: the byte budget of the cross-request prefix cache
             (`dllm_decode.prefix_reuse`: requests under an exact-reuse cache, the `block` cache of
             a block-causal model, start after the K/V of their longest stored prefix); 0: off.
+        prefix_cache_approximate: > 0 opts in to approximate reuse of prompt K/V in chunks of
+            this many tokens under caches that declare it (`prefix` on LLaDA/Dream); 0: off.
     Raises:
         ValueError: `max_batch_size` < 1; an unknown capture mode, `cuda-graphs` without CUDA,
             or a capture mode for a causal LM; a prefix cache with a capture mode or a causal LM.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, max_batch_size: int = 8,
-                 capture: Any = "off", prefix_cache_bytes: int = 0):
+                 capture: Any = "off", prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
             raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
-        prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel))
+        prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel),
+                               prefix_cache_approximate)
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""

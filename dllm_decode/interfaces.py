@@ -328,8 +328,9 @@ class Cache(Checked, abc.ABC):
     prefix_reuse: ClassVar[str | None] = None
     """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
     state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
-    never change, a block-causal model's) or None (never). A cache that sets it implements
-    `resume` and `kv_of`."""
+    never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
+    when the engine opts in) or None (never). A cache that sets it implements `resume` and
+    `kv_of`."""
 
     def init_state(self, model: DiffusionLM) -> Any:
         return None

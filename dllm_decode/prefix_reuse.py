@@ -18,7 +18,15 @@ differently shaped products, and tokens are unchanged. Only whole blocks of the 
 stored or matched (SGLang's block-level radix cache makes the same cut: sglang PR #18724), so
 requests that share part of a block reuse only the blocks before it. A bidirectional model
 (LLaDA, Dream) has no exact reuse: every prompt K/V depends on the canvas after it; no cache of
-those models declares `prefix_reuse`, so requests there are served as before.
+those models declares exact reuse, so by default requests there are served as before.
+
+Approximate mode (opt-in: `Engine(prefix_cache_approximate=N)`, `serve --prefix-cache-approximate
+N`): a cache that declares `prefix_reuse = "approximate"` (Fast-dLLM's `prefix` cache) also
+takes stored prompt K/V in chunks of N tokens, on any model. On a bidirectional model those K/V
+were computed with another request's canvas after the prompt, so tokens may change; the
+approximation is of the kind the cache already makes inside a block (it keeps prompt K/V
+computed while the block was masked). Only prompt columns are stored, under their own
+namespace, so exact and approximate values never mix.
 
 Values are kept per namespace (the reuse mode and the row's unmerged LoRA adapter), so rows with
 different adapters never share; a store belongs to one engine and so to one model, dtype and
@@ -82,19 +90,22 @@ class PrefixSharing:
         ValueError: a budget that is not a positive integer.
     """
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, approximate: int = 0):
         self.store = PrefixStore(budget_bytes)
+        self.approximate = approximate          # chunk tokens of the approximate mode (0: off)
         self.cached: dict[Hashable, int] = {}
         self.hits = self.misses = self.reused_tokens = self.restored_tokens = 0
 
     def hook(self, model: Any, cache: Any) -> PrefixReuse | None:
-        """The reuse hook of a batch decoding `model` with `cache` (None: no exact reuse there)."""
-        grid = getattr(model, "block_size", None)
-        if getattr(cache, "prefix_reuse", None) != "exact" or not grid:
-            return None
+        """The reuse hook of a batch decoding `model` with `cache` (None: no reuse there)."""
         if getattr(model, "kv_store", None) is not None:     # K/V kept in low precision: not
             return None                                      # float blocks this hook can copy
-        return PrefixReuse(self, cache, grid)
+        kind, grid = getattr(cache, "prefix_reuse", None), getattr(model, "block_size", None)
+        if kind == "exact" and grid:
+            return PrefixReuse(self, cache, grid)
+        if kind == "approximate" and self.approximate:
+            return PrefixReuse(self, cache, self.approximate, "approximate")
+        return None
 
     def admitted(self, key: Hashable, tokens: int) -> None:
         """A request's first restore: count it once."""
@@ -119,12 +130,12 @@ class PrefixSharing:
 
 class PrefixReuse:
     """One running batch's side of the prefix cache (`Decoding.reuse`): `restore` when the batch's
-    cache starts afresh, `remember` after that step's forward (see the module docstring)."""
+    cache starts afresh, `remember` after that step's forward (see the module docstring).
+    `grid`: the chunk, the model's block (exact) or the approximate mode's tokens; an
+    approximate hook keeps prompt columns only (its generated K/V never settle)."""
 
-    mode = "exact"
-
-    def __init__(self, sharing: PrefixSharing, cache: Any, grid: int):
-        self.sharing, self.cache, self.grid = sharing, cache, grid
+    def __init__(self, sharing: PrefixSharing, cache: Any, grid: int, mode: str = "exact"):
+        self.sharing, self.cache, self.grid, self.mode = sharing, cache, grid, mode
         self.rows: list[RowKey] = []
 
     def restore(self, batch: Any, state: Any) -> Any:
@@ -177,7 +188,8 @@ class PrefixReuse:
         out = []
         for i, region in enumerate(batch.region_starts()):
             first = b.gen_start[i] - b.prompt_length[i]
-            end = first + (region - first) // grid * grid
+            settled = region if self.mode == "exact" else min(region, b.gen_start[i])
+            end = first + (settled - first) // grid * grid
             if mask is not None and 0 in mask[i][first:end]:     # a cut column: stop before its block
                 end = first + (mask[i].index(0, first) - first) // grid * grid
             tokens = x[i][first:end]

@@ -1,7 +1,8 @@
 """The cross-request prefix cache: the radix store (LRU under a byte budget), and the engine's
 exact reuse on the shipped block-diffusion model in float32 (tokens equal with and without it:
 partly cached prompts, batches mixing hits and misses, eviction mid-run, sampled decoding),
-isolation (a shared part of a block, another adapter), the options and the server's figures."""
+isolation (a shared part of a block, another adapter), the approximate opt-in of bidirectional
+models, the options and the server's figures."""
 
 from __future__ import annotations
 
@@ -189,13 +190,37 @@ def test_no_reuse_where_it_would_not_be_exact():
     assert stats.hits == stats.misses == stats.entries == 0
 
 
+def test_approximate_reuse_is_an_opt_in_of_the_prefix_cache():
+    """Opted in, the `prefix` cache on the bidirectional `embedded` model takes stored prompt
+    chunks (tokens may change: measured, not asserted); `none` never does."""
+    model = load_model("embedded", dtype=torch.float32)
+    shared = tuple(model.tokenizer("sort : mia ella hank", add_special_tokens=False)["input_ids"])
+    requests = [Request(k, shared + (i + 5,) * (i + 1), config(cache=component("cache", "prefix")))
+                for i, k in enumerate("abc")]
+    requests.append(Request("d", shared, config(cache=component("cache", "none"))))
+    engine = Engine(model, max_batch_size=1, prefix_cache_bytes=1 << 24, prefix_cache_approximate=2)
+    for request in requests:
+        engine.add(request)
+    outputs = {}
+    while engine.has_work:
+        outputs.update({u.request_id: u.output for u in engine.step() if u.output is not None})
+    chunks = len(shared) // 2 * 2
+    assert [outputs[k].cached_tokens for k in "abcd"] == [0, chunks, chunks, 0]
+    assert all(o.finish_reason in ("stop", "length") for o in outputs.values())
+    stats = engine.prefix.stats()
+    assert stats.hits == 2 and stats.misses == 1          # `none` is neither
+    with pytest.raises(ValueError, match="needs a prefix cache"):
+        Engine(model, prefix_cache_approximate=2)
+
+
 # -- options, server ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("options, words", [
     ({"budget_bytes": -1}, ">= 0"), ({"budget_bytes": MAX_PREFIX_BYTES + 1}, f"<= {MAX_PREFIX_BYTES}"),
     ({"budget_bytes": True}, "budget_bytes"), ({"budget_bytes": 1.5}, "budget_bytes"),
     ({"budget_bytes": 1, "capture": "static"}, "capture 'static'"),
-    ({"budget_bytes": 1, "causal_lm": True}, "causal LM")])
+    ({"budget_bytes": 1, "causal_lm": True}, "causal LM"),
+    ({"budget_bytes": 1, "approximate": -1}, ">= 0"), ({"approximate": 4}, "needs a prefix cache")])
 def test_options_are_checked_as_a_whole(options, words):
     with pytest.raises((ValueError, TypeError), match=words):
         PrefixOptions(**options)
@@ -216,6 +241,8 @@ def test_serve_option_is_bounded():
         result = CliRunner().invoke(main, ["serve", "--model", "embedded-bd", "--prefix-cache-bytes", value])
         assert result.exit_code == 2 and "--prefix-cache-bytes" in result.output, result.output
         assert "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["serve", "--model", "embedded", "--prefix-cache-approximate", "2"])
+    assert result.exit_code == 2 and "needs a prefix cache" in result.output, result.output
 
 
 def test_server_reports_cached_tokens_and_metrics(bd):
