@@ -57,6 +57,13 @@ class BlockCache(Cache):
         return None
 
     capturable: ClassVar[bool] = True
+    prefix_reuse: ClassVar[str | None] = "exact"     # a finished block's K/V never change
+
+    def resume(self, kv: KVCache, restart: int) -> BlockState:
+        return BlockState(kv, restart)
+
+    def kv_of(self, state: Any) -> KVCache | None:
+        return state.kv if isinstance(state, BlockState) else None
 
     def plan(self, block: tuple[int, int], block_step: int, length: int,
              restart: int | None) -> StepPlan:

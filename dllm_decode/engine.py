@@ -39,6 +39,8 @@ from dllm_decode.causal_serving import CausalBackend, SpeculativeModel
 from dllm_decode.member import OneThread, check_context, owned
 from dllm_decode.models.checkpoint import first_line
 from dllm_decode.noise import check_canvas
+from dllm_decode.prefix_options import PrefixOptions
+from dllm_decode.prefix_reuse import PrefixSharing
 from dllm_decode.provisional import Draft, canvas, draft
 from dllm_decode.sampler import Decoding
 from dllm_decode.serving import FINISH_REASONS, Backend, Event, Live, Output, Request, Update, vocab_size_of
@@ -61,15 +63,22 @@ class Engine:
             running at once holds a `GraphCache` of its own (its K/V lives in the cache's
             buffers); a finished batch hands its cache to the next one, so graphs are compiled
             or recorded once per bucket, not once per batch.
+        prefix_cache_bytes: the byte budget of the cross-request prefix cache
+            (`dllm_decode.prefix_reuse`: requests under an exact-reuse cache, the `block` cache of
+            a block-causal model, start after the K/V of their longest stored prefix); 0: off.
+        prefix_cache_approximate: > 0 opts in to approximate reuse of prompt K/V in chunks of
+            this many tokens under caches that declare it (`prefix` on LLaDA/Dream); 0: off.
     Raises:
         ValueError: `max_batch_size` < 1; an unknown capture mode, `cuda-graphs` without CUDA,
-            or a capture mode for a causal LM.
+            or a capture mode for a causal LM; a prefix cache with a capture mode or a causal LM.
     """
 
     def __init__(self, model: Any, tokenizer: Any = None, max_batch_size: int = 8,
-                 capture: Any = "off"):
+                 capture: Any = "off", prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0):
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
             raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
+        prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel),
+                               prefix_cache_approximate)
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""
@@ -79,8 +88,10 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
         self.max_batch_size = max_batch_size
+        self.prefix = prefix.sharing()
+        """The cross-request prefix cache (None: off)."""
         self.backend: Backend = CausalBackend(model, self.tokenizer) if isinstance(model, SpeculativeModel) \
-            else DiffusionBackend(model, self.tokenizer, graphs)
+            else DiffusionBackend(model, self.tokenizer, graphs, self.prefix)
         self.eos_ids = self.backend.eos_ids
         self.waiting: collections.deque[Live] = collections.deque()
         self.lives: dict[str, Live] = {}
@@ -162,9 +173,11 @@ class Engine:
         self.steps += 1
         return updates
 
-    def stats(self) -> dict[str, int]:
-        """Counts for health and metrics endpoints."""
-        return {"waiting": len(self.waiting), "running": sum(not live.done for live in self.backend.lives),
+    def stats(self) -> dict[str, Any]:
+        """Counts for health and metrics endpoints (`prefix_cache`: the prefix cache's
+        `PrefixStats`, when on)."""
+        prefix = {} if self.prefix is None else {"prefix_cache": self.prefix.stats().to_dict()}
+        return {**prefix, "waiting": len(self.waiting), "running": sum(not live.done for live in self.backend.lives),
                 "rows": self.rows_in_use, "groups": self.backend.batches, "steps": self.steps,
                 "max_batch_size": self.max_batch_size}
 
@@ -232,7 +245,8 @@ class Engine:
         started = live.started or now
         output = Output(text=text, tokens=tuple(answer), prompt_tokens=len(live.request.prompt),
                         nfe=nfe, seconds=now - started, queued=started - live.added,
-                        finish_reason=reason, error=error)
+                        finish_reason=reason, error=error,
+                        cached_tokens=0 if self.prefix is None else self.prefix.take(live.request.id))
         live.done = True
         self.lives.pop(live.request.id, None)
         final = None if canvas is None else self._draft(live, canvas, text or "")
@@ -254,8 +268,9 @@ class DiffusionBackend(Backend):
 
     drafts = True
 
-    def __init__(self, model: Any, tokenizer: Any, graphs: GraphCache | None = None):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: Any, tokenizer: Any, graphs: GraphCache | None = None,
+                 prefix: PrefixSharing | None = None):
+        self.model, self.tokenizer, self.prefix = model, tokenizer, prefix
         self.mode = None if graphs is None else graphs.mode
         self.idle: list[GraphCache] = [] if graphs is None else [graphs]
         self.held: dict[Any, GraphCache] = {}        # a running batch's cache -> its graphs
@@ -294,7 +309,9 @@ class DiffusionBackend(Backend):
         """A new running batch for `cache`, with a free `GraphCache` of the pool (a new one when
         every one is held)."""
         if self.mode is None:
-            return Decoding(self.model, cache)
+            decoding = Decoding(self.model, cache)
+            decoding.reuse = None if self.prefix is None else self.prefix.hook(self.model, cache)
+            return decoding
         graphs = self.idle.pop() if self.idle else GraphCache(self.mode)
         self.held[cache] = graphs
         return Decoding(self.model, cache, capture=graphs)

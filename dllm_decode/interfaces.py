@@ -325,8 +325,23 @@ class Cache(Checked, abc.ABC):
     """
 
     capturable: ClassVar[bool] = False
+    prefix_reuse: ClassVar[str | None] = None
+    """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
+    state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
+    never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
+    when the engine opts in) or None (never). A cache that sets it implements `resume` and
+    `kv_of`."""
 
     def init_state(self, model: DiffusionLM) -> Any:
+        return None
+
+    def resume(self, kv: Any, restart: int) -> Any:
+        """A state whose `KVCache` `kv` already holds every column before `restart` (for every
+        row), so the next step computes from `restart` on. Only where `prefix_reuse` is set."""
+        raise NotImplementedError(f"{type(self).__name__} takes no stored K/V")
+
+    def kv_of(self, state: Any) -> Any:
+        """The `KVCache` inside a state (None when it holds none yet)."""
         return None
 
     def plan(self, block: tuple[int, int], block_step: int, length: int,

@@ -121,6 +121,8 @@ class Decoding:
         self._keys = itertools.count()       # automatic keys: never reused by this object
         # a key put here (by a server streaming provisional text) gets its last step's proposals
         self.proposals: dict[Hashable, Proposal | None] = {}
+        # the cross-request prefix cache's hook (`prefix_reuse.PrefixReuse`; eager steps only)
+        self.reuse: Any = None
         self._owner = OneThread("this Decoding")  # step/add/cancel/result/snapshot: one thread
 
     # -- requests ------------------------------------------------------------------------------
@@ -211,14 +213,18 @@ class Decoding:
         finished in it."""
         with self._owner:
             batch = self.batch
+            reuse = None
             if self.block_step == 0:
                 if self.pending:           # newcomers join between phases; the cache starts afresh
                     batch.admit(self.pending)
                     self.pending = []
                     self.cache_state = self.runner.init_state(self.model)
+                    reuse = self.reuse if self.runner is self.cache else None
                 if not len(batch):
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
+                if reuse is not None:      # stored K/V of earlier requests' prefixes
+                    self.cache_state = reuse.restore(batch, self.cache_state)
                 self.fused = self.capture_problem or ("eager" if self.runner is self.cache else
                                                       phase_problem(batch, self.budgets, self.model, self.trace))
             lo, hi = batch.span(self.grid)       # the window: every row's region to its block end
@@ -230,6 +236,8 @@ class Decoding:
                 with adapter_rows(self.model, batch):          # unmerged LoRA rows
                     logits, offset, self.cache_state = self.canvas.logits(
                         self.runner, self.model, batch, (lo, hi), self.block_step, self.cache_state)
+                if reuse is not None:
+                    reuse.remember(self.cache_state)
                 window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
                 # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
                 outcome = Outcome.join([

@@ -88,6 +88,7 @@ class Output:
         queued: seconds spent waiting for admission.
         finish_reason: one of `FINISH_REASONS`.
         error: the error message when `finish_reason == "error"`.
+        cached_tokens: prompt tokens whose K/V came from the engine's prefix cache.
     """
 
     text: str | None
@@ -98,6 +99,7 @@ class Output:
     queued: float
     finish_reason: str
     error: str | None = None
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dllm_decode.cli.decode import MODEL_HELP, record_options
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cost import DEFAULT_REQUEST_BYTES, MAX_CANVAS, MAX_ROWS
 from dllm_decode.cli.options import CORES, FloatRange, capture_options
+from dllm_decode.prefix_options import MAX_PREFIX_BYTES, PrefixOptions
 
 
 class Seconds(FloatRange):
@@ -60,6 +61,13 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
               help="The estimated memory one request's decoding step may take (its canvas rows x "
                    "tokens x vocabulary, look-ahead candidates included); a request over it gets a 400 "
                    "naming the option to lower.")
+@click.option("--prefix-cache-bytes", type=click.IntRange(0, MAX_PREFIX_BYTES), default=0, show_default=True,
+              help="Byte budget of the cross-request prefix cache (per rank): requests under the `block` "
+                   "cache of a block-diffusion model reuse the K/V of earlier requests' whole prompt "
+                   "blocks, exactly; least recently used blocks are evicted. 0: off.")
+@click.option("--prefix-cache-approximate", type=click.IntRange(0, MAX_CANVAS), default=0, show_default=True,
+              help="Opt in to APPROXIMATE reuse of stored prompt K/V, in chunks of this many tokens, under the "
+                   "`prefix` cache (LLaDA/Dream: tokens may change). Needs --prefix-cache-bytes. 0: off.")
 @click.option("--presets", "presets_path", type=click.Path(dir_okay=False), default=None,
               help="A `dllm-decode tune` presets.json: a request starts from one of its presets by name "
                    "(`dllm.preset`, or the model name MODEL:NAME, e.g. a task tag); checked against the model "
@@ -77,7 +85,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   playground: bool | None = None, trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
-                  **record: Any) -> None:
+                  prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -106,6 +114,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     spec = model_spec(model_name)
     where = device_option(device)
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
+    with usage_errors("--prefix-cache-bytes"):            # before the model loads
+        PrefixOptions(prefix_cache_bytes, capture, spec.kind == "ar", prefix_cache_approximate)
     world = launch.check_world(tensor_parallel, "serve")
     if spec.kind == "ar" and tensor_parallel > 1:
         raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
@@ -138,7 +148,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
                threads, host, port, log_level, groups, capture, playground, adapters, quantize,
-               max_request_bytes)
+               max_request_bytes, (prefix_cache_bytes, prefix_cache_approximate))
     finally:
         launch.finish(groups)
 
@@ -155,7 +165,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
            adapters: Any = None, quantize: str | None = None,
-           max_request_bytes: int | None = None) -> None:
+           max_request_bytes: int | None = None, prefix_cache: tuple[int, int] = (0, 0)) -> None:
     from dllm_decode.cli.decode import for_model, shipped_wanted
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -196,7 +206,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
                         adapters=adapter_names,
                         max_request_bytes=max_request_bytes, vocab_size=_vocab(model))
     with usage_errors("--model"):            # a uniform-noise model: no running batch yet
-        engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture)
+        engine = Engine(model, tokenizer, max_batch_size=max_concurrent, capture=capture,
+                        prefix_cache_bytes=prefix_cache[0], prefix_cache_approximate=prefix_cache[1])
     problem = startup_check(engine, settings.config)        # every rank: the same steps
     if problem is not None:
         raise click.UsageError(f"this model cannot decode with these options: {problem}")

@@ -39,7 +39,7 @@ from fastapi import Request as HTTPRequest   # module level: FastAPI reads the r
 from dllm_decode.cost import MAX_ROWS
 from dllm_decode.engine import Output, Request, Update
 from dllm_decode.serve import probes
-from dllm_decode.serve.metrics import Metrics
+from dllm_decode.serve.metrics import Metrics, prefix_stats
 from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
                                         provisional_chunk, reply)
 from dllm_decode.serve.worker import EngineWorker
@@ -106,7 +106,8 @@ class ServerState:
         self.playground = False             # serve the playground page at `/` (viz/playground.py)
         self.cpu = ThreadPoolExecutor(1, thread_name_prefix="dllm-cpu")   # tokenising, JSON
         self.metrics = Metrics(in_flight=lambda: self.in_flight,
-                               queued=lambda: len(getattr(worker.engine, "waiting", ())))
+                               queued=lambda: len(getattr(worker.engine, "waiting", ())),
+                               prefix=lambda: prefix_stats(worker.engine))
 
     async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` on the CPU thread (one at a time: tokenizers are not re-entrant)."""

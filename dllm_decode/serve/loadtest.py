@@ -7,6 +7,9 @@ benchmark starts it that way, keeping the clients off the server's interpreter l
 
 Input: a JSON list of `/v1/completions` bodies. Output: a JSON object with `wall_seconds` and, per
 body in input order, `status`, `seconds` (latency), and `text` / `completion_tokens` (or the error).
+A streamed body (`"stream": true`) is read as server-sent events: its `first_token_seconds` is
+the time to the first chunk with text, and `cached_tokens` comes from its usage chunk (ask for
+it with `stream_options.include_usage`); an unstreamed reply reports `cached_tokens` too.
 Each client keeps one HTTP/1.1 connection and takes the next body when its reply is complete.
 """
 
@@ -46,8 +49,11 @@ def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
                 connection.request("POST", path, json.dumps(bodies[index]),
                                    {"Content-Type": "application/json"})
                 response = connection.getresponse()
+                if response.status == 200 and bodies[index].get("stream"):
+                    results[index] = _streamed(response, started)
+                    continue
                 status, raw = response.status, response.read()
-            except (OSError, http.client.HTTPException) as err:
+            except (OSError, http.client.HTTPException, ValueError) as err:
                 connection.close()
                 connection = http.client.HTTPConnection(target.hostname, target.port, timeout=timeout)
                 results[index] = {"status": 0, "seconds": time.perf_counter() - started, "error": repr(err)}
@@ -56,7 +62,8 @@ def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
             body = json.loads(raw)
             if status == 200:
                 results[index] = {"status": status, "seconds": seconds, "text": body["choices"][0]["text"],
-                                  "completion_tokens": body["usage"]["completion_tokens"]}
+                                  "completion_tokens": body["usage"]["completion_tokens"],
+                                  "cached_tokens": _cached(body["usage"])}
             else:
                 results[index] = {"status": status, "seconds": seconds, "error": body.get("error")}
         connection.close()
@@ -70,6 +77,29 @@ def run_clients(url: str, bodies: list[dict[str, Any]], clients: int,
     wall = time.perf_counter() - started
     return {"wall_seconds": wall, "clients": clients,
             "results": [r if r is not None else {"status": 0, "error": "no reply"} for r in results]}
+
+
+def _streamed(response: Any, started: float) -> dict[str, Any]:
+    """A 200 server-sent-event reply read to its end: text, time to the first text, usage."""
+    text, first, usage = "", None, {}
+    for line in response:
+        line = line.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[5:])
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or ():
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            if piece and first is None:
+                first = time.perf_counter() - started
+            text += piece
+    seconds = time.perf_counter() - started
+    return {"status": 200, "seconds": seconds, "first_token_seconds": seconds if first is None else first,
+            "text": text, "completion_tokens": usage.get("completion_tokens", 0), "cached_tokens": _cached(usage)}
+
+
+def _cached(usage: dict[str, Any]) -> int:
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
 
 
 @click.command("loadtest", context_settings={"help_option_names": ["-h", "--help"]})

@@ -5,6 +5,11 @@ Series (all prefixed `dllm_`): `requests_total{path,status}`, `requests_in_fligh
 `queue_depth` (admitted, waiting for a batch row), `prompt_tokens_total`,
 `completion_tokens_total`, `nfe_total` (model forward passes), `request_seconds` (a latency
 histogram of every HTTP request) and `decode_seconds` (of finished decodes, queueing included).
+With the prefix cache on (`serve --prefix-cache-bytes`): `prefix_cache_hits_total`,
+`prefix_cache_misses_total` (admitted requests with and without reused blocks),
+`prefix_cache_reused_tokens_total`, `prefix_cache_restored_tokens_total`,
+`prefix_cache_inserted_total`, `prefix_cache_evicted_total` (blocks), `prefix_cache_entries`,
+`prefix_cache_resident_bytes` and `prefix_cache_budget_bytes` (`prefix_reuse.PrefixStats`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Histogram upper bounds in seconds (`+Inf` is added)."""
@@ -42,8 +48,9 @@ class Histogram:
 class Metrics:
     """Counters shared by the event loop and the guard (a lock keeps the text consistent)."""
 
-    def __init__(self, in_flight: Callable[[], int] = lambda: 0, queued: Callable[[], int] = lambda: 0):
-        self.in_flight, self.queued = in_flight, queued
+    def __init__(self, in_flight: Callable[[], int] = lambda: 0, queued: Callable[[], int] = lambda: 0,
+                 prefix: Callable[[], Any] = lambda: None):
+        self.in_flight, self.queued, self.prefix = in_flight, queued, prefix
         self.lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.prompt_tokens = self.completion_tokens = self.nfe = 0
@@ -81,4 +88,33 @@ class Metrics:
                                     ("decode_seconds", "Decode latency, queueing included.",
                                      self.decode_seconds)):
                 lines += [f"# HELP dllm_{name} {doc}", f"# TYPE dllm_{name} histogram", *hist.lines(f"dllm_{name}")]
+            lines += prefix_lines(self.prefix())
         return "\n".join(lines) + "\n"
+
+
+PREFIX_SERIES = (("hits", "counter", "Requests admitted with reused prefix blocks."),
+                 ("misses", "counter", "Requests admitted with no reused block."),
+                 ("reused_tokens", "counter", "Prompt tokens of admitted requests whose K/V were reused."),
+                 ("restored_tokens", "counter", "Columns restored from the store, re-admissions included."),
+                 ("inserted", "counter", "Blocks stored."),
+                 ("evicted", "counter", "Blocks evicted to stay under the budget."),
+                 ("entries", "gauge", "Blocks held."),
+                 ("resident_bytes", "gauge", "Bytes of the K/V held."),
+                 ("budget_bytes", "gauge", "The most bytes the K/V may take."))
+
+
+def prefix_stats(engine: Any) -> Any:
+    """An engine's `PrefixStats`, or None when it has no prefix cache (a causal LM's, or off)."""
+    sharing = getattr(engine, "prefix", None)
+    return None if sharing is None else sharing.stats()
+
+
+def prefix_lines(stats: Any) -> list[str]:
+    """The prefix cache's series (none when it is off)."""
+    if stats is None:
+        return []
+    values, lines = stats.to_dict(), []
+    for field, kind, doc in PREFIX_SERIES:
+        name = f"dllm_prefix_cache_{field}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name} {values[field]}"]
+    return lines

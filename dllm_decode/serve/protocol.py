@@ -544,11 +544,13 @@ class StopText:
 
 # -- response bodies --------------------------------------------------------------------------
 
-def usage(output: Output) -> dict[str, int]:
+def usage(output: Output) -> dict[str, Any]:
     """Token counts: the prompt, and the answer without the canvas's end-of-text padding (cut
-    at a stop string, the tokens of the returned text only)."""
+    at a stop string, the tokens of the returned text only); `prompt_tokens_details.cached_tokens`
+    (OpenAI's field): prompt tokens whose K/V came from the prefix cache."""
     return {"prompt_tokens": output.prompt_tokens, "completion_tokens": len(output.tokens),
-            "total_tokens": output.prompt_tokens + len(output.tokens)}
+            "total_tokens": output.prompt_tokens + len(output.tokens),
+            "prompt_tokens_details": {"cached_tokens": output.cached_tokens}}
 
 
 def extension(job: Job, output: Output) -> dict[str, Any]:

@@ -107,10 +107,16 @@ class ChatCompletionRequest(_Routed):
     top_logprobs: Any = Field(None, description=NEUTRAL + " (0)")
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(..., description="Prompt tokens whose K/V came from the prefix cache "
+                                                "(`serve --prefix-cache-bytes`; 0 when off).")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int = Field(..., description="Tokens of the returned text (after stop cuts).")
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class DllmReply(BaseModel):

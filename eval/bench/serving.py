@@ -8,7 +8,9 @@ its worker thread) gets the same requests from one client at a time, then from `
 concurrent clients (`dllm_decode.serve.loadtest`, in a child process so the clients do not compete
 for this interpreter's lock). Reported per phase: requests answered, failed (non-200), lost (no
 reply), answers differing from the offline one, wall time, requests/s, answer tokens/s, p50/p99
-latency; and the concurrent/sequential throughput ratio. Greedy decoding (threshold 0.9), prompts
+latency; and the concurrent/sequential throughput ratio. Beside wall time, the CPU seconds of this
+process (offline decode; the server's threads per phase, the clients excluded): on a shared machine
+they move less with other work than wall time does. Greedy decoding (threshold 0.9), prompts
 from the task suite (`dllm_decode.eval.tasks`).
 """
 
@@ -75,22 +77,23 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
     config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": threshold}),
                           gen_length=gen, block_length=block)
     progress(f"offline: {requests} requests one at a time ...")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     reference = [generate(model, [tokenizer(p, add_special_tokens=False)["input_ids"]], config).text[0]
                  for p in prompts]
-    offline_wall = time.perf_counter() - started
+    offline_wall, offline_cpu = time.perf_counter() - started, time.process_time() - cpu
     settings = Settings(model_id=model_name, config=config, max_tokens=max(gen, 1024))
     state = ServerState(EngineWorker(Engine(model, tokenizer, max_batch_size=max_batch), threads=o.threads),
                         settings, Limits(max_queue=requests))
     bodies = [{"model": model_name, "prompt": p} for p in prompts]
     phases = {}
     with background(state) as url:
-        _clients(url, bodies[:2], 1)                         # warm-up
+        load_clients(url, bodies[:2], 1)                         # warm-up
         for name, n in (("sequential", 1), ("concurrent", clients)):
             progress(f"{name}: {requests} requests from {n} client(s) ...")
-            steps = state.worker.engine.steps
-            phases[name] = _summary(_clients(url, bodies, n), reference)
+            steps, cpu = state.worker.engine.steps, time.process_time()
+            phases[name] = _summary(load_clients(url, bodies, n), reference)
             phases[name]["engine_steps"] = state.worker.engine.steps - steps
+            phases[name]["server_cpu_seconds"] = round(time.process_time() - cpu, 3)  # clients run apart
     report = {
         "model": bench.label, "requests": requests, "clients": clients, "max_batch": max_batch,
         "config": config.to_dict(), "offline_wall_seconds": round(offline_wall, 3),
@@ -100,11 +103,16 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
         # the server's own cost: a request through it at concurrency 1 against its offline decode
         "server_over_offline": round(requests / offline_wall / phases["sequential"]["requests_per_second"], 3),
         "concurrent_over_offline": round(phases["concurrent"]["requests_per_second"] * offline_wall / requests, 3),
+        # the same two ratios in CPU seconds (this process: less swayed by other work on the machine)
+        "offline_cpu_seconds": round(offline_cpu, 3),
+        "server_over_offline_cpu": round(phases["sequential"]["server_cpu_seconds"] / offline_cpu, 3),
+        "concurrent_over_offline_cpu": round(offline_cpu / phases["concurrent"]["server_cpu_seconds"], 3),
     }
     return report
 
 
-def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+def load_clients(url: str, bodies: list[dict[str, Any]], clients: int) -> dict[str, Any]:
+    """The load-test clients (`dllm_decode.serve.loadtest`) in a child process: their report."""
     done = subprocess.run([sys.executable, "-m", "dllm_decode.serve.loadtest", url, "--clients", str(clients)],
                           input=json.dumps(bodies), capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
@@ -121,11 +129,11 @@ def _summary(run: dict[str, Any], reference: list[str]) -> dict[str, Any]:
         "different_from_offline": sum(r["status"] == 200 and r["text"] != ref for r, ref in zip(results, reference)),
         "wall_seconds": round(wall, 3), "requests_per_second": round(len(ok) / wall, 3),
         "answer_tokens_per_second": round(sum(r["completion_tokens"] for r in ok) / wall, 1),
-        "latency_p50": round(_quantile(latencies, 0.5), 4), "latency_p99": round(_quantile(latencies, 0.99), 4),
+        "latency_p50": round(quantile(latencies, 0.5), 4), "latency_p99": round(quantile(latencies, 0.99), 4),
     }
 
 
-def _quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] if len(values) > 1 \
@@ -148,4 +156,8 @@ def format_serving(report: dict[str, Any]) -> str:
     lines.append(f"throughput concurrent / sequential: {report['throughput_ratio']}x")
     lines.append(f"time per request, server at concurrency 1 / offline: {report['server_over_offline']}x; "
                  f"throughput concurrent / offline one at a time: {report['concurrent_over_offline']}x")
+    if "offline_cpu_seconds" in report:
+        lines.append(f"in CPU seconds of this process (the clients excluded): offline {report['offline_cpu_seconds']}, "
+                     f"server at concurrency 1 / offline {report['server_over_offline_cpu']}x; requests per CPU "
+                     f"second, concurrent / offline one at a time {report['concurrent_over_offline_cpu']}x")
     return "\n".join(lines)

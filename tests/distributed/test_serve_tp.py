@@ -60,25 +60,36 @@ def _rank_zero(launcher: int) -> int:
     raise AssertionError(f"no rank-0 child of {launcher}")
 
 
-def _serve_and_ask(clients: int) -> None:
+def two_rank_server(*options: str) -> tuple[str, subprocess.Popen]:
+    """`torchrun --nproc_per_node 2 -m dllm_decode serve --tensor-parallel 2 OPTIONS` on a free
+    port, once /health answers: (its URL, the launcher)."""
     port, rendezvous = _free_port(), _free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(rendezvous), "-m", "dllm_decode", "serve", "--tensor-parallel", "2", "--model", "tiny",
-         "--port", str(port), "--gen-length", str(GEN), "--block-length", str(BLOCK),
-         "--max-concurrent", "8", "--max-queue", "64", "--threads", "1", "--log-level", "warning"],
+         str(rendezvous), "-m", "dllm_decode", "serve", "--tensor-parallel", "2", "--port", str(port),
+         "--threads", "1", "--log-level", "warning", *options],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": os.devnull})
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+    if not wait_until(up, timeout=180):
+        log = process.stdout.read1().decode() if process.poll() is not None else "no answer"
+        process.kill()
+        process.wait()
+        raise AssertionError(log)
+    return url, process
+
+
+def _serve_and_ask(clients: int) -> None:
+    url, process = two_rank_server("--model", "tiny", "--gen-length", str(GEN), "--block-length", str(BLOCK),
+                                   "--max-concurrent", "8", "--max-queue", "64")
     try:
-        def up() -> bool:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as response:
-                    return response.status == 200
-            except OSError:
-                return False
-        assert wait_until(up, timeout=180), process.stdout.read1().decode() if process.poll() \
-            else "no answer"
         with urllib.request.urlopen(url + "/health", timeout=5) as response:
             assert json.loads(response.read())["tensor_parallel"] == 2
         bodies = _requests(clients)
