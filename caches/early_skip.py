@@ -261,7 +261,7 @@ class EarlySkipCache(Cache):
             flat = signal.transpose(1, 2).flatten(2)
             if counts is not None:
                 kept = self._kept(state, layer, cols.index, flat)
-                pick = self._choose(cols, flat, kept, state.conf, bonus, counts)
+                pick = self._choose(cols, self._change(stack, flat, kept, True), state.conf, bonus, counts)
                 cols = Columns(pick.index, pick.valid, cols.h.gather(1, _rows(pick.at, cols.h)))
                 q, k, v = (t.gather(2, pick.at[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
                            for t in (q, k, v))
@@ -274,7 +274,7 @@ class EarlySkipCache(Cache):
         if self.signal == "hidden" and skip:
             if counts is not None:
                 kept = self._kept(state, layer, cols.index, h)
-                pick = self._choose(cols, h, kept, state.conf, bonus, counts)
+                pick = self._choose(cols, self._change(stack, h, kept, False), state.conf, bonus, counts)
                 cols = Columns(pick.index, pick.valid, h.gather(1, _rows(pick.at, h)))
             self._store(state, layer, cols, cols.h)
         return cols
@@ -286,12 +286,20 @@ class EarlySkipCache(Cache):
             return torch.zeros_like(like)
         return kept.gather(1, _rows(index, kept))
 
-    def _choose(self, cols: Columns, x: Tensor, kept: Tensor, conf: Tensor, bonus: Tensor,
+    @staticmethod
+    def _change(stack: Stack, x: Tensor, kept: Tensor, by_head: bool) -> Tensor:
+        """(B, n) mean |x - kept| / (rms(kept) + 1e-6) over the last dimension; `by_head`: `x`
+        holds this rank's heads only, so the sums are taken over every rank's (one all_reduce)."""
+        sums = torch.stack([(x.float() - kept.float()).abs().sum(-1), kept.float().pow(2).sum(-1)])
+        width = x.shape[-1]
+        if by_head:
+            sums, width = stack.head_sum(sums), width * stack.tp
+        return (sums[0] / width) / ((sums[1] / width).sqrt() + 1e-6)
+
+    def _choose(self, cols: Columns, change: Tensor, conf: Tensor, bonus: Tensor,
                 counts: tuple[Tensor, int]) -> Pick:
-        """The top `counts` columns of each row by importance (x: the signal, kept: its value at
-        each column's last computation), in column order."""
-        rms = kept.float().norm(dim=-1) / kept.shape[-1] ** 0.5 + 1e-6
-        change = (x.float() - kept.float()).abs().mean(-1) / rms
+        """The top `counts` columns of each row by importance (`change`: the signal's, since each
+        column's last computation), in column order."""
         change = change.masked_fill(~cols.valid, 0.0)
         change = change / change.amax(-1, keepdim=True).clamp_min(1.0)
         c = conf.gather(1, cols.index)
