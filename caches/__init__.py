@@ -1,5 +1,5 @@
 """How the loop obtains logits for the active block: none, prefix, dual, block, d2, elastic, suffix,
-dllm_cache, dkv."""
+dllm_cache, dkv, es."""
 
 from dllm_decode._namespace import require_namespaced
 
@@ -10,6 +10,7 @@ from dllm_decode.caches.d2 import D2Cache
 from dllm_decode.caches.dkv import DKVCache
 from dllm_decode.caches.dllm_cache import DLLMCache
 from dllm_decode.caches.dual import DualCache
+from dllm_decode.caches.early_skip import EarlySkipCache
 from dllm_decode.caches.elastic import ElasticCache
 from dllm_decode.caches.kv import BlockKVCache
 from dllm_decode.caches.prefix import PrefixCache
@@ -26,7 +27,8 @@ CACHES: dict[str, type[Cache]] = {
     "suffix": SuffixCache,  # Streaming-dLLM window / DPad dropout over the masked suffix
     "dllm_cache": DLLMCache,  # dLLM-Cache: long-interval prompt cache + value-similarity partial response refresh
     "dkv": DKVCache,        # dKV-Cache-Decode: masks and just-decoded columns recomputed, the rest cached
+    "es": EarlySkipCache,   # ES-dLLM: block recomputed, low-importance columns stop at early skip layers
 }
 
-__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DKVCache", "DLLMCache", "DualCache", "ElasticCache", "NoCache",
+__all__ = ["CACHES", "BlockCache", "BlockKVCache", "D2Cache", "DKVCache", "DLLMCache", "DualCache", "EarlySkipCache", "ElasticCache", "NoCache",
            "PrefixCache", "SuffixCache"]

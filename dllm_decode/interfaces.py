@@ -368,6 +368,11 @@ class Cache(Checked, abc.ABC):
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         return _index_rows(state, rows)
 
+    def fresh(self, state: Any) -> Tensor | None:
+        """(B, W) bool over the last `logits` window: the columns whose logits that call
+        computed; the loop lets a row commit only there. None (the default): every column."""
+        return None
+
     def report(self, state: Any) -> dict[str, Tensor] | None:
         """What the last step did, per batch row, for the step trace: (B,) counts such as
         `refreshed_layers` and `recomputed` (columns), or None (the default: nothing to say)."""

@@ -150,12 +150,14 @@ class Batch:
         spans = [b.grid_span(i, s, e, grid) for i, (s, e) in enumerate(zip(starts, b.end))]
         return min(s for s, _ in spans), max(e for _, e in spans)
 
-    def window(self, logits: Tensor, offset: int, hi: int, block_start_model: Any = None) -> Window:
+    def window(self, logits: Tensor, offset: int, hi: int, block_start_model: Any = None,
+               fresh: Tensor | None = None) -> Window:
         """The step's `Window` from the cache's logits (from canvas column `offset`): cut at `hi`
         unless a member's rule or filter looks at the rest (`view = "rest"`). Its tensors are
         copies: a view a scheduler keeps never changes under it. `block_start_model` (at a
         block's first step): a token-shifted block model commits a block's first column alone
-        (`models.block_grid.block_start_columns`)."""
+        (`models.block_grid.block_start_columns`). `fresh` (`Cache.fresh`): the only columns
+        whose logits the cache computed this step, so the only ones a row may commit."""
         wide = any(m.config.scheduler.view == "rest" or any(f.view == "rest" for f in m.config.filters)
                    for m in self.members if m.live)
         if not wide and offset + logits.shape[1] > hi:
@@ -168,6 +170,9 @@ class Batch:
             b = self.bounds
             allowed = block_start_columns(block_start_model, tokens == self.mask_id, p.columns[columns],
                                           p.block[:, :1], [b.position(i, s) for i, s in enumerate(b.start)])
+        if fresh is not None:
+            fresh = fresh[:, :logits.shape[1]]
+            allowed = fresh if allowed is None else allowed & fresh
         return Window(offset, logits, tokens, p.block.clone(), p.gen_span.clone(),
                       p.region_start.clone(), revisions, allowed)
 

@@ -238,7 +238,8 @@ class Decoding:
                         self.runner, self.model, batch, (lo, hi), self.block_step, self.cache_state)
                 if reuse is not None:
                     reuse.remember(self.cache_state)
-                window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None)
+                window = batch.window(logits, offset, hi, self.model if self.block_step == 0 else None,
+                                      self.cache.fresh(self.cache_state))
                 # a request whose rows' blocks are all done waits for the phase to end: no draws, no call
                 outcome = Outcome.join([
                     self._turn(g, window) if any(batch.bounds.busy[r] for r in rows)

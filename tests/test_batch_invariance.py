@@ -71,11 +71,12 @@ def check_invariant(model, config: DecodeConfig) -> None:
 
 
 SLOW_SCHEDULERS = {"apd"}          # loads its verifier model: ~11 s here
-APPROXIMATE = {"prefix", "dual", "elastic", "dllm_cache"}
+APPROXIMATE = {"prefix", "dual", "elastic", "dllm_cache", "es"}
 """Caches that reuse a bidirectional model's K/V across steps (an approximation): a request that
 joins a batch whose rows are in a later block changes the window every row shares, so the rows
 recompute K/V the cache would have frozen, and their tokens move; dLLM-Cache also counts its
-refresh intervals batch-wide, as its reference does. Known; marked strict xfail."""
+refresh intervals batch-wide, as its reference does, and ES-dLLM its refresh steps and the
+columns its skip layers rank. Known; marked strict xfail."""
 FAST_FAMILIES = {"llada", "sdar"}  # a bidirectional and a block-causal family; the rest are slow
 
 

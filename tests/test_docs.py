@@ -120,7 +120,7 @@ def test_compatibility_cells_are_real_decodes():
     refused = try_decode(llada, ThresholdScheduler(), BlockCache())
     assert not refused.ok and "accepted caches for this model: none, prefix, dual, d2, elastic, suffix, dllm_cache, dkv" in refused.reason
     assert not try_decode(llada, SaberScheduler(), DualCache()).ok
-    assert accepted_caches(llada) == ["none", "prefix", "dual", "d2", "elastic", "suffix", "dllm_cache", "dkv"]
+    assert accepted_caches(llada) == ["none", "prefix", "dual", "d2", "elastic", "suffix", "dllm_cache", "dkv", "es"]
     assert accepted_caches(sdar) == ["none", "prefix", "dual", "block", "suffix"]
     table = markdown({("threshold", "block"): refused, ("threshold", "none"): try_decode(llada, ThresholdScheduler(), DualCache())})
     assert "| `threshold` | no (1) | yes |" in table and "\n1. cache BlockCache" in table

@@ -76,15 +76,16 @@ class SyncCounter:
         return Counting()
 
 
-EXTRA_SYNCS = {"elastic": 1}
+EXTRA_SYNCS = {"elastic": 1, "es": 1}
 """Caches allowed more syncs per step, and why: Elastic-Cache reads on the host whether any row's
-attention drifted and from which layer, to skip the refresh work when none did (one per step)."""
+attention drifted and from which layer, to skip the refresh work when none did (one per step);
+ES-dLLM reads the batch's largest per-row count, the width its skip layers keep (one per step)."""
 
-LAYERWISE = ("d2", "elastic", "dkv", "dllm_cache")
+LAYERWISE = ("d2", "elastic", "dkv", "dllm_cache", "es")
 """Caches that run the model's layers themselves (no `forward` call to count): steps are counted."""
 
 
-@pytest.mark.parametrize("cache", ["none", "dual", "d2", "elastic", "suffix", "dkv", "dllm_cache"])
+@pytest.mark.parametrize("cache", ["none", "dual", "d2", "elastic", "suffix", "dkv", "dllm_cache", "es"])
 @pytest.mark.parametrize("name", sorted(MASK_SCHEDULERS))
 def test_at_most_one_host_sync_per_step(monkeypatch, name, cache):
     if not accepts_cache(SCHEDULERS[name](), cache):

@@ -42,7 +42,7 @@ def test_plans_of_the_capturable_caches():
     assert exact.plan((8, 12), 0, length, first.restart) == StepPlan((4, 12), rebuild=False, restart=8)
 
 
-@pytest.mark.parametrize("name", ["d2", "elastic", "suffix"])
+@pytest.mark.parametrize("name", ["d2", "elastic", "suffix", "es"])
 def test_data_dependent_caches_declare_they_run_eagerly(name):
     cache = CACHES[name]()
     assert type(cache).capturable is False

@@ -27,7 +27,7 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
                    "(0.5: the point estimate). Higher: fewer held-out misses, fewer points accepted.")
 @click.option("--rules", default=DEFAULT_RULES, show_default=True, help="Rules to search (comma list).")
 @click.option("--caches", default="none", show_default=True,
-              help="Caches to cross with (comma list, or `auto`: every cache the model supports). Under the "
+              help="Caches to cross with (comma list, or `auto`: none, prefix, dual and es where the model takes them). Under the "
                    "forwards objective a cache changes no forward count, only accuracy.")
 @click.option("--self-decoders", "self_decoders", default="auto", show_default=True,
               help="Self-speculative decoders to search too, each along its base rule's knob (comma list, "
@@ -100,7 +100,7 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     rank, _ = distributed.init_from_env(str(where))       # torchrun: data-parallel, decisions on every rank
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype))
-    cache_names = _caches(caches, spec)
+    cache_names = _caches(caches, spec, getattr(decoder, "model", None))
     selfdecs = _self_decoders(self_decoders, decoder, canvas, block)
     for message in messages if rank == 0 else ():
         click.echo(message, err=True)
@@ -136,11 +136,19 @@ def held_out_words(figures: dict[str, float] | None) -> str:
             f"NFE {figures['nfe']:.2f}, {verdict}")
 
 
-def _caches(text: str, spec) -> list[str]:
+AUTO_CACHES = ("none", "prefix", "dual", "es")
+"""`--caches auto`: no cache, Fast-dLLM's two, and ES-dLLM's early skipping, each where the model
+takes it."""
+
+
+def _caches(text: str, spec, model=None) -> list[str]:
     from dllm_decode.caches import CACHES
+    from dllm_decode.compat import cache_refusal
 
     if text == "auto":
-        return ["none"] if spec.kind == "ideal" else ["none", "prefix", "dual"]
+        if spec.kind == "ideal":
+            return ["none"]
+        return [c for c in AUTO_CACHES if model is None or cache_refusal(CACHES[c](), model) is None]
     names = [c.strip() for c in text.split(",") if c.strip()]
     unknown = [c for c in names if c not in CACHES]
     if unknown or not names:

@@ -152,6 +152,8 @@ def check_layerwise(results: list[dict]) -> None:
                     f"{name} {key}: ranks differ"
             assert full["ulps"] <= TENSOR_PARALLEL_ULPS and cheap["ulps"] <= TENSOR_PARALLEL_ULPS, (key, full, cheap)
             assert cheap["refreshed"] == cheap["whole_refreshed"], (key, cheap)
+            if key.startswith("es"):           # the same columns chosen: the logits above agree
+                continue
             if key.startswith("d2"):
                 # one all_reduce of every layer's head sums per step; the full step's head runs twice
                 assert full["counts"] == {"all_reduce": base + 1, "all_gather_into_tensor": 2}, (key, full)
@@ -168,7 +170,7 @@ def check_layerwise(results: list[dict]) -> None:
 
 
 def test_tp2_attention_reading_caches_token_identical(tmp_path):
-    """d2 and Elastic-Cache under TP 2: every statistic over heads is all-reduced, so greedy fp32
+    """d2, Elastic-Cache and ES-dLLM under TP 2: every statistic over heads is all-reduced, so greedy fp32
     decodes equal one process, the ranks' logits are bitwise equal, and each step issues the
     collectives docs/distributed.md lists (the embedded model: 6 heads, 3 per rank)."""
     check_layerwise(run_ranks("tests.distributed.tp_ranks", 2, tmp_path, "layerwise", "llada,embedded",

@@ -178,8 +178,10 @@ def task_decode(groups, names: list[str]) -> dict:
 
 LAYERWISE = {"d2": ("d2", {}), "d2_refresh": ("d2", {"refresh_k": 1}),
              "elastic": ("elastic", {}), "elastic_heads": ("elastic", {"drift": "heads"}),
-             "elastic_always": ("elastic", {"gamma": 2.0}), "elastic_never": ("elastic", {"gamma": 0.0})}
-"""The d2 and Elastic-Cache variants run under TP: each statistic over heads takes another path."""
+             "elastic_always": ("elastic", {"gamma": 2.0}), "elastic_never": ("elastic", {"gamma": 0.0}),
+             "es": ("es", {}), "es_key": ("es", {"signal": "key"})}
+"""The d2, Elastic-Cache and ES-dLLM variants run under TP: each statistic over heads takes another
+path (ES-dLLM's hidden-state change needs none, its key change one all_reduce)."""
 
 
 def layerwise_steps(model, cache) -> dict:

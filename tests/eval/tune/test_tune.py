@@ -232,3 +232,15 @@ def test_a_preset_that_fails_held_out_says_so_on_screen():
     assert "FAILS the budget on the held-out prompts" in held_out_words(fail)
     assert "meets the budget" in held_out_words({**fail, "meets": True})
     assert held_out_words(None) == ""
+
+
+def test_auto_caches_add_early_skipping_where_the_model_takes_it():
+    from dllm_decode.cli.tune import _caches
+    from dllm_decode.modelspec import ModelSpec
+    from dllm_decode.testing import tiny_llada
+    from tests.models.conftest import make_dream
+
+    spec = ModelSpec.parse("embedded")
+    assert _caches("auto", spec, tiny_llada()) == ["none", "prefix", "dual", "es"]
+    assert _caches("auto", spec, make_dream()) == ["none", "prefix", "dual"]
+    assert _caches("auto", ModelSpec.parse("ideal"), None) == ["none"]
