@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.gemma_config import DiffusionGemmaConfig
-from dllm_decode.models.gemma_layers import (GemmaLayer, GemmaRMSNorm, SelfConditioning, gemma_rms_norm,
-                                             inv_frequencies, set_moe_impl)
+from dllm_decode.models.gemma_layers import (GemmaEmbedding, GemmaLayer, GemmaRMSNorm, SelfConditioning,
+                                             gemma_rms_norm, inv_frequencies, set_moe_impl)
 
 __all__ = ["DiffusionGemmaConfig", "DiffusionGemmaModel", "EncoderCache", "build", "set_moe_impl"]
 
@@ -67,6 +66,23 @@ class EncoderCache:
                             pick(self.mask), self.seen, self.padded)
 
 
+ENCODER = "model.encoder.language_model."
+
+
+def tied_twin(name: str) -> str | None:
+    """The decoder weight an encoder text weight is tied to (None for other names)."""
+    if name.startswith(ENCODER) and not name.endswith("layer_scalar"):
+        return "model.decoder." + name[len(ENCODER):]
+    return None
+
+
+def is_reference_copy(name: str) -> bool:
+    """A checkpoint tensor this port does not hold: a tied copy (encoder text weights, `lm_head`)
+    or the vision tower (text only)."""
+    return tied_twin(name) is not None or name == "lm_head.weight" or name.startswith(
+        ("model.encoder.vision_tower.", "model.encoder.embed_vision."))
+
+
 class DiffusionGemmaModel(nn.Module):
     """The text model: `encode` fills an `EncoderCache`, `denoise` returns a canvas's logits.
 
@@ -88,7 +104,7 @@ class DiffusionGemmaModel(nn.Module):
         self.model = nn.Module()
         self.model.decoder = nn.Module()
         dec = self.model.decoder
-        dec.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        dec.embed_tokens = GemmaEmbedding(cfg.vocab_size, cfg.hidden_size)
         dec.layers = nn.ModuleList(GemmaLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         dec.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         dec.self_conditioning = SelfConditioning(cfg)
@@ -106,26 +122,23 @@ class DiffusionGemmaModel(nn.Module):
         """The reference checkpoint's tensors this module holds: tied copies (encoder text weights, `lm_head`) and the vision tower dropped.
         Raises ValueError when a stored encoder copy differs from the decoder weight it ties to."""
         out: dict[str, Tensor] = {}
-        enc = "model.encoder.language_model."
         for name, tensor in state.items():
-            if name.startswith(enc) and not name.endswith("layer_scalar"):
-                twin = state.get("model.decoder." + name[len(enc):])
-                if twin is not None and not torch.equal(twin, tensor):
+            twin = tied_twin(name)
+            if twin is not None:
+                other = state.get(twin)
+                if other is not None and not torch.equal(other, tensor):
                     raise ValueError(f"{name} differs from the decoder weight it is tied to; "
                                      f"untied encoder weights are not supported")
-                continue
-            if name == "lm_head.weight" or name.startswith(("model.encoder.vision_tower.",
-                                                            "model.encoder.embed_vision.")):
-                continue
-            out[name] = tensor
+            if not is_reference_copy(name):
+                out[name] = tensor
         return out
 
     # -- pieces --------------------------------------------------------------------------------
 
     def embed(self, ids: Tensor) -> Tensor:
-        weight = self.model.decoder.embed_tokens.weight
-        scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype)
-        return F.embedding(ids, weight) * scale
+        table = self.model.decoder.embed_tokens
+        scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(table.weight.dtype)
+        return table(ids) * scale
 
     def rope(self, layer: int, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(1, L, 1, D) cos and sin of `layer`'s rope type at `positions` (L,), in `dtype`."""
@@ -140,7 +153,7 @@ class DiffusionGemmaModel(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """Final norm, tied head, float32, softcap."""
         cap = self.config.final_logit_softcapping
-        z = F.linear(self.model.decoder.norm(h), self.model.decoder.embed_tokens.weight).float()
+        z = self.model.decoder.embed_tokens.head(self.model.decoder.norm(h)).float()
         return torch.tanh(z / cap) * cap
 
     def check_text_only(self, ids: Tensor) -> None:
@@ -196,9 +209,9 @@ class DiffusionGemmaModel(nn.Module):
         if sc_logits is None:
             soft = torch.zeros_like(x)
         else:
-            weight = dec.embed_tokens.weight
-            scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype).to(x.dtype)
-            soft = torch.matmul(sc_logits.softmax(-1, dtype=torch.float32).to(weight.dtype), weight) * scale
+            table = dec.embed_tokens
+            scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(table.weight.dtype).to(x.dtype)
+            soft = table.soft(sc_logits.softmax(-1, dtype=torch.float32).to(table.weight.dtype)) * scale
         sc = dec.self_conditioning
         h = gemma_rms_norm(x + sc(sc.pre_norm(soft)), None, self.config.rms_norm_eps)
         b, c = canvas.shape
@@ -247,28 +260,39 @@ def first_line_of(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def build(directory: Any, config: dict[str, Any]) -> DiffusionGemmaModel:
+def build(directory: Any, config: dict[str, Any], groups: Any = None,
+          dtype: torch.dtype | None = None) -> DiffusionGemmaModel:
     """The loader's builder: config, weights (by the tie map), and the generation defaults.
+    With `groups` (tensor parallel), each rank reads only its slices (in `dtype`, default the
+    checkpoint's) by the family's plan (`dllm_decode.parallel.diffusion_gemma`).
 
     Raises:
         ModelLoadError: a config this port does not implement, or weights that do not match.
+        ParallelError: a TP size the model cannot be split into.
     """
     from dllm_decode.models.checkpoint import (ModelLoadError, check_memory, load_state_strict,
-                                               read_safetensors)
+                                               read_safetensors, tensor_names)
 
     try:
         parsed = DiffusionGemmaConfig.from_dict(config)
         generation = read_generation_config(directory)
     except (ValueError, TypeError) as err:
         raise ModelLoadError(f"{directory / 'config.json'}: {first_line_of(err)}") from None
-    check_memory(directory / "config.json", config.get("text_config") or {}, bytes_per_parameter=2)
+    check_memory(directory / "config.json", config.get("text_config") or {},
+                 bytes_per_parameter=2 / (groups.tp if groups is not None else 1))
     with torch.device("meta"):
         model = DiffusionGemmaModel(parsed)
-    try:
-        state = model.load_reference_state(read_safetensors(directory))
-    except ValueError as err:
-        raise ModelLoadError(f"{directory}: {first_line_of(err)}") from None
-    load_state_strict(model, state, directory, assign=True)
+    if groups is not None:
+        from dllm_decode.parallel.loading import load_sharded
+
+        drop = tuple(name for name in tensor_names(directory) if is_reference_copy(name))
+        load_sharded(model, directory, groups, dtype, drop)
+    else:
+        try:
+            state = model.load_reference_state(read_safetensors(directory))
+        except ValueError as err:
+            raise ModelLoadError(f"{directory}: {first_line_of(err)}") from None
+        load_state_strict(model, state, directory, assign=True)
     model.generation_defaults = generation
     eos = generation.get("eos_token_id")
     if eos is not None:            # the reference stops only at the generation config's EOS
