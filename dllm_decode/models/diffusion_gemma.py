@@ -204,6 +204,23 @@ class DiffusionGemmaModel(nn.Module):
     def denoise(self, canvas: Tensor, cache: EncoderCache, sc_logits: Tensor | None = None) -> Tensor:
         """(B, C) canvas -> (B, C, V) float32 logits: bidirectional over the cache's keys (read
         only) and the canvas, self-conditioned on the previous step's (B, C, V) logits."""
+        b, c = canvas.shape
+        positions = torch.arange(cache.seen, cache.seen + c, device=canvas.device)
+        dtype = self.model.decoder.embed_tokens.weight.dtype
+        tables = [self.rope(i, positions, dtype) for i in range(len(self.model.decoder.layers))]
+        real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
+        masks = [torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
+                 for i in range(len(tables))]
+        return self.decode(canvas, sc_logits, None, tables, cache.keys, cache.values, masks)
+
+    def decode(self, canvas: Tensor, sc_logits: Tensor | None, use_sc: Tensor | None,
+               tables: list[tuple[Tensor, Tensor]], keys: list[Tensor], values: list[Tensor],
+               masks: list[Tensor | None]) -> Tensor:
+        """The decoder pass on explicit tensors (`denoise` prepares them; the captured forward,
+        `dllm_decode.capture.denoise`, passes its static buffers): per layer the rope `tables`
+        (cos, sin), the cached `keys`/`values` and the (B, 1, 1, S + C) key `masks` (None: no
+        padding). `use_sc` (B, 1, 1) bool, when given, keeps self-conditioning only on its rows
+        (the others run as with no previous logits)."""
         dec = self.model.decoder
         x = self.embed(canvas)
         if sc_logits is None:
@@ -212,19 +229,17 @@ class DiffusionGemmaModel(nn.Module):
             table = dec.embed_tokens
             scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(table.weight.dtype).to(x.dtype)
             soft = table.soft(sc_logits.softmax(-1, dtype=torch.float32).to(table.weight.dtype)) * scale
+            if use_sc is not None:
+                soft = torch.where(use_sc, soft, torch.zeros_like(soft))
         sc = dec.self_conditioning
         h = gemma_rms_norm(x + sc(sc.pre_norm(soft)), None, self.config.rms_norm_eps)
-        b, c = canvas.shape
-        positions = torch.arange(cache.seen, cache.seen + c, device=canvas.device)
-        real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            cos, sin = self.rope(i, positions, h.dtype)
+            cos, sin = tables[i]
             q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
-            k = torch.cat([cache.keys[i], k], 2)
-            v = torch.cat([cache.values[i], v], 2)
-            mask = torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
-            h = h + layer.post_attention_layernorm(attn.attend(q, k, v, mask))
+            k = torch.cat([keys[i], k], 2)
+            v = torch.cat([values[i], v], 2)
+            h = h + layer.post_attention_layernorm(attn.attend(q, k, v, masks[i]))
             h = layer.feed_forward(h, layer.layer_scalar)
         return self.logits(h)
 
