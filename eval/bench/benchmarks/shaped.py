@@ -34,8 +34,10 @@ BENCHMARK = Benchmark(
     "Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, prompts of 64 tokens, gen 256, block "
     "32, 2 steps per block, none / prefix / dual, 2 repeats; --quick: the embedded shape, batch 1, 2, "
     "prompts of 8 tokens, gen 32, block 16, 1 repeat.",
-    (Option(("--shape",), "shape", ("llada-8b", "embedded"), "The architecture, with random weights "
-            "[llada-8b]."),
+    (Option(("--shape",), "shape", ("llada-8b", "embedded", "diffusion-gemma-26b-a4b", "diffusion-gemma-tiny"),
+            "The architecture, with random weights [llada-8b]; the diffusion-gemma shapes decode "
+            "uniform-noise canvases of --block-length (256 in the release) with --steps-per-block "
+            "decoder steps each."),
      count("--layers", "layers", "Fewer layers than the shape's."), DEVICE,
      DTYPE.but(help="Weights and activations [bfloat16]."),
      count("--batch", "batch_sizes", "Batch sizes; repeatable.", multiple=True), GEN_LENGTH,
