@@ -76,6 +76,25 @@ def tied_twin(name: str) -> str | None:
     return None
 
 
+def tied_slices(reader: Any) -> Any:
+    """A sharded load's reader (`parallel.loading.CheckpointReader`) that also reads each slice's
+    stored encoder copy and refuses one that differs, as the whole load does.
+
+    Raises:
+        ModelLoadError: an encoder weight that differs from the decoder weight it is tied to.
+    """
+    from dllm_decode.models.checkpoint import ModelLoadError
+
+    def read(name: str, part: Any, shape: tuple[int, ...]) -> Tensor:
+        tensor = reader(name, part, shape)
+        twin = ENCODER + name[len("model.decoder."):] if name.startswith("model.decoder.") else None
+        if twin in reader.files and tied_twin(twin) == name and not torch.equal(reader(twin, part, shape), tensor):
+            raise ModelLoadError(f"{reader.directory}: {twin} differs from the decoder weight it is tied "
+                                 f"to; untied encoder weights are not supported")
+        return tensor
+    return read
+
+
 def is_reference_copy(name: str) -> bool:
     """A checkpoint tensor this port does not hold: a tied copy (encoder text weights, `lm_head`)
     or the vision tower (text only)."""
@@ -301,7 +320,7 @@ def build(directory: Any, config: dict[str, Any], groups: Any = None,
         from dllm_decode.parallel.loading import load_sharded
 
         drop = tuple(name for name in tensor_names(directory) if is_reference_copy(name))
-        load_sharded(model, directory, groups, dtype, drop)
+        load_sharded(model, directory, groups, dtype, drop, checked=tied_slices)
     else:
         try:
             state = model.load_reference_state(read_safetensors(directory))

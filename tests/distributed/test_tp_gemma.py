@@ -52,14 +52,22 @@ def _decodes(model) -> list[list[list[int]]]:
             for s in SEEDS]
 
 
-def _save(model, directory: Path) -> None:
-    """The model as a checkpoint directory (config.json + safetensors, our state-dict names)."""
+def _save(model, directory: Path, untie: str | None = None) -> None:
+    """The model as a checkpoint directory laid out as the reference saves it (config.json +
+    safetensors: the decoder's weights and their tied encoder copies), with the copy of `untie`
+    changed when given."""
     from safetensors.torch import save_file
 
+    from dllm_decode.models.diffusion_gemma import ENCODER
     from tests.models.gemma_reference import TEXT
 
     directory.mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    for name in list(state):
+        if name.startswith("model.decoder.") and "self_conditioning" not in name and "layer_scalar" not in name:
+            copy = ENCODER + name[len("model.decoder."):]
+            state[copy] = state[name] + (1e-3 if copy == untie else 0)
+    save_file(state, str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps({"model_type": "diffusion_gemma", "canvas_length": 8,
                                                        "text_config": TEXT}))
     (directory / "generation_config.json").write_text(json.dumps({"max_denoising_steps": 4}))
@@ -135,6 +143,33 @@ def test_other_layouts_equal_one_process(tmp_path, layout, impl):
     expected = {"intermediate": [4, 16, 32], "expert": [2, 32, 32], "ep-only": [2, 32, 32]}[layout]
     assert all(r["held"] == [expected] * 2 for r in ranks)
     _check(ranks)
+
+
+def _refusal_worker(rank: int, world: int, port: int, out: str, checkpoint: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    from dllm_decode.models.checkpoint import ModelLoadError
+    from dllm_decode.models.loading import load_model
+    from dllm_decode.parallel import shutdown_parallel
+
+    try:
+        load_model(checkpoint, tensor_parallel=world)
+        message = ""
+    except ModelLoadError as err:
+        message = str(err)
+    finally:
+        shutdown_parallel()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(message))
+
+
+@pytest.mark.slow
+def test_a_sharded_load_refuses_an_untied_encoder_copy(tmp_path):
+    """As the whole load does: each rank compares the slices it reads with their encoder copies."""
+    bad = "model.encoder.language_model.layers.1.self_attn.q_proj.weight"
+    _save(_model(), tmp_path / "ckpt", untie=bad)
+    spawn(_refusal_worker, (2, free_port(), str(tmp_path), str(tmp_path / "ckpt")), 2, tmp_path)
+    messages = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(f"{bad} differs from the decoder weight it is tied to" in m for m in messages)
 
 
 def test_sizes_that_do_not_divide_are_refused():
