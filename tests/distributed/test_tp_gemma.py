@@ -42,8 +42,12 @@ input would compare two forwards' rounding, amplified by the softmax, not one fo
 
 def _logits(model) -> list[torch.Tensor]:
     """The encoder over IDS, then a decoder step on CANVAS without and with self-conditioning."""
+    return _logits_with(model, model.denoise)
+
+
+def _logits_with(model, denoise) -> list[torch.Tensor]:
     cache = model.encode(IDS)
-    return [model.denoise(CANVAS, cache), model.denoise(CANVAS, cache, SC)]
+    return [denoise(CANVAS, cache), denoise(CANVAS, cache, SC)]
 
 
 def _decodes(model) -> list[list[list[int]]]:
@@ -94,6 +98,11 @@ def _worker(rank: int, world: int, port: int, out: str, layout: str, impl: str, 
             model.denoise(CANVAS, cache, torch.zeros(2, 8, 128))
         record = {"held": held, "logits": [t.tolist() for t in _logits(model)], "decodes": _decodes(model),
                   "counts": dict(counter.counts)}
+        if impl == "static" and layout == "intermediate":      # the captured forward on the shards
+            from dllm_decode.capture import CapturedDenoise, GraphCache
+
+            captured = CapturedDenoise(model, GraphCache("compile", backend="eager", length_step=8))
+            record["captured"] = [t.tolist() for t in _logits_with(model, captured.denoise)]
         if checkpoint:
             loaded = set_moe_impl(load_model(checkpoint, dtype=torch.float32, tensor_parallel=world), impl)
             record["loaded"] = [t.tolist() for t in _logits(loaded)]
@@ -143,6 +152,9 @@ def test_other_layouts_equal_one_process(tmp_path, layout, impl):
     expected = {"intermediate": [4, 16, 32], "expert": [2, 32, 32], "ep-only": [2, 32, 32]}[layout]
     assert all(r["held"] == [expected] * 2 for r in ranks)
     _check(ranks)
+    if (layout, impl) == ("intermediate", "static"):  # compiled fullgraph over the functional collectives
+        for got, want in zip(ranks[0]["captured"], ranks[0]["logits"]):
+            assert_logits_close(torch.tensor(got), torch.tensor(want))
 
 
 def _refusal_worker(rank: int, world: int, port: int, out: str, checkpoint: str) -> None:
