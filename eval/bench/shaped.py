@@ -259,9 +259,8 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     from dllm_decode.schedulers import LowConfidenceScheduler
 
     if options.shape in NOISE_SHAPES:
-        from dllm_decode.eval.bench.shaped_noise import run_noise_shaped
-
-        return run_noise_shaped(options, say)
+        raise OptionError("--shape", f"{options.shape} decodes uniform-noise canvases: run it with "
+                                     f"dllm_decode.eval.bench.shaped_noise.run_noise_shaped")
     device = torch.device(options.device)
     sync = device_sync(device)
     families = {"block" if cache == "block" else "llada" for cache in options.caches}

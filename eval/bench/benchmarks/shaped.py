@@ -13,7 +13,8 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
     import torch
 
     from dllm_decode.devices import check_device
-    from dllm_decode.eval.bench.shaped import ShapedOptions, run_shaped
+    from dllm_decode.eval.bench.shaped import NOISE_SHAPES, ShapedOptions, run_shaped
+    from dllm_decode.eval.bench.shaped_noise import run_noise_shaped
 
     with blame("--device"):
         device = {"device": str(check_device(settings["device"]))} if settings.get("device") else {}
@@ -23,7 +24,7 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
         peers = tuple(parse_peer(text) for text in settings.get("peers", ()))
     options = fill(ShapedOptions, settings, **device, peers=peers)
     torch.set_num_threads(settings.get("threads", 1))
-    return run_shaped(options, say)
+    return (run_noise_shaped if options.shape in NOISE_SHAPES else run_shaped)(options, say)
 
 
 BENCHMARK = Benchmark(

@@ -13,7 +13,8 @@ from dllm_decode.cli import main
 from dllm_decode.devices import device_peaks
 from dllm_decode.eval.bench.noise_roofline import NoiseForward, NoiseShape, plan
 from dllm_decode.eval.bench.roofline import floor
-from dllm_decode.eval.bench.shaped import ShapedOptions, _build, format_shaped, model_bytes, run_shaped
+from dllm_decode.eval.bench.shaped import ShapedOptions, _build, format_shaped, model_bytes
+from dllm_decode.eval.bench.shaped_noise import run_noise_shaped
 
 
 def _meta(shape: str, **changes):
@@ -63,7 +64,7 @@ def test_a_reduced_run_decodes_every_forward_and_prints():
     options = ShapedOptions(shape="diffusion-gemma-tiny", layers=1, dtype="float32", batch_sizes=(1, 2),
                             gen_length=16, block_length=8, steps_per_block=3, prompt_length=5, repeats=1,
                             variants=("eager", "captured"))
-    report = run_shaped(options)
+    report = run_noise_shaped(options)
     eager = [r for r in report["rows"] if r["available"]]
     assert [r["batch"] for r in eager] == [1, 2]
     assert all(r["nfe"] == 2 * (1 + 3) for r in eager)           # per canvas: encoder + 3 steps
