@@ -121,7 +121,7 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
         own = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)   # a noise canvas
         config = setting.decode_config(gen_length, own)
         return generate_rows(model, prompts, config, generator, tokenizer, capture)
-    decode.canvas_kind = getattr(model, "canvas_kind", "mask")      # what the tuner searches on it
+    decode.model = model                      # type: ignore[attr-defined]  # probed by the tuner
     return decode
 
 

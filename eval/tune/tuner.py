@@ -44,7 +44,7 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
     same resumable store) to count its forwards and find the best single global setting. `log`
     (a line at a time) hears what stage the run is in, so a long run is never silent."""
     say = log or (lambda line: None)
-    canvas = getattr(decoder, "canvas_kind", "mask")       # a noise canvas searches the rules that run on it
+    canvas = getattr(getattr(decoder, "model", None), "canvas_kind", "mask")   # a noise canvas: the rules that run on it
     rules, skipped = runnable(rules, canvas)
     if skipped:
         say(f"tune: skipped {', '.join(skipped)}: they do not run on a {canvas} canvas")

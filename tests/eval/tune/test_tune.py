@@ -256,7 +256,7 @@ def test_a_noise_model_tunes_its_own_rule_against_its_defaults(tmp_path):
             p.normal_(0, 0.3)
     model.tokenizer = load_tokenizer()
     decoder = diffusion_decoder(model)
-    assert decoder.canvas_kind == "noise"
+    assert decoder.model.canvas_kind == "noise"
     lines: list[str] = []
     outcome = tune(decoder, "tiny-gemma", runs(["copy"], 8), rules=["threshold", "klass"],
                    caches=["none"], budget=Budget("within", 100.0), calibration=4, salt="tune",
