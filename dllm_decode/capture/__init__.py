@@ -7,17 +7,20 @@ step's forward (`captured_forward`, the decision then on the host) or the whole 
 (`captured_step`: the same forward and the eager step's own functions). `Decoding(...,
 capture=...)` / `generate(..., capture=...)` choose it (`CAPTURE_MODES`); the CLI's `--compile`
 and `--cuda-graphs` too. `capture_problem(config, model)` says why a configuration runs eagerly,
-`fused_problem` why a phase runs its decision on the host.
+`fused_problem` why a phase runs its decision on the host. A uniform-noise family's decoder
+forward (DiffusionGemma) is captured by `CapturedDenoise` (`capture.denoise`), a drop-in for its
+`denoise`.
 """
 
 from dllm_decode.capture.buckets import Buckets
 from dllm_decode.capture.buffers import StepBuffers
+from dllm_decode.capture.denoise import CapturedDenoise, denoise_problem
 from dllm_decode.capture.dispatch import (CaptureFallback, capture_problem, executor_for,
                                           fused_problem, graph_cache, phase_problem)
 from dllm_decode.capture.executor import CapturedExecutor
 from dllm_decode.capture.graphs import CAPTURE_MODES, GraphCache
 from dllm_decode.capture.step import Head, captured_forward, captured_step
 
-__all__ = ["Buckets", "CAPTURE_MODES", "CaptureFallback", "CapturedExecutor", "GraphCache", "Head",
-           "StepBuffers", "capture_problem", "captured_forward", "captured_step", "executor_for",
-           "fused_problem", "graph_cache", "phase_problem"]
+__all__ = ["Buckets", "CAPTURE_MODES", "CaptureFallback", "CapturedDenoise", "CapturedExecutor",
+           "GraphCache", "Head", "StepBuffers", "capture_problem", "captured_forward", "captured_step",
+           "denoise_problem", "executor_for", "fused_problem", "graph_cache", "phase_problem"]

@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.gemma_config import DiffusionGemmaConfig
-from dllm_decode.models.gemma_layers import (GemmaLayer, GemmaRMSNorm, SelfConditioning, gemma_rms_norm,
-                                             inv_frequencies, set_moe_impl)
+from dllm_decode.models.gemma_layers import (GemmaEmbedding, GemmaLayer, GemmaRMSNorm, SelfConditioning,
+                                             gemma_rms_norm, inv_frequencies, set_moe_impl)
 
 __all__ = ["DiffusionGemmaConfig", "DiffusionGemmaModel", "EncoderCache", "build", "set_moe_impl"]
 
@@ -67,6 +66,42 @@ class EncoderCache:
                             pick(self.mask), self.seen, self.padded)
 
 
+ENCODER = "model.encoder.language_model."
+
+
+def tied_twin(name: str) -> str | None:
+    """The decoder weight an encoder text weight is tied to (None for other names)."""
+    if name.startswith(ENCODER) and not name.endswith("layer_scalar"):
+        return "model.decoder." + name[len(ENCODER):]
+    return None
+
+
+def tied_slices(reader: Any) -> Any:
+    """A sharded load's reader (`parallel.loading.CheckpointReader`) that also reads each slice's
+    stored encoder copy and refuses one that differs, as the whole load does.
+
+    Raises:
+        ModelLoadError: an encoder weight that differs from the decoder weight it is tied to.
+    """
+    from dllm_decode.models.checkpoint import ModelLoadError
+
+    def read(name: str, part: Any, shape: tuple[int, ...]) -> Tensor:
+        tensor = reader(name, part, shape)
+        twin = ENCODER + name[len("model.decoder."):] if name.startswith("model.decoder.") else None
+        if twin in reader.files and tied_twin(twin) == name and not torch.equal(reader(twin, part, shape), tensor):
+            raise ModelLoadError(f"{reader.directory}: {twin} differs from the decoder weight it is tied "
+                                 f"to; untied encoder weights are not supported")
+        return tensor
+    return read
+
+
+def is_reference_copy(name: str) -> bool:
+    """A checkpoint tensor this port does not hold: a tied copy (encoder text weights, `lm_head`)
+    or the vision tower (text only)."""
+    return tied_twin(name) is not None or name == "lm_head.weight" or name.startswith(
+        ("model.encoder.vision_tower.", "model.encoder.embed_vision."))
+
+
 class DiffusionGemmaModel(nn.Module):
     """The text model: `encode` fills an `EncoderCache`, `denoise` returns a canvas's logits.
 
@@ -88,7 +123,7 @@ class DiffusionGemmaModel(nn.Module):
         self.model = nn.Module()
         self.model.decoder = nn.Module()
         dec = self.model.decoder
-        dec.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        dec.embed_tokens = GemmaEmbedding(cfg.vocab_size, cfg.hidden_size)
         dec.layers = nn.ModuleList(GemmaLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         dec.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         dec.self_conditioning = SelfConditioning(cfg)
@@ -106,26 +141,23 @@ class DiffusionGemmaModel(nn.Module):
         """The reference checkpoint's tensors this module holds: tied copies (encoder text weights, `lm_head`) and the vision tower dropped.
         Raises ValueError when a stored encoder copy differs from the decoder weight it ties to."""
         out: dict[str, Tensor] = {}
-        enc = "model.encoder.language_model."
         for name, tensor in state.items():
-            if name.startswith(enc) and not name.endswith("layer_scalar"):
-                twin = state.get("model.decoder." + name[len(enc):])
-                if twin is not None and not torch.equal(twin, tensor):
+            twin = tied_twin(name)
+            if twin is not None:
+                other = state.get(twin)
+                if other is not None and not torch.equal(other, tensor):
                     raise ValueError(f"{name} differs from the decoder weight it is tied to; "
                                      f"untied encoder weights are not supported")
-                continue
-            if name == "lm_head.weight" or name.startswith(("model.encoder.vision_tower.",
-                                                            "model.encoder.embed_vision.")):
-                continue
-            out[name] = tensor
+            if not is_reference_copy(name):
+                out[name] = tensor
         return out
 
     # -- pieces --------------------------------------------------------------------------------
 
     def embed(self, ids: Tensor) -> Tensor:
-        weight = self.model.decoder.embed_tokens.weight
-        scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype)
-        return F.embedding(ids, weight) * scale
+        table = self.model.decoder.embed_tokens
+        scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(table.weight.dtype)
+        return table(ids) * scale
 
     def rope(self, layer: int, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """(1, L, 1, D) cos and sin of `layer`'s rope type at `positions` (L,), in `dtype`."""
@@ -140,7 +172,7 @@ class DiffusionGemmaModel(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """Final norm, tied head, float32, softcap."""
         cap = self.config.final_logit_softcapping
-        z = F.linear(self.model.decoder.norm(h), self.model.decoder.embed_tokens.weight).float()
+        z = self.model.decoder.embed_tokens.head(self.model.decoder.norm(h)).float()
         return torch.tanh(z / cap) * cap
 
     def check_text_only(self, ids: Tensor) -> None:
@@ -191,27 +223,42 @@ class DiffusionGemmaModel(nn.Module):
     def denoise(self, canvas: Tensor, cache: EncoderCache, sc_logits: Tensor | None = None) -> Tensor:
         """(B, C) canvas -> (B, C, V) float32 logits: bidirectional over the cache's keys (read
         only) and the canvas, self-conditioned on the previous step's (B, C, V) logits."""
+        b, c = canvas.shape
+        positions = torch.arange(cache.seen, cache.seen + c, device=canvas.device)
+        dtype = self.model.decoder.embed_tokens.weight.dtype
+        tables = [self.rope(i, positions, dtype) for i in range(len(self.model.decoder.layers))]
+        real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
+        masks = [torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
+                 for i in range(len(tables))]
+        return self.decode(canvas, sc_logits, None, tables, cache.keys, cache.values, masks)
+
+    def decode(self, canvas: Tensor, sc_logits: Tensor | None, use_sc: Tensor | None,
+               tables: list[tuple[Tensor, Tensor]], keys: list[Tensor], values: list[Tensor],
+               masks: list[Tensor | None]) -> Tensor:
+        """The decoder pass on explicit tensors (`denoise` prepares them; the captured forward,
+        `dllm_decode.capture.denoise`, passes its static buffers): per layer the rope `tables`
+        (cos, sin), the cached `keys`/`values` and the (B, 1, 1, S + C) key `masks` (None: no
+        padding). `use_sc` (B, 1, 1) bool, when given, keeps self-conditioning only on its rows
+        (the others run as with no previous logits)."""
         dec = self.model.decoder
         x = self.embed(canvas)
         if sc_logits is None:
             soft = torch.zeros_like(x)
         else:
-            weight = dec.embed_tokens.weight
-            scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(weight.dtype).to(x.dtype)
-            soft = torch.matmul(sc_logits.softmax(-1, dtype=torch.float32).to(weight.dtype), weight) * scale
+            table = dec.embed_tokens
+            scale = torch.tensor(math.sqrt(self.config.hidden_size)).to(table.weight.dtype).to(x.dtype)
+            soft = table.soft(sc_logits.softmax(-1, dtype=torch.float32).to(table.weight.dtype)) * scale
+            if use_sc is not None:
+                soft = torch.where(use_sc, soft, torch.zeros_like(soft))
         sc = dec.self_conditioning
         h = gemma_rms_norm(x + sc(sc.pre_norm(soft)), None, self.config.rms_norm_eps)
-        b, c = canvas.shape
-        positions = torch.arange(cache.seen, cache.seen + c, device=canvas.device)
-        real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            cos, sin = self.rope(i, positions, h.dtype)
+            cos, sin = tables[i]
             q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
-            k = torch.cat([cache.keys[i], k], 2)
-            v = torch.cat([cache.values[i], v], 2)
-            mask = torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
-            h = h + layer.post_attention_layernorm(attn.attend(q, k, v, mask))
+            k = torch.cat([keys[i], k], 2)
+            v = torch.cat([values[i], v], 2)
+            h = h + layer.post_attention_layernorm(attn.attend(q, k, v, masks[i]))
             h = layer.feed_forward(h, layer.layer_scalar)
         return self.logits(h)
 
@@ -247,28 +294,39 @@ def first_line_of(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def build(directory: Any, config: dict[str, Any]) -> DiffusionGemmaModel:
+def build(directory: Any, config: dict[str, Any], groups: Any = None,
+          dtype: torch.dtype | None = None) -> DiffusionGemmaModel:
     """The loader's builder: config, weights (by the tie map), and the generation defaults.
+    With `groups` (tensor parallel), each rank reads only its slices (in `dtype`, default the
+    checkpoint's) by the family's plan (`dllm_decode.parallel.diffusion_gemma`).
 
     Raises:
         ModelLoadError: a config this port does not implement, or weights that do not match.
+        ParallelError: a TP size the model cannot be split into.
     """
     from dllm_decode.models.checkpoint import (ModelLoadError, check_memory, load_state_strict,
-                                               read_safetensors)
+                                               read_safetensors, tensor_names)
 
     try:
         parsed = DiffusionGemmaConfig.from_dict(config)
         generation = read_generation_config(directory)
     except (ValueError, TypeError) as err:
         raise ModelLoadError(f"{directory / 'config.json'}: {first_line_of(err)}") from None
-    check_memory(directory / "config.json", config.get("text_config") or {}, bytes_per_parameter=2)
+    check_memory(directory / "config.json", config.get("text_config") or {},
+                 bytes_per_parameter=2 / (groups.tp if groups is not None else 1))
     with torch.device("meta"):
         model = DiffusionGemmaModel(parsed)
-    try:
-        state = model.load_reference_state(read_safetensors(directory))
-    except ValueError as err:
-        raise ModelLoadError(f"{directory}: {first_line_of(err)}") from None
-    load_state_strict(model, state, directory, assign=True)
+    if groups is not None:
+        from dllm_decode.parallel.loading import load_sharded
+
+        drop = tuple(name for name in tensor_names(directory) if is_reference_copy(name))
+        load_sharded(model, directory, groups, dtype, drop, checked=tied_slices)
+    else:
+        try:
+            state = model.load_reference_state(read_safetensors(directory))
+        except ValueError as err:
+            raise ModelLoadError(f"{directory}: {first_line_of(err)}") from None
+        load_state_strict(model, state, directory, assign=True)
     model.generation_defaults = generation
     eos = generation.get("eos_token_id")
     if eos is not None:            # the reference stops only at the generation config's EOS

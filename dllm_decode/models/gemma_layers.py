@@ -5,6 +5,8 @@ softmax router and the routed experts (eager loop or static batched form)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -141,21 +143,55 @@ class GemmaExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size,
                                                   cfg.moe_intermediate_size))
         self.moe_impl = "loop"
+        self.expert_range = (0, cfg.num_experts)
+        self.combine: Callable[[Tensor], Tensor] | None = None
+
+    def hold(self, lo: int, hi: int, combine: Callable[[Tensor], Tensor] | None) -> None:
+        """Keep only experts [lo, hi) of a whole set (expert parallelism: the others live on
+        other ranks); `combine` sums the ranks' float32 partial outputs (an all_reduce)."""
+        if self.expert_range != (0, self.num_experts):
+            raise ValueError(f"these experts already hold only [{self.expert_range[0]}, "
+                             f"{self.expert_range[1]}): shard a whole model")
+        self.gate_up_proj = nn.Parameter(self.gate_up_proj.data[lo:hi].clone(), requires_grad=False)
+        self.down_proj = nn.Parameter(self.down_proj.data[lo:hi].clone(), requires_grad=False)
+        self.expert_range, self.combine = (lo, hi), combine
 
     def forward(self, x: Tensor, experts: Tensor, weights: Tensor) -> Tensor:
+        lo, hi = self.expert_range
         if self.moe_impl == "static":
             route = torch.zeros(x.shape[0], self.num_experts, dtype=torch.float32,
-                                device=x.device).scatter_(1, experts, weights)          # (N, E)
+                                device=x.device).scatter_(1, experts, weights)[:, lo:hi]  # (N, E held)
             gate, up = torch.matmul(x, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
             y = torch.bmm(gelu(gate) * up, self.down_proj.transpose(1, 2))              # (E, N, d)
-            return torch.einsum("end,ne->nd", y.float(), route).to(x.dtype)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in experts.unique().tolist():
-            token, slot = (experts == e).nonzero(as_tuple=True)
-            gate, up = F.linear(x[token], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(gelu(gate) * up, self.down_proj[e])
-            out.index_add_(0, token, y.float() * weights[token, slot].unsqueeze(-1))
+            out = torch.einsum("end,ne->nd", y.float(), route)
+        else:
+            out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+            for e in experts.unique().tolist():
+                if not lo <= e < hi:                    # another rank's expert
+                    continue
+                token, slot = (experts == e).nonzero(as_tuple=True)
+                gate, up = F.linear(x[token], self.gate_up_proj[e - lo]).chunk(2, dim=-1)
+                y = F.linear(gelu(gate) * up, self.down_proj[e - lo])
+                out.index_add_(0, token, y.float() * weights[token, slot].unsqueeze(-1))
+        if self.combine is not None:                    # the ranks' partial sums, in float32
+            out = self.combine(out)
         return out.to(x.dtype)
+
+
+class GemmaEmbedding(nn.Embedding):
+    """The tied embedding in its three uses: the scaled lookup (`forward`, then times
+    sqrt(hidden) by the caller), self-conditioning's soft embedding (`soft`: probabilities
+    times the matrix) and the output head (`head`). Under tensor parallelism a vocabulary-parallel
+    subclass holds one slice of the rows and issues the collectives
+    (`dllm_decode.parallel.diffusion_gemma`)."""
+
+    def soft(self, probs: Tensor) -> Tensor:
+        """(..., V) probabilities (in the weight's dtype) times the (V, d) matrix."""
+        return torch.matmul(probs, self.weight)
+
+    def head(self, h: Tensor) -> Tensor:
+        """(..., d) -> (..., V) logits in the weight's dtype."""
+        return F.linear(h, self.weight)
 
 
 class GemmaLayer(nn.Module):

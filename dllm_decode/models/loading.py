@@ -129,11 +129,8 @@ def _build_llada2(directory: Path, config: dict[str, Any]) -> nn.Module:
 def _build_diffusion_gemma(directory: Path, config: dict[str, Any]) -> nn.Module:
     from dllm_decode.models.diffusion_gemma import build
 
-    if _SHARDING.get() is not None:
-        from dllm_decode.parallel import ParallelError
-
-        raise ParallelError(f"{directory}: tensor parallelism does not cover DiffusionGemma yet")
-    return build(directory, config)
+    sharding = _SHARDING.get()
+    return build(directory, config, *(sharding or ()))
 
 
 _SHARDING: ContextVar[tuple[Any, torch.dtype | None] | None] = ContextVar("sharding", default=None)

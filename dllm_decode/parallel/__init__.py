@@ -17,6 +17,7 @@ from dllm_decode.parallel.groups import (ParallelError, ParallelGroups, check_te
                                          shutdown_parallel)
 from dllm_decode.parallel.plan import shard_model
 from dllm_decode.parallel import llada2 as _llada2  # noqa: F401  (registers LLaDA2's TP + EP plan)
+from dllm_decode.parallel import diffusion_gemma as _gemma  # noqa: F401  (registers DiffusionGemma's plan)
 
 __all__ = ["CollectiveCounter", "ParallelError", "ParallelGroups", "check_tensor_parallel",
            "check_tensor_size", "current_groups", "init_parallel", "shard_model",

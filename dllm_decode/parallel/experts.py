@@ -1,4 +1,4 @@
-"""Expert parallelism for the LLaDA2 mixture of experts: experts sharded across ranks.
+"""Expert parallelism for the mixtures of experts (LLaDA2, DiffusionGemma): experts sharded across ranks.
 
 Rank r of a group of n holds the routed experts [r·E/n, (r+1)·E/n) and nothing of the others. The
 router (`mlp.gate`) and the shared experts stay replicated: the activations entering the MLP are
@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from dllm_decode.models.gemma_layers import GemmaExperts
 from dllm_decode.models.llada2 import LLaDA2MoE
 
 
@@ -88,7 +89,8 @@ def shard_moe(moe: LLaDA2MoE, rank: int, world: int,
 
 
 def shard_experts(model: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
-    """Expert-parallelise every `LLaDA2MoE` of `model` over `group` (default: the whole world).
+    """Expert-parallelise every `LLaDA2MoE` and `GemmaExperts` of `model` over `group` (default:
+    the whole world); DiffusionGemma's router stays whole on every rank, as LLaDA2's.
 
     Run it on a model whose activations are replicated across the group (one process per rank
     under `torchrun`, the attention replicated or tensor-parallel over the same group).
@@ -99,4 +101,6 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup | None = None) -> n
     for module in list(model.modules()):
         if isinstance(module, LLaDA2MoE):
             shard_moe(module, rank, world, combine)
+        elif isinstance(module, GemmaExperts):
+            module.hold(*expert_range(module.num_experts, rank, world), combine)
     return model

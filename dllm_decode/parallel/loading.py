@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -87,10 +87,12 @@ _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "
 
 
 def load_sharded(model: nn.Module, directory: Path, groups: ParallelGroups,
-                 dtype: torch.dtype | None = None, drop: tuple[str, ...] = ()) -> nn.Module:
+                 dtype: torch.dtype | None = None, drop: tuple[str, ...] = (),
+                 checked: Callable[[CheckpointReader], Reader] | None = None) -> nn.Module:
     """Shard a meta-device `model` over `groups` and fill it with this rank's slices of the
     checkpoint in `directory` (names the checkpoint has but the model does not, other than
-    `drop`, are an error, as in a whole load).
+    `drop`, are an error, as in a whole load). `checked(reader)`, when given, is the reader the
+    slices come through (a family's own checks on them: DiffusionGemma's tied copies).
 
     Raises:
         ModelLoadError: a missing tensor, a shape that does not match, an unexpected tensor.
@@ -104,7 +106,7 @@ def load_sharded(model: nn.Module, directory: Path, groups: ParallelGroups,
         if unexpected:
             raise ModelLoadError(f"{directory}: weights do not match the config (unexpected "
                                  f"{unexpected[:3]})")
-        read: Reader = reader
+        read: Reader = reader if checked is None else checked(reader)
         return shard_model(model, groups, read, dtype)
 
 

@@ -263,13 +263,13 @@ def _fill(model: nn.Module, slices: dict[str, Slice], full_shapes: dict[str, tup
 
 
 def take(full: Any, part: Slice, rank: int) -> Tensor | None:
-    """`part` of a whole tensor, or of a lazy safetensors slice (`[a:b]`, `[:, a:b]`, `[:]`);
-    None for a leader-only tensor on a rank other than 0 (it holds zeros)."""
+    """`part` of a whole tensor, or of a lazy safetensors slice (`[a:b]`, `[:, a:b]`,
+    `[:, :, a:b]`, `[:]`); None for a leader-only tensor on a rank other than 0 (it holds zeros)."""
     if part.leader_only and rank:
         return None
     if part.dim is None:
         return full[:]
-    return full[part.start:part.stop] if part.dim == 0 else full[:, part.start:part.stop]
+    return full[(slice(None),) * part.dim + (slice(part.start, part.stop),)]
 
 
 def placed(values: Tensor | None, part: Slice, shape: tuple[int, ...], dtype: torch.dtype,

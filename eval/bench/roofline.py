@@ -137,7 +137,8 @@ class Floor:
 def floor(shape: ModelShape, plan: Sequence[Forward], batch: int, peaks: DevicePeaks | None,
           dtype: str) -> Floor | None:
     """The floors of running `plan`'s forwards at `batch` on a device with `peaks` (None: a
-    device without datasheet peaks, or a dtype it lists no peak for)."""
+    device without datasheet peaks, or a dtype it lists no peak for). Any forward that answers
+    `bytes(shape, batch)` and `flops(shape, batch)` fits (`noise_roofline`'s, with its shape)."""
     peak = peaks.flops_for(dtype) if peaks is not None else None
     if peaks is None or not peak:
         return None

@@ -57,6 +57,22 @@ BLOCK_SHAPES: dict[str, dict[str, Any]] = {
 """The block-diffusion model the `block` cache decodes, per shape: Fast-dLLM v2's 7B beside
 LLaDA-8B (the field's block model of that size), the embedded block model's shape beside the
 embedded one; its block is the benchmark's `block_length`."""
+NOISE_SHAPES: dict[str, dict[str, Any]] = {
+    "diffusion-gemma-26b-a4b": dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112,
+                                    num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8,
+                                    head_dim=256, global_head_dim=512, num_global_key_value_heads=2,
+                                    sliding_window=1024, num_experts=128, top_k_experts=8,
+                                    moe_intermediate_size=704, max_position_embeddings=262144),
+    "diffusion-gemma-tiny": dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                                 num_global_key_value_heads=1, sliding_window=8, num_experts=4,
+                                 top_k_experts=2, moe_intermediate_size=16, max_position_embeddings=4096),
+}
+"""Uniform-noise (DiffusionGemma) shapes, decoded by `shaped_noise`: the 26B-A4B's text stack (the
+Gemma 4 26B-A4B numbers of its public model card: 30 layers at 5 sliding : 1 full, 16 heads, 8 KV
+heads of 256 on sliding layers, 2 of 512 on full ones, window 1024, dense MLP 2112 beside 128
+experts of 704 with top-8; counted on the meta device they give 25.2 B parameters and 3.8 B
+active per token, the card's figures), and the tiny test model's; the canvas is `block_length`."""
 CACHES = ("none", "prefix", "dual", "block")
 RUNTIMES = ("reference", "compact")
 VARIANTS = ("eager", "captured")
@@ -92,8 +108,8 @@ class ShapedOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.shape not in SHAPES:
-            raise ValueError(f"unknown shape {self.shape!r}; choose from {sorted(SHAPES)}")
+        if self.shape not in SHAPES and self.shape not in NOISE_SHAPES:
+            raise ValueError(f"unknown shape {self.shape!r}; choose from {sorted([*SHAPES, *NOISE_SHAPES])}")
         if self.layers is not None and self.layers < 1:
             raise ValueError(f"layers must be >= 1, got {self.layers}")
         check_counts(self, "prompt_length", "gen_length", "block_length", "steps_per_block", "repeats")
@@ -142,6 +158,14 @@ def shaped_model(options: ShapedOptions, family: str = "llada") -> Any:
 
 def _build(options: ShapedOptions, family: str) -> Any:
     """The family's model of the option's shape, built on the current default device."""
+    if family == "noise":
+        from dllm_decode.models.diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaModel
+
+        text = dict(NOISE_SHAPES[options.shape])
+        if options.layers is not None:
+            text["num_hidden_layers"] = options.layers
+        return DiffusionGemmaModel(DiffusionGemmaConfig.from_dict({"canvas_length": options.block_length,
+                                                                   "text_config": text}))
     if family == "block":
         from dllm_decode.models.fast_dllm import FastDLLMConfig, FastDLLMModel
 
@@ -234,6 +258,9 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
     from dllm_decode.eval.bench.roofline import UNKNOWN_DEVICE, ModelShape, floor, forward_plan
     from dllm_decode.schedulers import LowConfidenceScheduler
 
+    if options.shape in NOISE_SHAPES:
+        raise OptionError("--shape", f"{options.shape} decodes uniform-noise canvases: run it with "
+                                     f"dllm_decode.eval.bench.shaped_noise.run_noise_shaped")
     device = torch.device(options.device)
     sync = device_sync(device)
     families = {"block" if cache == "block" else "llada" for cache in options.caches}
@@ -303,16 +330,7 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
                             options.steps_per_block)
         bound = floor(shapes[s.family], plan, b, peaks, options.dtype)
         overhead = _overhead(s.profile, prompts[s.family][:b], sync) if s.profile else None
-        return {**base, "available": True, "seconds": spent,
-                "tokens_per_second": options.gen_length * options.prompt_count / spent,
-                "overhead": overhead, "nfe": statistics.fmean(n for o in outcomes for n in o.nfe),
-                "forwards": forwards, "ms_per_forward": 1000 * spent / max(forwards, 1),
-                "floor_ms": bound.ms_per_forward if bound else None,
-                "read_floor_ms": 1000 * bound.read_seconds / bound.forwards if bound else None,
-                "compute_floor_ms": 1000 * bound.compute_seconds / bound.forwards if bound else None,
-                "x_floor": spent / (bound.seconds * len(outcomes)) if bound else None,
-                "floor_note": None if bound else UNKNOWN_DEVICE,
-                "tokens": [t for o in outcomes for t in o.tokens]}
+        return {**base, **timed_row(options, spent, outcomes, bound), "overhead": overhead}
 
     rows = [row(s, b) for s in subjects for b in options.batch_sizes]
     _compare(rows)
@@ -324,6 +342,23 @@ def run_shaped(options: ShapedOptions, say: Callable[[str], None] = lambda line:
             "prompts": options.prompt_count, "rows": rows,
             "graph_pools": {key: {"mode": g.mode, "captures": g.captures, "pool_bytes": g.pool_bytes}
                             for key, g in pools.items() if g is not None}}
+
+
+def timed_row(options: ShapedOptions, spent: float, outcomes: list[Any], bound: Any) -> dict[str, Any]:
+    """A measured row's figures: `spent` seconds (median over repeats) for `outcomes` (one per
+    batch decoded), against `bound` (a `roofline.Floor` of one decode, or None)."""
+    from dllm_decode.eval.bench.roofline import UNKNOWN_DEVICE
+
+    forwards = sum(o.forwards for o in outcomes)
+    return {"available": True, "seconds": spent, "tokens_per_second": options.gen_length * options.prompt_count / spent,
+            "overhead": None, "nfe": statistics.fmean(n for o in outcomes for n in o.nfe),
+            "forwards": forwards, "ms_per_forward": 1000 * spent / max(forwards, 1),
+            "floor_ms": bound.ms_per_forward if bound else None,
+            "read_floor_ms": 1000 * bound.read_seconds / bound.forwards if bound else None,
+            "compute_floor_ms": 1000 * bound.compute_seconds / bound.forwards if bound else None,
+            "x_floor": spent / (bound.seconds * len(outcomes)) if bound else None,
+            "floor_note": None if bound else UNKNOWN_DEVICE,
+            "tokens": [t for o in outcomes for t in o.tokens]}
 
 
 def _overhead(profile: Callable[[list[list[int]]], Any], chunk: list[list[int]],
@@ -441,6 +476,10 @@ def format_shaped(report: dict[str, Any]) -> str:
     def ratio(value: float | None) -> str:
         return f"{value:.2f}x" if value is not None else "-"
 
+    for batch, step in (report.get("step_floors") or {}).items():     # the noise shapes
+        if step:
+            lines.insert(1, f"one self-conditioned decoder step at batch {batch} reads {step['bytes'] / 1e9:.2f} GB: "
+                            f"read floor {step['read_floor_ms']:.3f} ms, compute floor {step['compute_floor_ms']:.3f} ms")
     for row in report["rows"]:
         head = f"{row['runtime'][:30]:<31}{row['variant']:<10}{row['cache']:<7}{row['batch']:>6}"
         if not row["available"]:

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from dllm_decode.eval.harness.grid import Setting
 
 REFERENCE_RULE = "low_confidence"
-"""One token per step: the budget's reference."""
+"""One token per step: the budget's reference on a mask canvas."""
+
+NOISE_REFERENCE_RULE = "uniform_noise"
+"""The reference on a noise canvas (DiffusionGemma): the family's own entropy-bound rule at its
+reference defaults (48 steps per canvas), since no rule commits one token per step there."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ SPACE: dict[str, Knob] = {
     "dcd": Knob("threshold", ("1.0", "0.95", "0.9", "0.85", "0.8", "0.7", "0.6", "0.5")),
     "leap": Knob("low", ("0.9", "0.8", "0.7", "0.5", "0.3")),
     "said": Knob("steps_per_block", ("0", "24", "16", "12", "8", "6", "4")),   # 0: the block length
+    "uniform_noise": Knob("steps", ("48", "32", "24", "16", "12", "8", "4")),    # decoder steps per canvas
 }
 
 
@@ -68,9 +73,21 @@ def chain(rule: str, cache: str, gen_length: int | None, block_length: int | Non
     return out
 
 
-def reference(gen_length: int | None, block_length: int | None) -> Setting:
-    """One token per step, no cache, at the lengths searched."""
-    return Setting(scheduler=REFERENCE_RULE, cache="none", gen_length=gen_length, block_length=block_length)
+def reference(gen_length: int | None, block_length: int | None, canvas: str = "mask") -> Setting:
+    """One token per step (a noise canvas: its family's rule at its defaults), no cache, at the
+    lengths searched."""
+    rule = NOISE_REFERENCE_RULE if canvas == "noise" else REFERENCE_RULE
+    return Setting(scheduler=rule, cache="none", gen_length=gen_length, block_length=block_length)
+
+
+def runnable(rules: Sequence[str], canvas: str) -> tuple[list[str], list[str]]:
+    """(the rules that run on a `canvas` canvas, those that do not), each rule's own
+    `canvas_kinds` deciding; on a noise canvas the family's rule is searched too."""
+    from dllm_decode.schedulers import SCHEDULERS
+
+    names = [*rules, NOISE_REFERENCE_RULE] if canvas == "noise" and NOISE_REFERENCE_RULE not in rules else list(rules)
+    kept = [r for r in names if canvas in SCHEDULERS[r].canvas_kinds]
+    return kept, [r for r in names if r not in kept]
 
 
 def check_rules(rules: Sequence[str]) -> None:

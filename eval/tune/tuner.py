@@ -12,7 +12,7 @@ from dllm_decode.eval.harness.runner import Decoder
 from dllm_decode.eval.tasks.sources import TaskRun
 from dllm_decode.eval.tune.search import (STAGES, Budget, Ledger, Point, choose, paired, runner, search,
                                           split)
-from dllm_decode.eval.tune.space import chain, reference, self_chain
+from dllm_decode.eval.tune.space import chain, reference, runnable, self_chain
 
 
 @dataclass
@@ -46,13 +46,17 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
     (a line at a time) hears what stage the run is in, so a long run is never silent.
     `self_decoders` (`space.SELF_BASE` names) join the search, each along its base rule's grid."""
     say = log or (lambda line: None)
+    canvas = getattr(getattr(decoder, "model", None), "canvas_kind", "mask")   # a noise canvas: the rules that run on it
+    rules, skipped = runnable(rules, canvas)
+    if skipped:
+        say(f"tune: skipped {', '.join(skipped)}: they do not run on a {canvas} canvas")
     cal, held = split(runs, calibration, salt)
     say(f"tune: searching {len(rules)} rule(s) x {len(caches)} cache(s) and {len(self_decoders)} self-decoder(s) on {sum(len(c.examples) for c in cal)} "
         f"calibration prompts over {len(cal)} task(s)")
     tasks = [r.name for r in cal]
     ledger = Ledger(model)
     run = runner(decoder, model, out / "calibration", ledger, tokenizer, batch_size, progress)
-    ref = reference(gen_length, block_length)
+    ref = reference(gen_length, block_length, canvas)
     chains = [chain(rule, cache, gen_length, block_length) for rule in rules for cache in caches]
     chains += [self_chain(name, gen_length, block_length) for name in self_decoders]
     points = search(run, ledger, chains, ref, cal, budget)

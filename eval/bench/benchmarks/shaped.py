@@ -13,7 +13,8 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
     import torch
 
     from dllm_decode.devices import check_device
-    from dllm_decode.eval.bench.shaped import ShapedOptions, run_shaped
+    from dllm_decode.eval.bench.shaped import NOISE_SHAPES, ShapedOptions, run_shaped
+    from dllm_decode.eval.bench.shaped_noise import run_noise_shaped
 
     with blame("--device"):
         device = {"device": str(check_device(settings["device"]))} if settings.get("device") else {}
@@ -23,7 +24,7 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
         peers = tuple(parse_peer(text) for text in settings.get("peers", ()))
     options = fill(ShapedOptions, settings, **device, peers=peers)
     torch.set_num_threads(settings.get("threads", 1))
-    return run_shaped(options, say)
+    return (run_noise_shaped if options.shape in NOISE_SHAPES else run_shaped)(options, say)
 
 
 BENCHMARK = Benchmark(
@@ -34,8 +35,10 @@ BENCHMARK = Benchmark(
     "Defaults: LLaDA-8B's shape, bfloat16, batch 1, 8, 32, 64, prompts of 64 tokens, gen 256, block "
     "32, 2 steps per block, none / prefix / dual, 2 repeats; --quick: the embedded shape, batch 1, 2, "
     "prompts of 8 tokens, gen 32, block 16, 1 repeat.",
-    (Option(("--shape",), "shape", ("llada-8b", "embedded"), "The architecture, with random weights "
-            "[llada-8b]."),
+    (Option(("--shape",), "shape", ("llada-8b", "embedded", "diffusion-gemma-26b-a4b", "diffusion-gemma-tiny"),
+            "The architecture, with random weights [llada-8b]; the diffusion-gemma shapes decode "
+            "uniform-noise canvases of --block-length (256 in the release) with --steps-per-block "
+            "decoder steps each."),
      count("--layers", "layers", "Fewer layers than the shape's."), DEVICE,
      DTYPE.but(help="Weights and activations [bfloat16]."),
      count("--batch", "batch_sizes", "Batch sizes; repeatable.", multiple=True), GEN_LENGTH,

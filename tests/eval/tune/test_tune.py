@@ -244,3 +244,38 @@ def test_auto_caches_add_early_skipping_where_the_model_takes_it():
     assert _caches("auto", spec, tiny_llada()) == ["none", "prefix", "dual", "es"]
     assert _caches("auto", spec, make_dream()) == ["none", "prefix", "dual"]
     assert _caches("auto", ModelSpec.parse("ideal"), None) == ["none"]
+
+
+def test_a_noise_model_tunes_its_own_rule_against_its_defaults(tmp_path):
+    """DiffusionGemma (a tiny random one with the tasks' tokenizer): the reference is its own
+    rule at 48 steps, the rules that do not run on a noise canvas are skipped with a line, and a
+    random model (0% everywhere) meets a within budget at the fewest steps."""
+    import torch
+
+    from dllm_decode.eval.harness.runner import diffusion_decoder
+    from dllm_decode.eval.tasks.tokenizer import load_tokenizer
+    from dllm_decode.models.diffusion_gemma import DiffusionGemmaConfig, DiffusionGemmaModel
+
+    config = DiffusionGemmaConfig.from_dict({"canvas_length": 8, "text_config": {
+        "vocab_size": 129, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "global_head_dim": 8,
+        "sliding_window": 8, "num_experts": 2, "top_k_experts": 1, "moe_intermediate_size": 8,
+        "eos_token_id": 2}})
+    torch.manual_seed(0)
+    model = DiffusionGemmaModel(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    model.tokenizer = load_tokenizer()
+    decoder = diffusion_decoder(model)
+    assert decoder.model.canvas_kind == "noise"
+    lines: list[str] = []
+    outcome = tune(decoder, "tiny-gemma", runs(["copy"], 8), rules=["threshold", "klass"],
+                   caches=["none"], budget=Budget("within", 100.0), calibration=4, salt="tune",
+                   gen_length=8, block_length=8, out=tmp_path, log=lines.append)
+    assert outcome.reference.scheduler == "uniform_noise" and outcome.reference.options == ()
+    assert any("skipped klass: they do not run on a noise canvas" in line for line in lines)
+    searched = {p.setting.scheduler for p in outcome.points}
+    assert searched <= {"threshold", "uniform_noise"} and "uniform_noise" in searched
+    chosen = outcome.per_task["copy"]
+    assert chosen is not None and chosen.nfe < outcome.held_out["reference"]["copy"]["nfe"]
