@@ -223,7 +223,7 @@ class Decoding:
                 if self.pending:           # newcomers join between phases; the cache starts afresh
                     batch.admit(self.pending)
                     self.pending = []
-                    self.cache_state = self.runner.init_state(self.model)
+                    self.cache_state = self.runner.admit(self.cache_state, self.model)
                 if not len(batch):
                     return self._collect()
                 self.budgets = batch.start_phase(grid=self.grid is not None)
