@@ -45,12 +45,17 @@ def parse_attention(spec: Any) -> Any:
     Raises:
         ValueError: an unknown back end or option, or an option out of range (one line).
     """
-    from dllm_decode.modelspec import parse_options
     from dllm_decode.registry import component
 
     if isinstance(spec, str):
         name, _, rest = spec.partition(":")
-        spec = {"name": name.strip(), **dict(parse_options(rest))}
+        options = {}
+        for item in filter(None, (part.strip() for part in rest.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"attention option {item!r} must be key=value")
+            options[key.strip()] = value.strip()
+        spec = {"name": name.strip(), **options}
     return component("attention", spec)
 
 
@@ -61,16 +66,14 @@ def attention_state(model: Any) -> Any:
 
 def attention_refusal(model: Any, cache: Any) -> str | None:
     """Why the model's attention back end refuses `cache` (one line), or None."""
-    from dllm_decode.config import cache_name
-
     backend = backend_of(model)
-    if backend.caches is None or cache_name(cache) in backend.caches:
+    if backend.caches is None or _name(cache) in backend.caches:
         return None
     return (f"attention {_name(backend)!r} runs only under the caches {list(backend.caches)}, "
-            f"not {cache_name(cache)!r}; use one of those or attention 'dense'")
+            f"not {_name(cache)!r}; use one of those or attention 'dense'")
 
 
-def _name(backend: Any) -> str:
+def _name(part: Any) -> str:
     from dllm_decode.registry import name_of
 
-    return name_of(backend)
+    return name_of(part)

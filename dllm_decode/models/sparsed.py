@@ -194,10 +194,13 @@ class SparseState:
             self._build(layer, q, k)
         if not self.any_sparse:
             return sdpa(q, k, v, mask)
-        return sdpa(q, k, v, self.mask(layer, q.shape[2], query_start))
+        plan = self._plan(layer, q) | ~self.sparse[:, None, None, None]   # rows not yet sparse: every tile
+        first = self.real.long().argmax(1)                                # left padding: first real column
+        return tile_attention(q, k, v, plan, first, self.options.tile, query_start)
 
     def mask(self, layer: int, queries: int, query_start: int) -> Tensor:
-        """(B, H, Lq, L) bool: the pattern's squares for sparse rows, every real key for others."""
+        """(B, H, Lq, L) bool: the pattern's squares for sparse rows, every real key for others
+        (`tile_attention`'s pattern as an SDPA mask: the exact reference it is tested against)."""
         plan = self.plans[layer]
         batch, heads, n_tiles, _ = plan.shape
         q_tiles = self.tiles[:, query_start:query_start + queries].clamp_max(n_tiles - 1)
@@ -207,17 +210,23 @@ class SparseState:
         keep = keep | ~self.sparse[:, None, None, None]
         return keep & self.real[:, None, None, :]
 
-    def _build(self, layer: int, q: Tensor, k: Tensor) -> None:
-        """Choose the building rows' tiles for `layer` from their queries (all columns) and keys."""
+    def _plan(self, layer: int, q: Tensor) -> Tensor:
+        """Layer `layer`'s (B, H, nT, nT) pattern, nT covering this canvas (new squares unkept)."""
         n_tiles = -(-self.tiles.shape[1] // self.options.tile)
-        heads = q.shape[1]
         if len(self.plans) <= layer:
-            self.plans.append(torch.zeros(q.shape[0], heads, n_tiles, n_tiles, dtype=torch.bool, device=q.device))
+            self.plans.append(torch.zeros(q.shape[0], q.shape[1], n_tiles, n_tiles, dtype=torch.bool,
+                                          device=q.device))
         plan = self.plans[layer]
         if plan.shape[2] < n_tiles:                        # a wider canvas than at earlier builds
-            grown = plan.new_zeros(plan.shape[0], heads, n_tiles, n_tiles)
+            grown = plan.new_zeros(plan.shape[0], plan.shape[1], n_tiles, n_tiles)
             grown[:, :, :plan.shape[2], :plan.shape[3]] = plan
             self.plans[layer] = plan = grown
+        return plan
+
+    def _build(self, layer: int, q: Tensor, k: Tensor) -> None:
+        """Choose the building rows' tiles for `layer` from their queries (all columns) and keys."""
+        plan = self._plan(layer, q)
+        n_tiles, heads = -(-self.tiles.shape[1] // self.options.tile), q.shape[1]
         rows = self.building.nonzero().squeeze(1)
         scale = q.shape[-1] ** -0.5 if self.options.scale == "head_dim" else heads ** -0.5
         chosen = choose_tiles(q.index_select(0, rows), k.index_select(0, rows),
@@ -234,6 +243,52 @@ class SparseState:
 
     def trim(self, width: int) -> SparseState:
         return self                      # tiles follow positions: a shorter canvas keeps them
+
+
+def tile_attention(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, first: Tensor, tile: int,
+                   query_start: int = 0) -> Tensor:
+    """Attention restricted to the kept (query tile, key tile) squares, computing only those.
+
+    Each (row, head, query tile) gathers its kept key tiles (padded to the batch's largest kept
+    count, the padding masked) and attends over them alone: the work is the kept share of the
+    dense scores plus the gathers, where an SDPA mask would compute every score.
+
+    Args:
+        q: (B, H, Lq, D) queries of canvas columns `[query_start, query_start + Lq)`.
+        k, v: (B, Hkv, L, D) keys and values of every column.
+        plan: (B, H, nT, nT) bool kept key tiles per query tile.
+        first: (B,) each row's first real column (rows are left-padded; tile j of a row covers
+            columns `first + j * tile` onwards).
+    Returns:
+        (B, H, Lq, D); columns in no tile (padding) are zero.
+    """
+    batch, heads, queries, dim = q.shape
+    length, n_tiles = k.shape[2], plan.shape[-1]
+    if k.shape[1] != heads:
+        k, v = (t.repeat_interleave(heads // k.shape[1], dim=1) for t in (k, v))
+    counts = plan.sum(-1)                                                # (B, H, nT)
+    widest = max(1, int(counts.max()))
+    picked = torch.sort(plan.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :widest]
+    offsets = torch.arange(tile, device=q.device)
+    key_cols = first[:, None, None, None, None] + picked[..., None] * tile + offsets   # (B,H,nT,K,tile)
+    key_ok = (key_cols < length) & (torch.arange(widest, device=q.device)[:, None] < counts[..., None, None])
+    key_cols = key_cols.clamp_max(length - 1).flatten(3)                # (B, H, nT, K*tile)
+    flat = key_cols.flatten(2)[..., None].expand(-1, -1, -1, dim)
+    keys = torch.gather(k, 2, flat).view(batch, heads, n_tiles, -1, dim)
+    values = torch.gather(v, 2, flat).view(batch, heads, n_tiles, -1, dim)
+    query_cols = (first[:, None, None] + torch.arange(n_tiles, device=q.device)[:, None] * tile
+                  + offsets - query_start)                               # (B, nT, tile)
+    query_ok = (query_cols >= 0) & (query_cols < queries)
+    query_cols = torch.where(query_ok, query_cols, queries)              # outside: a dump column
+    padded_q = torch.cat([q, q.new_zeros(batch, heads, 1, dim)], 2)
+    flat_q = query_cols.flatten(1)[:, None, :, None].expand(batch, heads, -1, dim)
+    tiled_q = torch.gather(padded_q, 2, flat_q).view(batch, heads, n_tiles, tile, dim)
+    scores = (tiled_q @ keys.transpose(-1, -2)) * dim ** -0.5
+    scores = scores.masked_fill(~key_ok.flatten(3)[..., None, :], torch.finfo(scores.dtype).min)
+    out = torch.softmax(scores.float(), -1).to(v.dtype) @ values        # (B, H, nT, tile, D)
+    result = q.new_zeros(batch, heads, queries + 1, dim)
+    result.scatter_(2, flat_q, out.flatten(2, 3))
+    return result[:, :, :queries]
 
 
 def choose_tiles(q: Tensor, k: Tensor, tiles: Tensor, real: Tensor, gen: Tensor, tile: int,

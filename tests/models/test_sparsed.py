@@ -229,3 +229,24 @@ def test_a_row_waiting_for_its_batch_mates_does_not_advance_its_step():
     state.begin(grown, None)
     assert state.step.tolist() == [1, 0, 0] and state.gen.tolist() == [3, 3, 3]
     assert state.select_rows(torch.tensor([2])).step.tolist() == [0]
+
+
+def test_tile_attention_equals_sdpa_under_the_expanded_pattern():
+    model = model_with({"name": "sparsed", "select": 0.3, "skip": 0.0, "tile": 2})
+    canvas, mask = padded_canvas(model)
+    state = NoCache().init_state(model)
+    for column in (9, 10, 11):                          # forwards n = 0, 1 (build), 2 (sparse)
+        NoCache().logits(model, canvas, mask, (0, 17), 0, state)
+        canvas[:, column] = 7
+    state.begin(canvas, mask)
+    assert state.any_sparse
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 17, 8), torch.randn(2, 4, 17, 8), torch.randn(2, 4, 17, 8)
+    real = mask.bool()
+    for start in (0, 9):                                # every query, and the compact last layer's rows
+        expanded = state.mask(0, 17 - start, start)
+        assert (expanded.sum(-1) < real.sum(-1)[:, None, None]).any()     # some real keys dropped
+        expected = torch.nn.functional.scaled_dot_product_attention(q[:, :, start:], k, v, attn_mask=expanded)
+        actual = sparsed.tile_attention(q[:, :, start:], k, v, state.plans[0], real.long().argmax(1), 2, start)
+        keep = real[:, start:]
+        assert_logits_close(actual.transpose(1, 2)[keep], expected.transpose(1, 2)[keep])

@@ -1,0 +1,81 @@
+"""timing.md: the embedded model's forward at long synthetic prompts, dense attention beside
+SparseD (the paper's defaults: tile 128, select 0.3) after its switch step, side by side.
+
+Per prompt length: the median over interleaved repeats of the process CPU time (one thread) of a
+whole forward and of the attention calls inside it (dense: SDPA; sparse: `SparseState.attend`,
+the expanded tile mask plus SDPA under it), and the one-off pattern build forward. Prompts are
+random token ids; the generation is 32 [MASK] columns. Run from the repository root:
+OMP_NUM_THREADS=1 python measurements/cpu_2026-11-29-sparsed/timing.py
+"""
+
+import statistics
+import time
+
+import torch
+
+from dllm_decode.interfaces import NoCache
+from dllm_decode.models import compact, sparsed
+from dllm_decode.models.attention import set_attention
+from dllm_decode.models.loading import load_model
+
+REPEATS = 7
+GEN = 32
+spent = {"attention": 0.0}
+
+
+def timed(fn):
+    def wrapper(*args, **kwargs):
+        start = time.process_time()
+        out = fn(*args, **kwargs)
+        spent["attention"] += time.process_time() - start
+        return out
+    return wrapper
+
+
+compact.sdpa = timed(compact.sdpa)                   # the dense forward's attention calls
+sparsed.SparseState.attend = timed(sparsed.SparseState.attend)
+
+
+def measure(call):
+    spent["attention"] = 0.0
+    start = time.process_time()
+    call()
+    return time.process_time() - start, spent["attention"]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = load_model("embedded")
+    mask_id = model.mask_token_id
+    print("| prompt | canvas | dense forward ms | sparse forward ms | sparse / dense forward | "
+          "dense attention share | sparse attention share | sparse / dense attention | build forward ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for prompt in (96, 224, 480, 992 - GEN):
+        canvas = torch.cat([torch.randint(0, mask_id - 1, (1, prompt)),
+                            torch.full((1, GEN), mask_id)], 1)
+        width = canvas.shape[1]
+        rows = (prompt, width)
+        set_attention(model, "sparsed:skip=0")       # E = 1: dense at n = 0, build at n = 1
+        cache = NoCache()
+        state = cache.init_state(model)
+        with torch.no_grad():
+            cache.logits(model, canvas, None, rows, 0, state)
+            canvas[0, prompt] = 5
+            build = measure(lambda: cache.logits(model, canvas, None, rows, 0, state))[0]
+            canvas[0, prompt + 1] = 5
+            dense_model = load_model("embedded")
+            dense, sparse = [], []
+            for _ in range(REPEATS):                  # interleaved: the machine's load hits both
+                dense.append(measure(lambda: dense_model(canvas, None, rows=rows)))
+                sparse.append(measure(lambda: cache.logits(model, canvas, None, rows, 0, state)))
+                assert state.any_sparse and not state.any_building
+        d_fwd = statistics.median(f for f, _ in dense)
+        s_fwd = statistics.median(f for f, _ in sparse)
+        d_att = statistics.median(a for _, a in dense)
+        s_att = statistics.median(a for _, a in sparse)
+        print(f"| {prompt} | {width} | {1e3 * d_fwd:.1f} | {1e3 * s_fwd:.1f} | {s_fwd / d_fwd:.2f} | "
+              f"{d_att / d_fwd:.2f} | {s_att / s_fwd:.2f} | {s_att / d_att:.2f} | {1e3 * build:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
