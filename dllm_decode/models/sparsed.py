@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from dllm_decode.fields import MAX_CANVAS, Checked, bounded, check_probability
@@ -283,9 +284,11 @@ def tile_attention(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, first: Tensor,
     padded_q = torch.cat([q, q.new_zeros(batch, heads, 1, dim)], 2)
     flat_q = query_cols.flatten(1)[:, None, :, None].expand(batch, heads, -1, dim)
     tiled_q = torch.gather(padded_q, 2, flat_q).view(batch, heads, n_tiles, tile, dim)
-    scores = (tiled_q @ keys.transpose(-1, -2)) * dim ** -0.5
-    scores = scores.masked_fill(~key_ok.flatten(3)[..., None, :], torch.finfo(scores.dtype).min)
-    out = torch.softmax(scores.float(), -1).to(v.dtype) @ values        # (B, H, nT, tile, D)
+    squares = batch * heads * n_tiles                                    # one SDPA batch entry each
+    out = F.scaled_dot_product_attention(
+        tiled_q.reshape(squares, 1, tile, dim), keys.reshape(squares, 1, -1, dim),
+        values.reshape(squares, 1, -1, dim), attn_mask=key_ok.reshape(squares, 1, 1, -1))
+    out = out.view(batch, heads, n_tiles, tile, dim)
     result = q.new_zeros(batch, heads, queries + 1, dim)
     result.scatter_(2, flat_q, out.flatten(2, 3))
     return result[:, :, :queries]
