@@ -102,7 +102,7 @@ def components() -> str:
 
     out = []
     for title, kind in (("Schedulers", "scheduler"), ("Caches", "cache"), ("Filters", "filter"),
-                        ("AR draft-length rules", "draft_length")):
+                        ("AR draft-length rules", "draft_length"), ("Attention back ends", "attention")):
         out += [f"### {title}", "", "| name | what | fields (defaults) |", "|---|---|---|"]
         for name, doc, params in describe(registry(kind)):
             fields = ", ".join(f"`{f}={default!r}`" for f, _, default in params) or "–"

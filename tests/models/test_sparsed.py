@@ -250,3 +250,17 @@ def test_tile_attention_equals_sdpa_under_the_expanded_pattern():
         actual = sparsed.tile_attention(q[:, :, start:], k, v, state.plans[0], real.long().argmax(1), 2, start)
         keep = real[:, start:]
         assert_logits_close(actual.transpose(1, 2)[keep], expected.transpose(1, 2)[keep])
+
+
+def test_the_compatibility_matrix_shows_the_attention_back_ends():
+    from dllm_decode.caches import DualCache
+    from dllm_decode.compat import try_attention
+    from dllm_decode.schedulers import ThresholdScheduler
+
+    llada, sdar = tiny_llada(), tiny_block_diffusion("sdar")
+    assert try_attention(llada, "sparsed", ThresholdScheduler(), NoCache()).ok
+    assert try_attention(sdar, "dense", ThresholdScheduler(), NoCache()).ok
+    refused = try_attention(sdar, "sparsed", ThresholdScheduler(), NoCache())
+    assert not refused.ok and "block-sparse already" in refused.reason
+    assert "runs only under the caches ['none']" in try_attention(llada, "sparsed", ThresholdScheduler(), DualCache()).reason
+    assert llada.__dict__.get("attention_backend") is None           # probed on a copy
