@@ -250,9 +250,10 @@ def tile_attention(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, first: Tensor,
                    query_start: int = 0) -> Tensor:
     """Attention restricted to the kept (query tile, key tile) squares, computing only those.
 
-    Each (row, head, query tile) gathers its kept key tiles (padded to the batch's largest kept
-    count, the padding masked) and attends over them alone: the work is the kept share of the
-    dense scores plus the gathers, where an SDPA mask would compute every score.
+    Each row's columns are first laid out on its tile grid (one gather of the canvas); then each
+    (row, head, query tile) takes its kept key tiles as whole blocks (padded to the batch's
+    largest kept count, the padding masked) and attends over them alone, through SDPA: the work
+    is the kept share of the dense scores plus the block copies.
 
     Args:
         q: (B, H, Lq, D) queries of canvas columns `[query_start, query_start + Lq)`.
@@ -264,34 +265,33 @@ def tile_attention(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, first: Tensor,
         (B, H, Lq, D); columns in no tile (padding) are zero.
     """
     batch, heads, queries, dim = q.shape
-    length, n_tiles = k.shape[2], plan.shape[-1]
-    if k.shape[1] != heads:
-        k, v = (t.repeat_interleave(heads // k.shape[1], dim=1) for t in (k, v))
-    counts = plan.sum(-1)                                                # (B, H, nT)
+    kv_heads, length, n_tiles = k.shape[1], k.shape[2], plan.shape[-1]
+    cols = first[:, None] + torch.arange(n_tiles * tile, device=q.device)      # (B, nT*tile)
+    real = (cols < length).view(batch, n_tiles, tile)
+
+    def on_grid(t: Tensor, index: Tensor) -> Tensor:                         # (B, h, nT, tile, D)
+        grid = torch.gather(t, 2, index[:, None, :, None].expand(-1, t.shape[1], -1, dim))
+        return grid.view(batch, t.shape[1], n_tiles, tile, dim)
+
+    key_index = cols.clamp_max(length - 1)
+    keys, values = on_grid(k, key_index), on_grid(v, key_index)
+    tiled_q = on_grid(q, (cols - query_start).clamp(0, queries - 1))
+    counts = plan.sum(-1)                                                    # (B, H, nT)
     widest = max(1, int(counts.max()))
     picked = torch.sort(plan.to(torch.int8), dim=-1, descending=True, stable=True).indices[..., :widest]
-    offsets = torch.arange(tile, device=q.device)
-    key_cols = first[:, None, None, None, None] + picked[..., None] * tile + offsets   # (B,H,nT,K,tile)
-    key_ok = (key_cols < length) & (torch.arange(widest, device=q.device)[:, None] < counts[..., None, None])
-    key_cols = key_cols.clamp_max(length - 1).flatten(3)                # (B, H, nT, K*tile)
-    flat = key_cols.flatten(2)[..., None].expand(-1, -1, -1, dim)
-    keys = torch.gather(k, 2, flat).view(batch, heads, n_tiles, -1, dim)
-    values = torch.gather(v, 2, flat).view(batch, heads, n_tiles, -1, dim)
-    query_cols = (first[:, None, None] + torch.arange(n_tiles, device=q.device)[:, None] * tile
-                  + offsets - query_start)                               # (B, nT, tile)
-    query_ok = (query_cols >= 0) & (query_cols < queries)
-    query_cols = torch.where(query_ok, query_cols, queries)              # outside: a dump column
-    padded_q = torch.cat([q, q.new_zeros(batch, heads, 1, dim)], 2)
-    flat_q = query_cols.flatten(1)[:, None, :, None].expand(batch, heads, -1, dim)
-    tiled_q = torch.gather(padded_q, 2, flat_q).view(batch, heads, n_tiles, tile, dim)
-    squares = batch * heads * n_tiles                                    # one SDPA batch entry each
-    out = F.scaled_dot_product_attention(
-        tiled_q.reshape(squares, 1, tile, dim), keys.reshape(squares, 1, -1, dim),
-        values.reshape(squares, 1, -1, dim), attn_mask=key_ok.reshape(squares, 1, 1, -1))
-    out = out.view(batch, heads, n_tiles, tile, dim)
-    result = q.new_zeros(batch, heads, queries + 1, dim)
-    result.scatter_(2, flat_q, out.flatten(2, 3))
-    return result[:, :, :queries]
+    rows = torch.arange(batch, device=q.device)[:, None, None, None]
+    kv_head = (torch.arange(heads, device=q.device) // (heads // kv_heads))[None, :, None, None]
+    blocks = ((rows * kv_heads + kv_head) * n_tiles + picked).flatten()     # whole key tiles
+    squares = batch * heads * n_tiles                                        # one SDPA entry each
+    take = lambda t: t.reshape(-1, tile * dim).index_select(0, blocks).view(squares, 1, -1, dim)  # noqa: E731
+    allowed = real[rows, picked] & (torch.arange(widest, device=q.device) < counts[..., None])[..., None]
+    out = F.scaled_dot_product_attention(tiled_q.reshape(squares, 1, tile, dim), take(keys), take(values),
+                                         attn_mask=allowed.reshape(squares, 1, 1, -1))
+    out = out.view(batch, heads, n_tiles * tile, dim)
+    slot = torch.arange(queries, device=q.device)[None] + query_start - first[:, None]     # (B, Lq)
+    inside = (slot >= 0) & (slot < n_tiles * tile)
+    result = torch.gather(out, 2, slot.clamp(0, n_tiles * tile - 1)[:, None, :, None].expand(-1, heads, -1, dim))
+    return result * inside[:, None, :, None]
 
 
 def choose_tiles(q: Tensor, k: Tensor, tiles: Tensor, real: Tensor, gen: Tensor, tile: int,
