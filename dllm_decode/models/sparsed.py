@@ -230,8 +230,7 @@ class SparseState:
         n_tiles, heads = -(-self.tiles.shape[1] // self.options.tile), q.shape[1]
         rows = self.building.nonzero().squeeze(1)
         scale = q.shape[-1] ** -0.5 if self.options.scale == "head_dim" else heads ** -0.5
-        chosen = choose_tiles(q.index_select(0, rows), k.index_select(0, rows),
-                              self.tiles.index_select(0, rows), self.real.index_select(0, rows),
+        chosen = choose_tiles(q.index_select(0, rows), k.index_select(0, rows), self.real.index_select(0, rows),
                               self.gen.index_select(0, rows), self.options.tile, self.options.select,
                               scale, n_tiles)
         plan[rows, :, :n_tiles, :n_tiles] = chosen
@@ -294,47 +293,55 @@ def tile_attention(q: Tensor, k: Tensor, v: Tensor, plan: Tensor, first: Tensor,
     return result * inside[:, None, :, None]
 
 
-def choose_tiles(q: Tensor, k: Tensor, tiles: Tensor, real: Tensor, gen: Tensor, tile: int,
-                 select: float, scale: float, n_tiles: int) -> Tensor:
+def choose_tiles(q: Tensor, k: Tensor, real: Tensor, gen: Tensor, tile: int, select: float,
+                 scale: float, n_tiles: int) -> Tensor:
     """SparseD's two-pass selection (module docstring), vectorised over rows, heads and tiles.
 
     Args:
         q: (B, H, L, D) rotated queries of every canvas column; k: (B, Hkv, L, D) rotated keys.
-        tiles: (B, L) each column's tile; real: (B, L) bool, not padding.
+        real: (B, L) bool, not padding (left padding: a row's real columns end the canvas).
         gen: (B,) generation length of each row.
     Returns:
         (B, H, nT, nT) bool: key tiles kept per (head, query tile).
     """
-    batch, heads, length, _ = q.shape
+    batch, heads, length, dim = q.shape
     if k.shape[1] != heads:
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
-    one_hot = torch.nn.functional.one_hot(tiles, n_tiles).to(q.dtype) * real[..., None]   # (B, L, nT)
+    span = n_tiles * tile
+    cols = real.long().argmax(1)[:, None] + torch.arange(span, device=q.device)   # on the tile grid
+    on = cols < length                                                       # (B, nT*tile) real
+    index = cols.clamp_max(length - 1)[:, None, :, None].expand(-1, heads, -1, dim)
+    q, k = torch.gather(q, 2, index), torch.gather(k, 2, index)
     key_tiles = -(-real.sum(1) // tile)                                     # (B,) real key tiles
-    prompt = real.sum(1) - gen
-    first_gen = torch.minimum(-(-prompt // tile), key_tiles - 1)           # the reference's `last`
-    index = torch.arange(n_tiles, device=q.device)
-    valid = index[None] < key_tiles[:, None]                                # (B, nT)
-    generation = valid & (index[None] >= first_gen[:, None])
-    everything = importance(q, k, real, one_hot, scale)
+    first_gen = torch.minimum(-(-(real.sum(1) - gen) // tile), key_tiles - 1)   # the reference's `last`
+    tile_index = torch.arange(n_tiles, device=q.device)
+    valid = tile_index[None] < key_tiles[:, None]                            # (B, nT)
+    generation = valid & (tile_index[None] >= first_gen[:, None])
+    gen_keys = on & (torch.arange(span, device=q.device)[None] // tile >= first_gen[:, None])
+    everything, isolated = importance(q, k, on, gen_keys, tile, scale)
     kept = top_tiles(everything, valid, select) & ~generation[:, None, None, :]
-    gen_keys = real & (tiles >= first_gen[:, None])
-    isolated = importance(q, k, gen_keys, one_hot, scale)
     return kept | top_tiles(isolated, generation, select)
 
 
-def importance(q: Tensor, k: Tensor, keys: Tensor, one_hot: Tensor, scale: float) -> Tensor:
-    """(B, H, nT, nT) float32: softmax(Q K^T * scale) over the `keys` (B, L) bool, summed over each
-    (query tile, key tile) square; queries in chunks of rows to bound memory."""
-    batch, heads, length, _ = q.shape
-    out = q.new_zeros(batch, heads, one_hot.shape[2], one_hot.shape[2], dtype=torch.float32)
-    step = max(1, QUERY_CHUNK // max(1, heads * length * batch))
-    blocked = ~keys[:, None, None, :]
-    for start in range(0, length, step):
-        scores = (q[:, :, start:start + step] @ k.transpose(2, 3)).float() * scale
-        weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), -1).to(q.dtype).float()
-        by_key = weights @ one_hot[:, None].float()                        # (B, H, rows, nT)
-        out += one_hot[:, None, start:start + step].float().transpose(2, 3) @ by_key
-    return out
+def importance(q: Tensor, k: Tensor, keys: Tensor, gen_keys: Tensor, tile: int,
+               scale: float) -> tuple[Tensor, Tensor]:
+    """Two (B, H, nT, nT) float32 importances of grid-laid q, k (B, H, nT*tile, D): the softmax
+    of Q K^T * scale over the `keys` (B, nT*tile) bool, and over `gen_keys`, each summed over
+    every (query tile, key tile) square; real queries only; query tiles in chunks to bound memory."""
+    batch, heads, span, _ = q.shape
+    n_tiles = span // tile
+    out = [q.new_zeros(batch, heads, n_tiles, n_tiles, dtype=torch.float32) for _ in range(2)]
+    chunk = max(1, QUERY_CHUNK // max(1, heads * span * batch * tile))      # query tiles at once
+    for first in range(0, n_tiles, chunk):
+        rows = slice(first * tile, (first + chunk) * tile)
+        scores = (q[:, :, rows] @ k.transpose(2, 3)).float() * scale
+        count = scores.shape[2] // tile
+        for allowed, total in zip((keys, gen_keys), out):
+            weights = torch.softmax(scores.masked_fill(~allowed[:, None, None, :], float("-inf")), -1)
+            weights = weights.to(q.dtype).float() * keys[:, None, rows, None]
+            total[:, :, first:first + count] = weights.view(
+                batch, heads, count, tile, n_tiles, tile).sum((3, 5))
+    return out[0], out[1]
 
 
 def top_tiles(score: Tensor, valid: Tensor, select: float) -> Tensor:

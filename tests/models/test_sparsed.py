@@ -109,22 +109,20 @@ def test_padding_never_changes_a_rows_tiles():
     torch.manual_seed(0)
     q, k = torch.randn(1, 2, 11, 4), torch.randn(1, 2, 11, 4)
     tile = 3
-    plain = choose_tiles(q, k, torch.arange(11)[None] // tile, torch.ones(1, 11, dtype=torch.bool),
+    plain = choose_tiles(q, k, torch.ones(1, 11, dtype=torch.bool),
                          torch.tensor([5]), tile, 0.3, 0.5, 4)
     pad = 4
     qp = torch.cat([torch.randn(1, 2, pad, 4) * 50, q], 2)        # loud padding: would win if attended
     kp = torch.cat([torch.randn(1, 2, pad, 4) * 50, k], 2)
     real = torch.tensor([[False] * pad + [True] * 11])
-    tiles = ((real.long().cumsum(1) - 1).clamp_min(0)) // tile
-    padded = choose_tiles(qp, kp, tiles, real, torch.tensor([5]), tile, 0.3, 0.5, 5)
+    padded = choose_tiles(qp, kp, real, torch.tensor([5]), tile, 0.3, 0.5, 5)
     assert torch.equal(padded[..., :4, :4], plain) and not padded[..., 4].any()
 
 
 def test_the_isolated_pass_keeps_a_generation_tile_for_every_query_tile():
     torch.manual_seed(1)
     q, k = torch.randn(1, 2, 12, 4), torch.randn(1, 2, 12, 4)
-    tiles = torch.arange(12)[None] // 3
-    kept = choose_tiles(q, k, tiles, torch.ones(1, 12, dtype=torch.bool), torch.tensor([6]), 3, 0.0, 0.5, 4)
+    kept = choose_tiles(q, k, torch.ones(1, 12, dtype=torch.bool), torch.tensor([6]), 3, 0.0, 0.5, 4)
     # prompt 6 tokens = tiles 0, 1; generation tiles 2, 3. The first pass keeps 1 of the 4 tiles
     # and loses it when it is a generation tile; the isolated pass keeps 1 of the 2 generation tiles
     assert kept[..., :2].sum(-1).le(1).all() and kept[..., 2:].sum(-1).eq(1).all()
