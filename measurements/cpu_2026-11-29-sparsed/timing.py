@@ -1,5 +1,7 @@
 """timing.md: the embedded model's forward at long synthetic prompts, dense attention beside
-SparseD (the paper's defaults: tile 128, select 0.3) after its switch step, side by side.
+SparseD (the paper's defaults: tile 128, select 0.3) after its switch step, side by side, and
+what that makes of a whole decode of T steps (E = int(0.2 T) + 1 dense forwards, one build,
+the rest sparse).
 
 Per prompt length: the median over interleaved repeats of the process CPU time (one thread) of a
 whole forward and of the attention calls inside it (dense: SDPA; sparse: `SparseState.attend`,
@@ -44,13 +46,21 @@ def measure(call):
     return time.process_time() - start, spent["attention"]
 
 
+def decode(steps: int, dense: float, sparse: float, build: float) -> float:
+    """A whole T-step decode with SparseD's defaults (skip 0.2: E dense forwards, one build
+    forward, the rest sparse) over T dense forwards, from the measured forward times."""
+    switch = int(steps * 0.2) + 1
+    return (switch * dense + build + (steps - switch - 1) * sparse) / (steps * dense)
+
+
 def main() -> None:
     torch.manual_seed(0)
     model = load_model("embedded")
     mask_id = model.mask_token_id
     print("| prompt | canvas | dense forward ms | sparse forward ms | sparse / dense forward | "
-          "dense attention share | sparse attention share | sparse / dense attention | kept squares % | build forward ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "dense attention share | sparse attention share | sparse / dense attention | kept squares % | build forward ms | "
+          "decode T=32 / dense | decode T=128 / dense |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for prompt in (96, 224, 480, 992, 2016, 4064):
         canvas = torch.cat([torch.randint(0, mask_id - 1, (1, prompt)),
                             torch.full((1, GEN), mask_id)], 1)
