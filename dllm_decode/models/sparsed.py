@@ -35,9 +35,11 @@ Deviations from the reference, each stated:
   * Ties between equal importances go to the lower key tile (the reference's `topk` is unsorted,
     its tie order unspecified); a keep count above the tile count keeps every tile (the
     reference's `topk` fails).
-  * The sparse step runs SDPA under the expanded boolean tile mask (exact, any device); the
-    reference's FlexAttention block-sparse kernel (which skips the dropped squares' work on a
-    GPU) is not used, so no speed-up is claimed: see the measurements.
+  * The sparse step gathers each query tile's kept key tiles and runs SDPA over them
+    (`tile_attention`: plain torch, any device), where the reference runs FlexAttention's
+    block-sparse kernel (compiled per shape, CUDA). Both skip the dropped squares' work.
+  * Padding: rows are left-padded (the loop's layout): a row's real columns end the canvas.
+  * One host sync per forward (which rows build, which run sparse) besides the loop's own.
   * The pattern is built once per request at its n == E, also under semi-autoregressive blocks
     (the reference's behaviour: later blocks reuse a pattern built while they were masked).
 """
