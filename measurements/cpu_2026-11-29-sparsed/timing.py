@@ -87,7 +87,8 @@ def main() -> None:
         tiles = -(-width // 128)
         kept = sum(float(p[..., :tiles, :tiles].float().mean()) for p in state.plans) / len(state.plans)
         print(f"| {prompt} | {width} | {1e3 * d_fwd:.1f} | {1e3 * s_fwd:.1f} | {s_fwd / d_fwd:.2f} | "
-              f"{d_att / d_fwd:.2f} | {s_att / s_fwd:.2f} | {s_att / d_att:.2f} | {100 * kept:.0f} | {1e3 * build:.1f} |",
+              f"{d_att / d_fwd:.2f} | {s_att / s_fwd:.2f} | {s_att / d_att:.2f} | {100 * kept:.0f} | {1e3 * build:.1f} | "
+              f"{decode(32, d_fwd, s_fwd, build):.2f} | {decode(128, d_fwd, s_fwd, build):.2f} |",
               flush=True)
 
 
