@@ -283,7 +283,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
                            capture, views, load_identity(quantize, split_adapters(adapter, named_ok=False).merged,
-                                                         dtype, chat_template))
+                                                         dtype, chat_template, attention))
     finally:
         launch.finish(groups)
 

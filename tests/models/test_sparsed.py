@@ -262,3 +262,12 @@ def test_the_compatibility_matrix_shows_the_attention_back_ends():
     assert not refused.ok and "block-sparse already" in refused.reason
     assert "runs only under the caches ['none']" in try_attention(llada, "sparsed", ThresholdScheduler(), DualCache()).reason
     assert llada.__dict__.get("attention_backend") is None           # probed on a copy
+
+
+def test_a_resumed_requests_file_notices_another_attention_back_end():
+    from dllm_decode.runkey import load_identity, what_changed
+
+    dense = {"model": {"name": "embedded"}}
+    sparse = {"model": {"name": "embedded", **load_identity(attention="sparsed:tile=8")}}
+    assert what_changed(dense, sparse) == ["attention None -> 'sparsed:tile=8'"]
+    assert load_identity() == {}
