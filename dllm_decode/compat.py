@@ -151,14 +151,30 @@ def try_decode(model: Any, scheduler: Any, cache: Any, gen_length: int = 8,
     return Cell(True)
 
 
+def try_attention(model: Any, attention: str, scheduler: Any, cache: Any) -> Cell:
+    """`try_decode` on a copy of `model` given the attention back end `attention`; a back end
+    that refuses the model gives its one-line reason."""
+    import copy
+
+    from dllm_decode.models.attention import set_attention
+
+    model = copy.deepcopy(model)
+    try:
+        set_attention(model, attention)
+    except (ValueError, TypeError) as err:
+        return Cell(False, first_line(err))
+    return try_decode(model, scheduler, cache)
+
+
 def matrix() -> dict[str, dict[tuple[str, str], Cell]]:
     """Every scheduler x cache (LLaDA layout), scheduler x family (no cache), cache x family
-    (the `threshold` scheduler), self-decoder x family (`threshold`, no cache) and self-decoder x
-    cache (on the Fast-dLLM v2 block model, which every self-decoder accepts), each cell from a
-    real tiny decode with default settings."""
+    (the `threshold` scheduler), attention back end x family (no cache) and x cache (LLaDA
+    layout), self-decoder x family (`threshold`, no cache) and self-decoder x cache (on the
+    Fast-dLLM v2 block model, which every self-decoder accepts), each cell from a real tiny
+    decode with default settings."""
     from dllm_decode.registry import registry
 
-    schedulers, caches = registry("scheduler"), registry("cache")
+    schedulers, caches, attentions = registry("scheduler"), registry("cache"), registry("attention")
     models = {name: build() for name, (_, build) in FAMILIES.items()}
     llada = models["llada"]
     default = schedulers["threshold"]
@@ -169,6 +185,10 @@ def matrix() -> dict[str, dict[tuple[str, str], Cell]]:
                                for s in schedulers for f in models},
         "cache x family": {(c, f): try_decode(models[f], default(), caches[c]())
                            for c in caches for f in models},
+        "attention x family": {(a, f): try_attention(models[f], a, default(), caches["none"]())
+                               for a in attentions for f in models},
+        "attention x cache": {(a, c): try_attention(llada, a, default(), caches[c]())
+                              for a in attentions for c in caches},
         **self_decoder_tables(models),
     }
 

@@ -256,7 +256,12 @@ class Engine:
 def check_cache(model: Any, config: Any) -> None:
     """Raise the `ValueError` the decode would raise at its first step when `config`'s cache
     cannot run on `model` (a block cache on a model without block-causal attention, a KV cache
-    on a model without one): checked before any work (CLI startup, each server request)."""
+    on a model without one, a cache the model's attention back end refuses): checked before any
+    work (CLI startup, each server request)."""
+    from dllm_decode.models.attention import attention_refusal
+
+    if (refusal := attention_refusal(model, config.cache)) is not None:
+        raise ValueError(refusal)
     config.cache.init_state(model)
 
 

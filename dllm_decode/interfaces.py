@@ -373,6 +373,11 @@ class Cache(Checked, abc.ABC):
         computed; the loop lets a row commit only there. None (the default): every column."""
         return None
 
+    def admit(self, state: Any, model: DiffusionLM) -> Any:
+        """The state once requests joined the running batch (their rows appended after the
+        kept ones): by default a fresh one (the cache starts afresh)."""
+        return self.init_state(model)
+
     def report(self, state: Any) -> dict[str, Tensor] | None:
         """What the last step did, per batch row, for the step trace: (B,) counts such as
         `refreshed_layers` and `recomputed` (columns), or None (the default: nothing to say)."""
@@ -388,9 +393,18 @@ class Cache(Checked, abc.ABC):
 @dataclass(frozen=True)
 class NoCache(Cache):
     """No cache: a full forward over the whole canvas every step (the exact reference), logits
-    from the block start to the canvas end. Registered as the `none` cache."""
+    from the block start to the canvas end. Registered as the `none` cache.
+
+    Its state is the model's attention back end's per-request state (`models.attention`; None
+    for dense attention), handed to each forward as `kv`; rows that join keep the others'.
+    """
 
     capturable: ClassVar[bool] = True
+
+    def init_state(self, model: DiffusionLM) -> Any:
+        from dllm_decode.models.attention import attention_state
+
+        return attention_state(model)
 
     def plan(self, block: tuple[int, int], block_step: int, length: int,
              restart: int | None) -> StepPlan:
@@ -399,7 +413,16 @@ class NoCache(Cache):
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
         rows = self.plan(block, block_step, canvas.shape[1], None).rows
-        return model(canvas, attention_mask, rows=rows), rows[0], state
+        if state is None:
+            return model(canvas, attention_mask, rows=rows), rows[0], state
+        state.begin(canvas, attention_mask)
+        return model(canvas, attention_mask, rows=rows, kv=state), rows[0], state
+
+    def select_rows(self, state: Any, rows: Tensor) -> Any:
+        return None if state is None else state.select_rows(rows)
+
+    def admit(self, state: Any, model: DiffusionLM) -> Any:
+        return self.init_state(model) if state is None else state
 
 
 def _index_rows(state: Any, rows: Tensor) -> Any:

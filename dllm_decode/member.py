@@ -129,6 +129,10 @@ def check_decoding(model: Any, cache: Any, trace: Any) -> None:
         raise TypeError(f"cache must be a Cache instance, got {type(cache).__name__}")
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be True or False, got {type(trace).__name__} {trace!r}")
+    from dllm_decode.models.attention import attention_refusal
+
+    if (refusal := attention_refusal(model, cache)) is not None:
+        raise ValueError(refusal)
 
 
 def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, generator: Any,

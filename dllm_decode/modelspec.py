@@ -99,9 +99,10 @@ def parse_options(text: str) -> tuple[tuple[str, str], ...]:
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
                    trust_remote_code: bool = False, runtime: str | None = None,
-                   tensor_parallel: int | None = None, adapter: Any = None, quantize: Any = None) -> Any:
+                   tensor_parallel: int | None = None, adapter: Any = None, quantize: Any = None,
+                   attention: Any = None) -> Any:
     """A `diffusion` or `tiny` spec -> the loaded DiffusionLM (with `.tokenizer`);
-    `trust_remote_code`, `runtime`, `tensor_parallel`, `adapter` and `quantize` as
+    `trust_remote_code`, `runtime`, `tensor_parallel`, `adapter`, `quantize` and `attention` as
     `dllm_decode.models.load_model` (`tiny` is built whole, then sharded and quantized in memory).
 
     Raises:
@@ -127,10 +128,16 @@ def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,
             from dllm_decode.adapters import merge_folders
 
             merge_folders(model, adapter)
-        return model if runtime is None else set_runtime(model, runtime)
+        model = model if runtime is None else set_runtime(model, runtime)
+        if attention is not None:
+            from dllm_decode.models.attention import set_attention
+
+            set_attention(model, attention)
+        return model
     if spec.kind != "diffusion":
         raise ValueError(f"{str(spec)!r} is not a diffusion LM name")
     from dllm_decode.models.loading import load_model
 
     return load_model(spec.name, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                      runtime=runtime, tensor_parallel=tensor_parallel, adapter=adapter, quantize=quantize)
+                      runtime=runtime, tensor_parallel=tensor_parallel, adapter=adapter, quantize=quantize,
+                      attention=attention)

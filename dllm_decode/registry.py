@@ -28,15 +28,17 @@ HOMES: dict[str, tuple[str, str]] = {
     "draft_length": ("dllm_decode.speculative.draft_lengths", "DRAFT_LENGTHS"),
     "drafter": ("dllm_decode.speculative.drafters", "DRAFTERS"),
     "self_decoder": ("dllm_decode.speculative.self_decoders", "SELF_DECODERS"),
+    "attention": ("dllm_decode.models.attention", "ATTENTION"),
 }
 """Kind of component -> (package, registry attribute). `draft_length` holds the AR-only rules;
 `drafter` the speculative drafters (each entry builds its drafter for a target); `self_decoder`
-the self-speculative decoders of diffusion models."""
+the self-speculative decoders of diffusion models; `attention` the plain-torch models' attention
+back ends (a model option)."""
 
 
 def registry(kind: str) -> Mapping[str, type]:
     """The registry of one kind of component (`scheduler`, `cache`, `filter`, `draft_length`,
-    `drafter`, `self_decoder`)."""
+    `drafter`, `self_decoder`, `attention`)."""
     if kind not in HOMES:
         raise ValueError(f"unknown kind of component {kind!r}; choose from {sorted(HOMES)}")
     module, attribute = HOMES[kind]

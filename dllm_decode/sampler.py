@@ -218,7 +218,7 @@ class Decoding:
                 if self.pending:           # newcomers join between phases; the cache starts afresh
                     batch.admit(self.pending)
                     self.pending = []
-                    self.cache_state = self.runner.init_state(self.model)
+                    self.cache_state = self.runner.admit(self.cache_state, self.model)
                     reuse = self.reuse if self.runner is self.cache else None
                 if not len(batch):
                     return self._collect()

@@ -103,7 +103,7 @@ def components() -> str:
 
     out = []
     for title, kind in (("Schedulers", "scheduler"), ("Caches", "cache"), ("Filters", "filter"),
-                        ("AR draft-length rules", "draft_length"),
+                        ("AR draft-length rules", "draft_length"), ("Attention back ends", "attention"),
                         ("Self-speculative decoders (`--self-decoder`)", "self_decoder")):
         out += [f"### {title}", "", "| name | what | fields (defaults) |", "|---|---|---|"]
         for name, doc, params in describe(registry(kind)):

@@ -135,3 +135,21 @@ def test_noise_canvas(name):
 
     config = DecodeConfig(scheduler=component("scheduler", name), gen_length=16, block_length=8)
     check_invariant(tiny_diffusion_gemma(seed=3, steps=4), config)
+
+
+@pytest.mark.parametrize("model_name", ["llada", pytest.param("dream", marks=pytest.mark.slow)])
+def test_every_attention_back_end(model_name):
+    """A model-side attention back end's per-request state (SparseD's patterns, built at each
+    request's own switch step) keeps the invariance: tiles follow positions, not padding, and a
+    joining request keeps the running rows' patterns."""
+    import copy
+
+    from dllm_decode.models.attention import ATTENTION, set_attention
+
+    for name in ATTENTION:
+        model = copy.deepcopy(family(model_name))
+        options = {"skip": 0.0, "tile": 2} if name == "sparsed" else {}
+        set_attention(model, {"name": name, **options})
+        for scheduler in ("low_confidence", "threshold"):
+            config = DecodeConfig(scheduler=component("scheduler", scheduler), gen_length=8, block_length=4)
+            check_invariant(model, config)

@@ -30,6 +30,8 @@ def capture_problem(config: Any, model: Any) -> str | None:
     cache = getattr(config, "cache", config)
     if (problem := compact_problem(model)) is not None:
         return problem
+    if getattr(model, "attention_backend", None) is not None:
+        return "the model has an attention back end the captured forward does not run"
     try:
         Head.of(model)
     except TypeError as error:

@@ -77,6 +77,9 @@ class CapturedExecutor:
         self.cache.init_state(model)         # the cache's own check (a model it cannot serve)
         return None
 
+    def admit(self, state: Any, model: DiffusionLM) -> None:
+        return self.init_state(model)        # joining rows: the K/V start afresh
+
     def report(self, state: Any) -> None:
         return None
 

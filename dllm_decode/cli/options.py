@@ -254,17 +254,21 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
                          gen_length: int = 128, hint: str = "--model",
                          trust_remote_code: bool = False, runtime: str | None = None,
                          tensor_parallel: int = 1, adapter: tuple[str, ...] = (),
-                         quantize: str | None = None) -> Any:
+                         quantize: str | None = None, attention: str | None = None) -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
     suite's tokenizer. `trust_remote_code` (`--trust-remote-code`) lets a checkpoint's own
     tokenizer code run; `runtime` (`--runtime`) and `quantize` (`--quantize`) as `load_model`
-    takes them; `adapter` (`--adapter`): LoRA folders merged at load (before quantizing).
+    takes them; `adapter` (`--adapter`): LoRA folders merged at load (before quantizing);
+    `attention` (`--attention`): the attention back end (`models.attention`).
     """
     if quantize is not None and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
                                  f"{str(spec)!r}", param_hint="--quantize")
+    if attention is not None and spec.kind not in ("diffusion", "tiny"):
+        raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--attention")
     if tensor_parallel > 1 and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--tensor-parallel shards a diffusion LM checkpoint; "
                                  f"{str(spec)!r} is not one", param_hint=hint)
@@ -287,7 +291,7 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
         model = load_diffusion(spec, device=device, dtype=torch_dtype(dtype),
                                trust_remote_code=trust_remote_code, runtime=runtime,
                                tensor_parallel=tensor_parallel, quantize=quantize,
-                               adapter=list(adapter) or None)
+                               adapter=list(adapter) or None, attention=attention)
     return model
 
 

@@ -85,7 +85,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   playground: bool | None = None, trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
-                  prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0, **record: Any) -> None:
+                  prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0,
+                  attention: str | None = None, **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -148,7 +149,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
                threads, host, port, log_level, groups, capture, playground, adapters, quantize,
-               max_request_bytes, (prefix_cache_bytes, prefix_cache_approximate))
+               max_request_bytes, (prefix_cache_bytes, prefix_cache_approximate), attention)
     finally:
         launch.finish(groups)
 
@@ -165,7 +166,8 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
            adapters: Any = None, quantize: str | None = None,
-           max_request_bytes: int | None = None, prefix_cache: tuple[int, int] = (0, 0)) -> None:
+           max_request_bytes: int | None = None, prefix_cache: tuple[int, int] = (0, 0),
+           attention: str | None = None) -> None:
     from dllm_decode.cli.decode import for_model, shipped_wanted
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -176,13 +178,16 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     if spec.kind == "ar" and quantize is not None:
         raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
                                  f"{str(spec)!r}", param_hint="--quantize")
+    if spec.kind == "ar" and attention is not None:
+        raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--attention")
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel, quantize=quantize,
-                                     adapter=adapters.merged if adapters else ())
+                                     adapter=adapters.merged if adapters else (), attention=attention)
         kinds = ("scheduler",)
     from dllm_decode.cli.adapters import attach_named
 

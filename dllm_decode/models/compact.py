@@ -328,14 +328,14 @@ class CompactStack:
             q, k, v = block.attention_inputs(h, cos, sin, self.full_precision)
             if kv is not None:
                 k, v = kv.update(layer, k, v, fed)
-            mask = key_mask
-            if layer == last and keep != (0, h.shape[1]):
-                q, h = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]]
+            mask, first = key_mask, 0
+            if layer == last and keep != (0, h.shape[1]) and not (kv is not None and kv.all_queries):
+                q, h, first = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]], keep[0]
                 if mask is not None and mask.shape[2] > 1:          # per-query (block-causal)
                     mask = mask[:, :, keep[0]:keep[1]]
-            o = sdpa(q, k, v, mask)
+            o = sdpa(q, k, v, mask) if kv is None else kv.attend(layer, q, k, v, mask, first)
             h = block.finish(h, o)
-        return h
+        return h if h.shape[1] == keep[1] - keep[0] else h[:, keep[0]:keep[1]]
 
 
 def _fuse_prenorm(block: Any) -> FusedBlock:

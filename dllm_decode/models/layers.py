@@ -67,6 +67,15 @@ class KVCache:
         """Keep the first `width` canvas columns (the loop cut the dead tail off the canvas)."""
         return KVCache([k[:, :, :width] for k in self.keys], [v[:, :, :width] for v in self.values])
 
+    all_queries = False
+    """Whether a forward through this state needs every fed row's query in every layer."""
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               query_start: int = 0) -> Tensor:
+        """Layer `layer`'s attention (the seam an attention back end's per-request state, such
+        as `models.sparsed.SparseState`, replaces): SDPA under `mask`."""
+        return sdpa(q, k, v, mask)
+
 
 @dataclass
 class StaticKVCache:
@@ -164,7 +173,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, co
         cos, sin: rotary tables for the fed rows.
         key_mask: bool (True = attend) or None: (B, 1, 1, L) over all keys (bidirectional), or
             (B, 1, Lq, L) per fed row (block-causal models).
-        kv: the cache; empty -> store this layer's K/V; filled -> write rows in place, attend all.
+        kv: the cache; empty -> store this layer's K/V; filled -> write rows in place, attend all;
+            its `attend` runs the attention (SDPA, or an attention back end's).
         rows: canvas columns `[a, b)` of the fed rows.
         q_norm, k_norm: per-head norms over D applied before the rotation (Qwen3/SDAR, LLaDA2).
     Returns:
@@ -179,7 +189,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, n_heads: int, n_kv_heads: int, co
     k = apply_rope(k, cos, sin, rope_full_precision)
     if kv is not None:
         k, v = kv.update(layer, k, v, rows)
-    out = sdpa(q, k, v, key_mask)
+    out = sdpa(q, k, v, key_mask) if kv is None else kv.attend(layer, q, k, v, key_mask)
     return rearrange(out, "b h l d -> b l (h d)")
 
 

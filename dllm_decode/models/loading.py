@@ -186,7 +186,8 @@ def turn_end_ids(tokenizer, known: tuple[int, ...]) -> tuple[int, ...]:
 def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool = False,
                runtime: str | None = None, tensor_parallel: int | None = None,
-               adapter: str | Path | Sequence[str | Path] | None = None, quantize: Any = None) -> nn.Module:
+               adapter: str | Path | Sequence[str | Path] | None = None, quantize: Any = None,
+               attention: Any = None) -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -213,6 +214,9 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             quantizes its shard). A checkpoint that is already quantized (its `config.json` has
             a `quantization_config`: this package's own, compressed-tensors FP8 or GPTQ int4)
             loads quantized without it. Quantized models run the `reference` runtime.
+        attention: the attention back end (`models.attention`): `dense` (default) or `sparsed`
+            (SparseD, bidirectional families, cache `none`), a name with options
+            (`sparsed:select=0.5,tile=32`) or a `{"name": ..., option: value}` mapping.
     Returns:
         The model in eval mode, with `.tokenizer` set (None when the directory has none) and
         `.name_or_path` recording where it came from.
@@ -221,7 +225,8 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
         ModelLoadError: missing or corrupt directory, bad config, unsupported model type (a
             causal LM included), tokenizer without a mask token for a generic masked LM, custom
             code without `trust_remote_code` (the message names `--trust-remote-code`); a
-            `runtime` that is unknown or does not cover the model.
+            `runtime` that is unknown or does not cover the model; an attention back end that is
+            unknown, badly configured or does not cover the model.
         ParallelError: a `tensor_parallel` that does not fit the world size or the model's
             head / MLP counts (the message lists the legal sizes).
     """
@@ -236,6 +241,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
 
         if runtime not in DLLM_RUNTIMES:
             raise ModelLoadError(f"runtime must be one of {list(DLLM_RUNTIMES)}, got {runtime!r}")
+    backend = _attention(attention)                  # a bad back end or option: before any work
     directory = resolve_model_dir(path)
     config = read_config(directory)
     spec, quantized = _quantization(directory, config, quantize, device, tensor_parallel)
@@ -305,9 +311,25 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
 
     try:
         set_runtime(model, runtime or default_runtime(model))
+        if backend is not None:
+            from dllm_decode.models.attention import set_attention
+
+            set_attention(model, backend)
     except ValueError as err:
         raise ModelLoadError(f"{directory}: {first_line(err)}") from None
     return model
+
+
+def _attention(spec: Any) -> Any:
+    """`load_model`'s `attention` as a back end object (None: dense), checked on its own."""
+    if spec is None:
+        return None
+    from dllm_decode.models.attention import parse_attention
+
+    try:
+        return parse_attention(spec)
+    except (ValueError, TypeError) as err:
+        raise ModelLoadError(first_line(err)) from None
 
 
 def _quantization(directory: Path, config: dict[str, Any], quantize: Any, device: Any,
