@@ -163,6 +163,10 @@ def check_request(model: Any, cache: Any, prompts: Any, config: DecodeConfig, ge
                         f"{type(tokenizer).__name__} {tokenizer!r}")
     tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     check_canvas(model, config)                 # the rule runs on this model's canvas kind
+    from dllm_decode.models.attention import consult_refusal
+
+    if (refusal := consult_refusal(model, config.scheduler)) is not None:
+        raise ValueError(refusal)
     ids = encode_prompts(prompts, tokenizer, model.vocab_size, model.mask_token_id)
     config.scheduler.check_fits(int(model.vocab_size), config.gen_length)
     if config.scheduler.guide is not None:          # a guide that cannot serve this model: now

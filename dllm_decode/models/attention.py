@@ -77,3 +77,17 @@ def _name(part: Any) -> str:
     from dllm_decode.registry import name_of
 
     return name_of(part)
+
+
+def consult_refusal(model: Any, scheduler: Any) -> str | None:
+    """Why the model's attention back end refuses `scheduler` (one line), or None: a rule whose
+    look-ahead or guide forwards call the model outside the cache would run them without the
+    back end's per-request state, i.e. silently dense."""
+    backend = backend_of(model)
+    if attention_state(model) is None:
+        return None
+    if getattr(scheduler, "lookahead_candidates", 0) or getattr(scheduler, "guide", None) is not None:
+        return (f"attention {_name(backend)!r} keeps per-request state that the extra forwards of "
+                f"scheduler {_name(scheduler)!r} (look-ahead or guide) do not carry; use attention "
+                f"'dense' or another scheduler")
+    return None

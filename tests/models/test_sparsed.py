@@ -271,3 +271,16 @@ def test_a_resumed_requests_file_notices_another_attention_back_end():
     sparse = {"model": {"name": "embedded", **load_identity(attention="sparsed:tile=8")}}
     assert what_changed(dense, sparse) == ["attention None -> 'sparsed:tile=8'"]
     assert load_identity() == {}
+
+
+@pytest.mark.parametrize("rule", ["info_gain", "leap"])
+def test_a_rule_whose_extra_forwards_skip_the_pattern_is_refused_in_one_line(rule):
+    """Look-ahead forwards call the model outside the cache, without the back end's per-request
+    state: under SparseD they would run dense attention silently, so the request is refused."""
+    model = set_attention(tiny_llada(), "sparsed")
+    config = DecodeConfig(scheduler=component("scheduler", rule), gen_length=8, block_length=4)
+    with pytest.raises(ValueError, match="look-ahead or guide") as caught:
+        generate(model, [[1, 2, 3]], config)
+    assert "\n" not in str(caught.value)
+    dense = set_attention(tiny_llada(), "dense")
+    assert generate(dense, [[1, 2, 3]], config).tokens.shape[1] == 8
