@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from dllm_decode import noise_turn, turns
+from dllm_decode.capture.dispatch import denoise_for
 from dllm_decode.noise import canvas_kind
 
 NOISE_OPEN = -1
@@ -44,13 +45,21 @@ class MaskCanvas:
 
     turn = staticmethod(turns.turn)
 
+    @staticmethod
+    def cache_capture(capture: Any) -> Any:
+        """The capture the cache's executor runs: the one asked for."""
+        return capture
+
 
 @dataclass(frozen=True)
 class NoiseCanvas:
-    """An open column holds noise (see the module docstring); `open_id` is `NOISE_OPEN`."""
+    """An open column holds noise (see the module docstring); `open_id` is `NOISE_OPEN`;
+    `denoise` runs the decoder forward (`model.denoise`, or its captured form:
+    `capture.denoise_for`)."""
 
     pad_id: int
     open_id: int = NOISE_OPEN
+    denoise: Any = None
 
     def join(self, model: Any, member: Any, rows: int, device: Any) -> None:
         """The request's noise canvas state (schedule, end-of-text rules, its encoder cache)."""
@@ -59,19 +68,25 @@ class NoiseCanvas:
     def logits(self, runner: Any, model: Any, batch: Any, span: tuple[int, int], block_step: int,
                state: Any) -> tuple[Tensor, int, Any]:
         """Each denoising request's own forward, placed in the window (`noise_turn.forward`)."""
-        return noise_turn.forward(model, batch, span, block_step), span[0], state
+        return noise_turn.forward(model, batch, span, block_step, self.denoise), span[0], state
 
     turn = staticmethod(noise_turn.turn)
 
+    @staticmethod
+    def cache_capture(capture: Any) -> Any:
+        """The capture the cache's executor runs: none (a noise canvas captures its decoder
+        forward, `denoise`, and no masked step)."""
+        return "off"
+
 
 def canvas_of(model: Any, trace: bool = False, capture: Any = "off") -> MaskCanvas | NoiseCanvas:
-    """The model's canvas kind. Raises a one-line ValueError for what a noise canvas does not
-    record or run: a step trace (it commits no columns step by step), a captured step."""
+    """The model's canvas kind (a noise canvas with its decoder forward captured as `capture`
+    asks, `capture.denoise_for`). Raises a one-line ValueError for what a noise canvas does not
+    record: a step trace (it commits no columns step by step)."""
     if canvas_kind(model) != "noise":
         return MaskCanvas(model.mask_token_id, model.eos_token_ids[0])
     if trace:
         raise ValueError("a noise canvas records no step trace; decode with trace=False")
-    if not (isinstance(capture, str) and capture == "off"):
-        raise ValueError("a noise canvas steps eagerly; use capture 'off'")
     pad = noise_turn.pad_of(model)         # else 0 (Gemma's pad): padding reaches the experts'
-    return NoiseCanvas(pad if pad is not None else 0)   # matmuls, so it is fixed, not the EOS
+    return NoiseCanvas(pad if pad is not None else 0,   # matmuls, so it is fixed, not the EOS
+                       denoise=denoise_for(model, capture))

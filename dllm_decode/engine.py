@@ -280,7 +280,7 @@ class DiffusionBackend(Backend):
         self.idle: list[GraphCache] = [] if graphs is None else [graphs]
         self.held: dict[Any, GraphCache] = {}        # a running batch's cache -> its graphs
         self.eos_ids = tuple(model.eos_token_ids)
-        self.open_id = canvas_of(model, capture=self.mode or "off").open_id   # refused at start
+        self.open_id = canvas_of(model).open_id         # [MASK], or the noise canvas's open marker
         self.vocab_size = vocab_size_of(model)
         self.decodings: dict[Any, Decoding] = {}
         self.where: dict[str, Any] = {}               # request id -> its batch's cache

@@ -79,11 +79,13 @@ def pad_of(model: Any) -> int | None:
     return (getattr(model, "generation_defaults", {}) or {}).get("pad_token_id")
 
 
-def forward(model: Any, batch: Batch, span: tuple[int, int], block_step: int) -> Tensor:
+def forward(model: Any, batch: Batch, span: tuple[int, int], block_step: int,
+            denoise: Any = None) -> Tensor:
     """(b, hi - lo, V) float32 logits over the batch window `span`: each request still denoising
     gets its canvas's logits at its block's columns (its own forward over its own cache); zeros
-    elsewhere, where no row may commit."""
+    elsewhere, where no row may commit. `denoise`: the decoder forward (default `model.denoise`)."""
     lo, hi = span
+    denoise = denoise or model.denoise
     out = None
     for g, rows in batch.groups.items():
         if not any(batch.bounds.busy[r] for r in rows):     # its canvas is committed: it waits
@@ -91,7 +93,7 @@ def forward(model: Any, batch: Batch, span: tuple[int, int], block_step: int) ->
         if block_step == 0:
             start_canvas(model, batch, g)
         state, index = batch.members[g].noise, batch.phase.index[g]
-        logits = model.denoise(state.tokens, state.encoder, state.condition)
+        logits = denoise(state.tokens, state.encoder, state.condition)
         if out is None:
             out = logits.new_zeros(len(batch), hi - lo, logits.shape[-1])
         column = batch.bounds.start[rows[0]] - lo

@@ -104,7 +104,7 @@ class Decoding:
         cache.init_state(model)              # a cache that cannot serve this model says so now
         self.canvas = canvas_of(model, trace, capture)   # what an open column holds ([MASK], noise)
         # what runs the cache's plans: the cache (eager) or the captured step (`capture.dispatch`)
-        self.runner, self.capture_problem = executor_for(model, cache, capture)
+        self.runner, self.capture_problem = executor_for(model, cache, self.canvas.cache_capture(capture))
         self.fused: str | None = "eager"     # why this phase decides on the host (None: in the graph)
         self.device = device_of(model)
         self.mask_id = self.canvas.open_id

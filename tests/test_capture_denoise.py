@@ -71,11 +71,12 @@ def test_a_default_decode_through_the_captured_forward_is_token_identical():
     config = DecodeConfig.for_model(model, gen_length=24)
     expected = [generate(model, PROMPTS, config, generator=torch.Generator().manual_seed(s)).tokens
                 for s in range(3)]
-    captured = CapturedDenoise(model, GraphCache("static", length_step=8))
-    model.denoise = captured.denoise              # the loop's one call of the decoder forward
+    graphs = GraphCache("static", length_step=8)   # the loop chooses the captured forward
     for s in range(3):
-        tokens = generate(model, PROMPTS, config, generator=torch.Generator().manual_seed(s)).tokens
+        tokens = generate(model, PROMPTS, config, generator=torch.Generator().manual_seed(s),
+                          capture=graphs).tokens
         assert torch.equal(tokens, expected[s])
+    assert graphs.captures >= 1                       # the decoder forward ran captured
 
 
 def test_what_cannot_be_captured_is_named():

@@ -77,3 +77,12 @@ def test_eval_runs_on_the_noise_canvas(gemma_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert {row["config"]["scheduler"]["name"] for row in rows} == {"uniform_noise", "threshold"}
     assert all(row["decode_config"]["block_length"] == 8 for row in rows)      # the canvas
+
+
+def test_compile_runs_the_same_answer_or_says_why_not(gemma_dir):
+    """`--compile` on a noise model: its decoder forward is the captured one, or (experts in
+    their `loop` form) it runs eagerly with one warning line; the answer is the same either way."""
+    whole = run("--model", str(gemma_dir), "--prompt", "w1 w2 w3")
+    compiled = run("--model", str(gemma_dir), "--prompt", "w1 w2 w3", "--compile")
+    assert whole.exit_code == 0 and compiled.exit_code == 0, compiled.output
+    assert whole.output.strip() in compiled.output

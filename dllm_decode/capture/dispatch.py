@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from dllm_decode.capture.denoise import CapturedDenoise, denoise_problem
 from dllm_decode.capture.executor import CapturedExecutor
 from dllm_decode.capture.graphs import CAPTURE_MODES, GraphCache
 from dllm_decode.capture.step import Head
@@ -111,3 +112,23 @@ def graph_cache(capture: Any) -> GraphCache | None:
     if capture not in CAPTURE_MODES:
         raise ValueError(f"capture must be one of {list(CAPTURE_MODES)}, got {capture!r}")
     return None if capture == "off" else GraphCache(capture)
+
+
+def denoise_for(model: Any, capture: str | GraphCache) -> Any:
+    """What runs a uniform-noise model's decoder forward: `model.denoise` (capture "off", or a
+    forward the capture cannot serve, said by a `CaptureFallback` warning) or a
+    `CapturedDenoise`'s `denoise`.
+
+    Raises:
+        ValueError: an unknown capture mode, or `cuda-graphs` without CUDA.
+    """
+    graphs = graph_cache(capture)
+    if graphs is None:
+        return model.denoise
+    problem = ("'regional' compiles one block of the masked families' compact stack"
+               if graphs.mode == "regional" else denoise_problem(model))
+    if problem is not None:
+        warnings.warn(CaptureFallback(f"capture {graphs.mode!r} runs the noise decoder eagerly: {problem}"),
+                      stacklevel=3)
+        return model.denoise
+    return CapturedDenoise(model, graphs).denoise
