@@ -31,16 +31,17 @@ def model_identity(name: str) -> dict[str, Any]:
     return identity
 
 
-LOAD_KEYS = ("quantize", "adapters", "dtype", "chat_template")
+LOAD_KEYS = ("quantize", "adapters", "dtype", "chat_template", "kv_cache_dtype")
 """How a run loads the model and wraps its prompts, beyond the checkpoint itself: each changes
 the answers, so each is part of the model identity (recorded only when not the default, so a
 plain run's identity stays the checkpoint's)."""
 
 
 def load_identity(quantize: str | None = None, adapters: Any = (), dtype: str | None = None,
-                  chat_template: bool = True) -> dict[str, Any]:
+                  chat_template: bool = True, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """The `LOAD_KEYS` entries of a run that sets them: the quantization, each adapter folder's
-    identity (its config's hash and weight sizes), the dtype, a chat template turned off."""
+    identity (its config's hash and weight sizes), the dtype, a chat template turned off, a
+    low-precision KV cache."""
     out: dict[str, Any] = {}
     if quantize:
         out["quantize"] = str(quantize)
@@ -50,6 +51,8 @@ def load_identity(quantize: str | None = None, adapters: Any = (), dtype: str | 
         out["dtype"] = str(dtype)
     if not chat_template:
         out["chat_template"] = False
+    if kv_cache_dtype != "auto":
+        out["kv_cache_dtype"] = kv_cache_dtype
     return out
 
 

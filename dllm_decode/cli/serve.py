@@ -77,7 +77,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   playground: bool | None = None, trust_remote_code: bool = False,
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
-                  **record: Any) -> None:
+                  kv_cache_dtype: str = "auto", **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -135,7 +135,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
                threads, host, port, log_level, groups, capture, playground, adapters, quantize,
-               max_request_bytes)
+               max_request_bytes, kv_cache_dtype)
     finally:
         launch.finish(groups)
 
@@ -152,7 +152,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            chat_template: bool, max_concurrent: int, threads: int | None, host: str, port: int,
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
            adapters: Any = None, quantize: str | None = None,
-           max_request_bytes: int | None = None) -> None:
+           max_request_bytes: int | None = None, kv_cache_dtype: str = "auto") -> None:
     from dllm_decode.cli.decode import for_model, shipped_wanted
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -163,13 +163,17 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     if spec.kind == "ar" and quantize is not None:
         raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
                                  f"{str(spec)!r}", param_hint="--quantize")
+    if spec.kind == "ar" and kv_cache_dtype != "auto":
+        raise click.BadParameter(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--kv-cache-dtype")
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel, quantize=quantize,
-                                     adapter=adapters.merged if adapters else ())
+                                     adapter=adapters.merged if adapters else (),
+                                     kv_cache_dtype=kv_cache_dtype)
         kinds = ("scheduler",)
     from dllm_decode.cli.adapters import attach_named
 
