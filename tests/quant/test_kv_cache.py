@@ -204,3 +204,24 @@ def test_eval_labels_and_resumes_by_the_kv_cache_dtype(tmp_path):
               "--kv-cache-dtype", "fp8", "--no-plots", "--no-progress", "--out", str(out))
     assert ran.exit_code == 0, ran.output
     assert "embedded --kv-cache-dtype fp8" in (out / "samples.jsonl").read_text()
+
+
+@pytest.mark.parametrize("name", STORES)
+def test_compiled_step_over_the_packed_store_has_no_graph_break(name):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    model = set_kv_cache_dtype(tiny_llada(layers=2), name)
+    cfg = DecodeConfig(scheduler=ThresholdScheduler(threshold=0.3), cache=CACHES["dual"](),
+                       gen_length=8, block_length=4, stop_at_eos=False)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = GraphCache("compile", backend="eager")
+    try:
+        captured = generate(model, prompts, cfg, capture=graphs)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert graphs.captures >= 1
+    assert torch.equal(captured.tokens, generate(model, prompts, cfg).tokens)
