@@ -80,7 +80,7 @@ class BlockCache(Cache):
         if plan.rebuild:
             # Columns after the active blocks are invisible to it (block-causal), so the first
             # forward covers [0, hi) only; the rest of the cache is zeros until a forward writes it.
-            kv = KVCache()
+            kv = KVCache.for_model(model)
             mask = attention_mask[:, :hi] if attention_mask is not None else None
             logits = model(canvas[:, :hi], mask, kv=kv, rows=plan.rows)
             return logits, start, BlockState(kv.pad_to(length), plan.restart)

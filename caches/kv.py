@@ -55,7 +55,7 @@ class BlockKVCache(Cache):
             name = getattr(model, "name_or_path", None) or type(model).__name__
             raise ValueError(f"cache {type(self).__name__} needs a model with a KV cache, and "
                              f"{name} has none (supports_kv is False){accepted_hint(model)}")
-        return KVCache()
+        return KVCache.for_model(model)
 
     capturable: ClassVar[bool] = True
 

@@ -122,7 +122,7 @@ class SuffixCache(Cache):
         fresh = state is None or state.block != block or block_step == 0
         if fresh:
             state = SuffixState(self.kept(e, length, canvas.device), block,
-                                None if self.kv == "none" else KVCache(), canvas.new_zeros(batch),
+                                None if self.kv == "none" else KVCache.for_model(model), canvas.new_zeros(batch),
                                 canvas.new_zeros(batch))
         cols = state.columns
         positions = default_positions(attention_mask, batch, length, canvas.device).index_select(1, cols)

@@ -31,17 +31,18 @@ def model_identity(name: str) -> dict[str, Any]:
     return identity
 
 
-LOAD_KEYS = ("quantize", "adapters", "dtype", "chat_template", "attention")
+LOAD_KEYS = ("quantize", "adapters", "dtype", "chat_template", "attention", "kv_cache_dtype")
 """How a run loads the model and wraps its prompts, beyond the checkpoint itself: each changes
 the answers, so each is part of the model identity (recorded only when not the default, so a
 plain run's identity stays the checkpoint's)."""
 
 
 def load_identity(quantize: str | None = None, adapters: Any = (), dtype: str | None = None,
-                  chat_template: bool = True, attention: str | None = None) -> dict[str, Any]:
+                  chat_template: bool = True, attention: str | None = None,
+                  kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """The `LOAD_KEYS` entries of a run that sets them: the quantization, each adapter folder's
     identity (its config's hash and weight sizes), the dtype, a chat template turned off, the
-    attention back end."""
+    attention back end, a low-precision KV cache."""
     out: dict[str, Any] = {}
     if quantize:
         out["quantize"] = str(quantize)
@@ -53,6 +54,8 @@ def load_identity(quantize: str | None = None, adapters: Any = (), dtype: str | 
         out["chat_template"] = False
     if attention:
         out["attention"] = str(attention)
+    if kv_cache_dtype != "auto":
+        out["kv_cache_dtype"] = kv_cache_dtype
     return out
 
 

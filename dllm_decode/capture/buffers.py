@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,6 +24,8 @@ class StepBuffers:
         windows: per window width W, the (W,) long fed canvas columns, the (O,) long fed-row
             index of each returned logits row and of its predecessor (token-shifted models),
             keyed ("fed", W) / ("out", O) / ("prev", O); and the named buffers of `static`.
+        layout: what `allocate` was given for the K/V (heads, head_dim, dtype, device, store), so
+            a bucket of other sizes can be made like this one.
     """
 
     canvas: Tensor
@@ -31,14 +34,17 @@ class StepBuffers:
     pad_id: int = 0
     windows: dict[tuple[str, int], Tensor] = field(default_factory=dict)
 
+    layout: tuple = ()
+
     @classmethod
     def allocate(cls, batch: int, length: int, layers: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, pad_id: int) -> "StepBuffers":
+                 dtype: torch.dtype, device: torch.device, store: Any = None, *,
+                 pad_id: int) -> "StepBuffers":
+        """Zeroed buffers; K/V of `dtype`, kept as `store` packs them (None: float)."""
         shape = (layers, batch, kv_heads, length + 1, head_dim)
         canvas = torch.full((batch, length + 1), pad_id, dtype=torch.long, device=device)
-        return cls(canvas, torch.zeros_like(canvas),
-                   StaticKVCache(torch.zeros(shape, dtype=dtype, device=device),
-                                 torch.zeros(shape, dtype=dtype, device=device)), pad_id=pad_id)
+        return cls(canvas, torch.zeros_like(canvas), StaticKVCache.allocate(shape, dtype, device, store),
+                   pad_id=pad_id, layout=(kv_heads, head_dim, dtype, device, store))
 
     @property
     def batch(self) -> int:

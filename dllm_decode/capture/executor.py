@@ -70,6 +70,7 @@ class CapturedExecutor:
         self.layers = len(blocks)
         self.pad_id = model.eos_token_ids[0]
         self.max_length = int(getattr(model, "max_length", None) or 0)
+        self.kv_store = getattr(model, "kv_store", None)     # low-precision K/V (`kv_cache_dtype`)
 
     # -- the cache calls the loop makes --------------------------------------------------------
 
@@ -196,11 +197,10 @@ class CapturedExecutor:
         buckets = self.buckets or Buckets(max_batch=self.graphs.max_batch,
                                           length_step=self.graphs.length_step)
         if like is not None:
-            keys = like.kv.keys
-            layout = (keys.shape[2], keys.shape[4], keys.dtype, keys.device)
+            layout = like.layout
         else:
             first = stack.blocks[0]
-            layout = (first.kv_heads, first.head_dim, first.qkv.dtype, first.qkv.device)
+            layout = (first.kv_heads, first.head_dim, first.dtype, first.device, self.kv_store)
         size = (buckets.batch(batch), like.length if like is not None else buckets.length(length))
         key = (*size, self.layers, *layout, self.pad_id)
         if key not in self.graphs.buffers:

@@ -14,7 +14,7 @@ import click
 from dllm_decode.cli.launch import tensor_parallel_option
 from dllm_decode.cli.adapters import adapter_option, split_adapters
 from dllm_decode.cli.attention import attention_option
-from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, quantize_option, registry_names, runtime_option,
+from dllm_decode.cli.options import (DTYPES, RegistryHelp, key_values, kv_cache_dtype_option, quantize_option, registry_names, runtime_option,
                                      trust_option)
 from dllm_decode.cli.self_decoding import self_decoder_options
 
@@ -80,6 +80,7 @@ def record_options(command: Callable[..., Any], model_help: str = MODEL_HELP) ->
         adapter_option,
         quantize_option,
         attention_option,
+        kv_cache_dtype_option,
     ])
 
 
@@ -236,7 +237,7 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
                runtime: str | None = None, cuda_graphs: bool = False, compile_step: bool = False,
                tensor_parallel: int = 1, show: bool = False, trace_html: str | None = None,
                adapter: tuple[str, ...] = (), quantize: str | None = None, attention: str | None = None,
-               **record: Any) -> None:
+               kv_cache_dtype: str = "auto", **record: Any) -> None:
     """Decode one prompt and print the answer (or one JSON object); or run a requests file.
 
     Under `torchrun` with `--tensor-parallel N` (world size N) every rank runs this; TP rank 0
@@ -287,12 +288,12 @@ def run_decode(*, model_name: str, prompt: str | None, chat_template: bool, devi
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel, quantize=quantize,
                                      adapter=split_adapters(adapter, named_ok=False).merged,
-                                     attention=attention)
+                                     attention=attention, kv_cache_dtype=kv_cache_dtype)
         with launch.leader_speaks(groups):
             _decode_loaded(model, spec, config, block_given, text, requests if input_path else None,
                            output_path, chat_template, batch_size, stream, as_json, where, groups,
                            capture, views, load_identity(quantize, split_adapters(adapter, named_ok=False).merged,
-                                                         dtype, chat_template, attention), selfdec)
+                                                         dtype, chat_template, attention, kv_cache_dtype), selfdec)
     finally:
         launch.finish(groups)
 

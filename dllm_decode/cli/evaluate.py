@@ -14,7 +14,8 @@ from dllm_decode.cli.adapters import adapter_option, split_adapters
 from dllm_decode.cli.attention import attention_option
 from dllm_decode.cli.self_decoding import self_decoder_eval_options
 from dllm_decode.cli.options import (DTYPES, MAX_CANVAS, MAX_PROMPTS, RegistryHelp, capture_options, key_values,
-                                     registry_names, quantize_option, runtime_option, trust_option)
+                                     kv_cache_dtype_option, registry_names, quantize_option,
+                                     runtime_option, trust_option)
 
 EVAL_MODEL_HELP = ("As for decoding (a checkpoint directory, HF repo id, `embedded`, `ideal[:noise=X]`, "
                    "`tiny`), or `ar:TARGET[+DRAFT][@compact]` for the AR (speculative) baseline.")
@@ -83,6 +84,7 @@ def command_line() -> str:
 @adapter_option
 @quantize_option
 @attention_option
+@kv_cache_dtype_option
 @capture_options
 @click.option("--combine", is_flag=True,
               help="Summarize every run recorded in --out (e.g. a dLLM run and an `ar:` run of the "
@@ -101,7 +103,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                  trust_remote_code: bool, runtime: str | None, combine: bool, as_json: bool,
                  tensor_parallel: int = 1, cuda_graphs: bool = False, compile_step: bool = False,
                  adapter: tuple[str, ...] = (), quantize: str | None = None,
-                 attention: str | None = None) -> None:
+                 attention: str | None = None, kv_cache_dtype: str = "auto") -> None:
     """Evaluate schedulers on ParallelBench-style tasks: samples.jsonl, summary.json, report.md,
     plots. Runs data-parallel under torchrun (samples sharded by rank, merged by rank 0); with
     --tensor-parallel T on a world of T x D processes, D data-parallel groups of T ranks."""
@@ -165,7 +167,7 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
         rank, _ = distributed.init_from_env(str(where))
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, 1, rank, skipped,
                   settings, runs, out_dir, batch_size, progress, combine, plots, as_json, capture,
-                  adapters=adapters, quantize=quantize, attention=attention)
+                  adapters=adapters, quantize=quantize, attention=attention, kv_cache_dtype=kv_cache_dtype)
         return
     groups = launch.start(tensor_parallel, where, "eval", data_parallel=True, spec=spec)
     try:
@@ -173,7 +175,8 @@ def eval_command(model_name: str, selection: tuple[str, ...], preset_specs: tupl
                      runs=[(r.name, [e.prompt for e in r.examples]) for r in runs])
         _evaluate(spec, where, dtype, chat_template, trust_remote_code, runtime, tensor_parallel,
                   groups.rank, skipped, settings, runs, out_dir, batch_size, progress, combine,
-                  plots, as_json, capture, adapters=adapters, quantize=quantize, attention=attention)
+                  plots, as_json, capture, adapters=adapters, quantize=quantize, attention=attention,
+                  kv_cache_dtype=kv_cache_dtype)
     finally:
         launch.finish(groups)
 
@@ -183,7 +186,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
               skipped: Any, settings: Any, runs: Any, out_dir: str, batch_size: int,
               progress: bool, combine: bool, plots: bool, as_json: bool, capture: str = "off",
               adapters: tuple[str, ...] = (), quantize: str | None = None,
-              attention: str | None = None) -> None:
+              attention: str | None = None, kv_cache_dtype: str = "auto") -> None:
     from dllm_decode.cli.options import torch_dtype, usage_errors
     from dllm_decode.eval.harness import distributed
     from dllm_decode.eval.harness.records import combined_records
@@ -195,7 +198,8 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype),
                                          chat_template, trust_remote_code=trust_remote_code,
                                          runtime=runtime, tensor_parallel=tensor_parallel, capture=capture,
-                                         adapter=adapters, quantize=quantize, attention=attention)
+                                         adapter=adapters, quantize=quantize, attention=attention,
+                                         kv_cache_dtype=kv_cache_dtype)
     with usage_errors("--self-decoder"):
         if attention is not None and any(s.self_decoder != "none" for s in settings):
             raise ValueError("a self-decoder calls the model without an attention back end's state; "
@@ -208,6 +212,7 @@ def _evaluate(spec: Any, where: Any, dtype: str | None, chat_template: bool,
         label = str(spec) + "".join(f"+lora:{folder}" for folder in adapters)   # adapters change answers
         label = label if quantize is None else f"{label} --quantize {quantize}"
         label = label if attention is None else f"{label} --attention {attention}"
+        label = label if kv_cache_dtype == "auto" else f"{label} --kv-cache-dtype {kv_cache_dtype}"
         records = evaluate(decoder, label, settings, runs, out_dir, tokenizer=tokenizer,
                            batch_size=batch_size, progress=progress, identity=model_identity(str(spec)))
     if records is None:                                  # ranks > 0: rank 0 reports

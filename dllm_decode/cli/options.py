@@ -153,6 +153,21 @@ def quantize_option(command: Any) -> Any:
                         callback=_check_quantize, help=QUANTIZE_HELP)(command)
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+"""`dllm_decode.quant.kv.KV_CACHE_DTYPES`, spelled here so parsing imports no torch."""
+
+KV_CACHE_DTYPE_HELP = ("How the caches that keep K/V (prefix, dual, block, suffix, captured steps) "
+                       "store them: auto (the model's dtype), fp8 (e4m3) or int8, each with a "
+                       "float32 scale per head per column. With --cache none nothing is stored "
+                       "and it has no effect.")
+
+
+def kv_cache_dtype_option(command: Any) -> Any:
+    """`--kv-cache-dtype auto|fp8|int8` (vLLM's name): the loaded model's K/V store."""
+    return click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(KV_CACHE_DTYPES),
+                        default="auto", show_default=True, help=KV_CACHE_DTYPE_HELP)(command)
+
+
 def _check_quantize(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
@@ -254,7 +269,8 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
                          gen_length: int = 128, hint: str = "--model",
                          trust_remote_code: bool = False, runtime: str | None = None,
                          tensor_parallel: int = 1, adapter: tuple[str, ...] = (),
-                         quantize: str | None = None, attention: str | None = None) -> Any:
+                         quantize: str | None = None, attention: str | None = None,
+                         kv_cache_dtype: str = "auto") -> Any:
     """A diffusion, tiny or ideal spec -> the model; load errors are usage errors.
 
     `ideal` is ParallelBench's analytic model built for a canvas of `gen_length`, with the task
@@ -262,6 +278,7 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
     tokenizer code run; `runtime` (`--runtime`) and `quantize` (`--quantize`) as `load_model`
     takes them; `adapter` (`--adapter`): LoRA folders merged at load (before quantizing);
     `attention` (`--attention`): the attention back end (`models.attention`).
+    `kv_cache_dtype` (`--kv-cache-dtype`) the model's K/V store (`dllm_decode.quant.kv`).
     """
     if quantize is not None and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
@@ -269,6 +286,9 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
     if attention is not None and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
                                  f"{str(spec)!r}", param_hint="--attention")
+    if kv_cache_dtype != "auto" and spec.kind not in ("diffusion", "tiny"):
+        raise click.BadParameter(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--kv-cache-dtype")
     if tensor_parallel > 1 and spec.kind not in ("diffusion", "tiny"):
         raise click.BadParameter(f"--tensor-parallel shards a diffusion LM checkpoint; "
                                  f"{str(spec)!r} is not one", param_hint=hint)
@@ -292,7 +312,10 @@ def load_diffusion_model(spec: ModelSpec, device: Any = None, dtype: str | None 
                                trust_remote_code=trust_remote_code, runtime=runtime,
                                tensor_parallel=tensor_parallel, quantize=quantize,
                                adapter=list(adapter) or None, attention=attention)
-    return model
+    from dllm_decode.quant.kv import set_kv_cache_dtype
+
+    with usage_errors("--kv-cache-dtype"):
+        return set_kv_cache_dtype(model, kv_cache_dtype)
 
 
 def read_prompt(prompt: str | None) -> str:

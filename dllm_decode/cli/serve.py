@@ -86,7 +86,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                   runtime: str | None = None, tensor_parallel: int = 1, cuda_graphs: bool = False,
                   compile_step: bool = False, adapter: tuple[str, ...] = (), quantize: str | None = None,
                   prefix_cache_bytes: int = 0, prefix_cache_approximate: int = 0,
-                  attention: str | None = None, **record: Any) -> None:
+                  attention: str | None = None, kv_cache_dtype: str = "auto", **record: Any) -> None:
     """Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed with
     "stream": true), /v1/models, /health, /metrics, /openapi.json. The decoding options are the
     server's defaults; a request changes them in its `dllm` object, choosing among registered
@@ -149,7 +149,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
                trust_remote_code, runtime,
                tensor_parallel, served_model_name, max_tokens, chat_template, max_concurrent,
                threads, host, port, log_level, groups, capture, playground, adapters, quantize,
-               max_request_bytes, (prefix_cache_bytes, prefix_cache_approximate), attention)
+               max_request_bytes, (prefix_cache_bytes, prefix_cache_approximate), attention, kv_cache_dtype)
     finally:
         launch.finish(groups)
 
@@ -167,7 +167,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
            log_level: str, groups: Any, capture: str = "off", playground: bool | None = None,
            adapters: Any = None, quantize: str | None = None,
            max_request_bytes: int | None = None, prefix_cache: tuple[int, int] = (0, 0),
-           attention: str | None = None) -> None:
+           attention: str | None = None, kv_cache_dtype: str = "auto") -> None:
     from dllm_decode.cli.decode import for_model, shipped_wanted
     from dllm_decode.cli.options import load_diffusion_model, usage_errors
     from dllm_decode.engine import Engine
@@ -181,13 +181,17 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     if spec.kind == "ar" and attention is not None:
         raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
                                  f"{str(spec)!r}", param_hint="--attention")
+    if spec.kind == "ar" and kv_cache_dtype != "auto":
+        raise click.BadParameter(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--kv-cache-dtype")
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
         model = load_diffusion_model(spec, where, dtype, config.gen_length,
                                      trust_remote_code=trust_remote_code, runtime=runtime,
                                      tensor_parallel=tensor_parallel, quantize=quantize,
-                                     adapter=adapters.merged if adapters else (), attention=attention)
+                                     adapter=adapters.merged if adapters else (), attention=attention,
+                                     kv_cache_dtype=kv_cache_dtype)
         kinds = ("scheduler",)
     from dllm_decode.cli.adapters import attach_named
 

@@ -54,8 +54,11 @@ def transposed(weight: Tensor, norm_scale: Tensor | None = None) -> Tensor:
     return w.t().contiguous() if w.dtype == torch.float32 else w.contiguous().t()
 
 
-def project(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
-    """(N, in) @ (in, out) [+ bias]."""
+def project(x: Tensor, weight_t: Any, bias: Tensor | None) -> Tensor:
+    """(N, in) @ (in, out) [+ bias]; a fused quantized layer (a module: codes, not a matrix)
+    is called instead (its bias is its own)."""
+    if not isinstance(weight_t, Tensor):
+        return weight_t(x)
     return x @ weight_t if bias is None else torch.addmm(bias, x, weight_t)
 
 
@@ -79,6 +82,14 @@ def _share(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
                 linear.bias.data = bias[start:end]
             start = end
     return operand, bias
+
+
+def _fused(*linears: nn.Module) -> tuple[Any, Tensor | None]:
+    """`_share` for float linears; quantized ones (with `fuse_rows`: `dllm_decode.quant`) become
+    one fused quantized layer, whose codes the originals then view, called as a module."""
+    if all(isinstance(linear, nn.Linear) for linear in linears):
+        return _share(*linears)
+    return type(linears[0]).fuse_rows(list(linears)), None
 
 
 class RotaryTable:
@@ -146,7 +157,8 @@ class FusedBlock:
 
     Attributes:
         qkv: (d, (H + 2 Hkv) D), the attention norm's scale folded in unless `attn_scale` is set;
-            qkv_bias its bias or None.
+            qkv_bias its bias or None. In a quantized model (`share=True` only) qkv, out,
+            gate_up and down are quantized layers (modules) fused before use, not matrices.
         out: (H D, d); out_bias its bias or None.
         gate_up: (d, 2 F), the MLP norm's scale folded in unless `ff_scale` is set; down: (F, d).
         q_scale, k_scale: (D,) per-head q/k norm scales (Qwen3 / SDAR), the norms' own weights
@@ -160,12 +172,12 @@ class FusedBlock:
             matrices are then this rank's shards: [q_r | k_r | v_r] and [gate_r | up_r].
     """
 
-    qkv: Tensor
+    qkv: Any
     qkv_bias: Tensor | None
-    out: Tensor
+    out: Any
     out_bias: Tensor | None
-    gate_up: Tensor
-    down: Tensor
+    gate_up: Any
+    down: Any
     heads: int
     kv_heads: int
     head_dim: int
@@ -191,16 +203,21 @@ class FusedBlock:
         adds no memory: the modules' weights become views of the fused matrices (`_share`) and
         the norms' scales are applied as the reference applies them, not folded in.
         """
-        head_dim = q.weight.shape[0] // heads
+        head_dim = q.out_features // heads
         shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps,
                      out_reduce=out_reduce, down_reduce=down_reduce)
         if q_norm is not None:
             shape.update(q_scale=q_norm.weight.detach(), k_scale=k_norm.weight.detach(),
                          qk_eps=q_norm.eps)
         if share:
-            (qkv, qkv_bias), (out, out_bias) = _share(q, k, v), _share(o)
+            (qkv, qkv_bias), (out, out_bias) = _fused(q, k, v), _fused(o)
+            down_t = _fused(down)[0]
+            if not isinstance(out, Tensor):          # a quantized layer reduces in its forward
+                shape.update(out_reduce=None)
+            if not isinstance(down_t, Tensor):
+                shape.update(down_reduce=None)
             return cls(qkv=qkv, qkv_bias=qkv_bias, out=out, out_bias=out_bias,
-                       gate_up=_share(gate, up)[0], down=_share(down)[0],
+                       gate_up=_fused(gate, up)[0], down=down_t,
                        attn_scale=attn_norm.detach(), ff_scale=ff_norm.detach(), **shape)
         biases = [p.bias for p in (q, k, v)]
         return cls(
@@ -209,6 +226,15 @@ class FusedBlock:
             out=transposed(o.weight), out_bias=None if o.bias is None else o.bias.detach(),
             gate_up=transposed(torch.cat([gate.weight, up.weight]), ff_norm),
             down=transposed(down.weight), **shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the float matrices', or the norms' beside quantized layers)."""
+        return self.qkv.dtype if isinstance(self.qkv, Tensor) else self.attn_scale.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.qkv.device if isinstance(self.qkv, Tensor) else self.attn_scale.device
 
     def normalized(self, h: Tensor, scale: Tensor | None) -> Tensor:
         """RMSNorm of `h`, its scale applied unless folded into the next matrix."""
@@ -248,8 +274,8 @@ class FusedBlock:
         if self.out_reduce is not None:
             attn = self.out_reduce(attn)
         h = h + attn.view(batch, n, d)
-        gate, up = (self.normalized(h, self.ff_scale) @ self.gate_up).chunk(2, -1)
-        mlp = (F.silu(gate) * up) @ self.down
+        gate, up = project(self.normalized(h, self.ff_scale), self.gate_up, None).chunk(2, -1)
+        mlp = project(F.silu(gate) * up, self.down, None)
         return h + (mlp if self.down_reduce is None else self.down_reduce(mlp))
 
 
@@ -265,8 +291,16 @@ def compact_problem(model: Any) -> str | None:
     if model.rotary_dim() != model.config.head_dim:
         return "partial rotary embeddings"
     projections = [p for b in blocks for i, p in enumerate(b.parts()) if i not in (0, 5)]
-    if not all(isinstance(p, nn.Linear) for p in projections):
-        return "its projections are not float nn.Linear layers (quantized); it fuses float weights"
+    if all(isinstance(p, nn.Linear) for p in projections):
+        return None
+    if not all(hasattr(type(p), "fuse_rows") for p in projections):
+        return "its projections are neither float nn.Linear layers nor quantized layers it can fuse"
+    for b in blocks:
+        _, q, k, v, _, _, gate, up, _ = b.parts()
+        for group in ((q, k, v), (gate, up)):
+            if len({(p.format, p.group_size, p.kernel, p.bias is None) for p in group}) > 1 or \
+                    any(p.reduce is not None for p in group):
+                return "its quantized q|k|v or gate|up layers differ in format, group or kernel"
     return None
 
 
@@ -305,7 +339,7 @@ class CompactStack:
         self.blocks = [_fuse_prenorm(block) for block in blocks]
         first = blocks[0]
         self.full_precision = bool(first.rope_full_precision)
-        weight = self.blocks[0].qkv
+        weight = self.blocks[0]
         self.rotary = RotaryTable.for_theta(
             model.rotary_dim(), model.config.rope_theta,
             torch.float32 if self.full_precision else weight.dtype, weight.device)
@@ -369,9 +403,11 @@ _BUILDING = threading.Lock()
 
 
 def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
-    """Identity, storage, version and dtype of each parameter (inference tensors, made under
-    `torch.inference_mode`, track no version and cannot change outside it)."""
-    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in model.parameters()]
+    """Identity, storage, version and dtype of each parameter and buffer (a quantized layer's
+    codes are buffers; inference tensors, made under `torch.inference_mode`, track no version
+    and cannot change outside it)."""
+    codes = [b for m in model.modules() if hasattr(type(m), "fuse_rows") for b in m.buffers(recurse=False)]
+    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in [*model.parameters(), *codes]]
 
 
 def _version(p: Tensor) -> int:

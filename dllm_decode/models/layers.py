@@ -19,13 +19,57 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from dllm_decode.quant.kv import is_packed, pack, unpack
+
+
+class FloatStore:
+    """How a `KVCache` keeps each layer's K/V by default: plain tensors in the dtype written. A
+    low-precision store (`dllm_decode.quant.kv.KVQuantStore`) has the same methods."""
+
+    @staticmethod
+    def put(x: Tensor) -> Tensor:
+        return x.contiguous()
+
+    @staticmethod
+    def read(t: Tensor) -> Tensor:
+        return t
+
+    @staticmethod
+    def write(t: Tensor, rows: tuple[int, int], x: Tensor) -> None:
+        t[:, :, rows[0]:rows[1]] = x
+
+    @staticmethod
+    def select(t: Tensor, rows: Tensor) -> Tensor:
+        return t.index_select(0, rows)
+
+    @staticmethod
+    def pad(t: Tensor, width: int) -> Tensor:
+        return torch.cat([t, t.new_zeros(*t.shape[:2], width - t.shape[2], t.shape[3])], 2)
+
+    @staticmethod
+    def trim(t: Tensor, width: int) -> Tensor:
+        return t[:, :, :width]
+
+
+FLOAT_STORE = FloatStore()
+
 
 @dataclass
 class KVCache:
-    """Per-layer keys (rotated) and values, each (B, Hkv, L, D). Empty until a full forward fills it."""
+    """Per-layer keys (rotated) and values, each (B, Hkv, L, D). Empty until a full forward fills it.
 
-    keys: list[Tensor] = field(default_factory=list)
-    values: list[Tensor] = field(default_factory=list)
+    `store` says how each layer is kept: plain tensors (`FLOAT_STORE`), or low-precision codes
+    with scales (`dllm_decode.quant.kv`); `for_model` takes the model's own (`model.kv_store`).
+    """
+
+    keys: list[Any] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    store: Any = FLOAT_STORE
+
+    @classmethod
+    def for_model(cls, model: Any) -> "KVCache":
+        """An empty cache that keeps K/V as `model` asks (`kv_cache_dtype`; float by default)."""
+        return cls(store=getattr(model, "kv_store", None) or FLOAT_STORE)
 
     @property
     def filled(self) -> bool:
@@ -40,32 +84,40 @@ class KVCache:
 
         Empty layer (a refresh: the forward fed every row): store them (contiguous, so a view
         never keeps its whole fused projection alive). Filled: write canvas columns `rows` in
-        place and return the layer's whole K/V.
+        place. Either way the layer's whole K/V as the store reads them back (the float store:
+        the tensors themselves; a low-precision one: dequantized, as the captured step reads).
         """
+        store = self.store
         if len(self.keys) <= layer:
-            self.keys.append(k.contiguous())
-            self.values.append(v.contiguous())
-            return k, v
-        self.keys[layer][:, :, rows[0]:rows[1]] = k
-        self.values[layer][:, :, rows[0]:rows[1]] = v
-        return self.keys[layer], self.values[layer]
+            self.keys.append(store.put(k))
+            self.values.append(store.put(v))
+        else:
+            store.write(self.keys[layer], rows, k)
+            store.write(self.values[layer], rows, v)
+        return store.read(self.keys[layer]), store.read(self.values[layer])
 
     def select_rows(self, rows: Tensor) -> "KVCache":
-        return KVCache([k.index_select(0, rows) for k in self.keys],
-                       [v.index_select(0, rows) for v in self.values])
+        return KVCache([self.store.select(k, rows) for k in self.keys],
+                       [self.store.select(v, rows) for v in self.values], self.store)
 
     def pad_to(self, width: int) -> "KVCache":
         """Zero columns up to `width` (in place): room for rows a later forward writes before it
         attends them (block-causal models never attend a column before writing it)."""
-        for store in (self.keys, self.values):
-            for i, t in enumerate(store):
+        for kept in (self.keys, self.values):
+            for i, t in enumerate(kept):
                 if t.shape[2] < width:
-                    store[i] = torch.cat([t, t.new_zeros(*t.shape[:2], width - t.shape[2], t.shape[3])], 2)
+                    kept[i] = self.store.pad(t, width)
         return self
 
     def trim(self, width: int) -> "KVCache":
         """Keep the first `width` canvas columns (the loop cut the dead tail off the canvas)."""
-        return KVCache([k[:, :, :width] for k in self.keys], [v[:, :, :width] for v in self.values])
+        return KVCache([self.store.trim(k, width) for k in self.keys],
+                       [self.store.trim(v, width) for v in self.values], self.store)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored K/V (codes and scales for a low-precision store)."""
+        return sum(t.nbytes for kept in (self.keys, self.values) for t in kept)
 
     all_queries = False
     """Whether a forward through this state needs every fed row's query in every layer."""
@@ -87,6 +139,9 @@ class StaticKVCache:
     are never attended (the step's key mask is 0 there). `update` takes the fed canvas columns as
     a (W,) device index instead of an integer range, so the window's place is data, not a Python
     int that would specialise a compiled graph. A refresh is the same call with every column fed.
+
+    A low-precision store (`dllm_decode.quant.kv`) keeps (layers, B, Hkv, L + 1, D + 4) bytes:
+    each head's codes, then its float32 scale; a read dequantizes to the fresh K/V's dtype.
     """
 
     keys: Tensor
@@ -94,10 +149,25 @@ class StaticKVCache:
 
     filled = True
 
+    @classmethod
+    def allocate(cls, shape: tuple[int, ...], dtype: torch.dtype, device: Any,
+                 store: Any = None) -> "StaticKVCache":
+        """Zeroed storage for K/V of `shape` (layers, B, Hkv, L + 1, D) and `dtype`, kept as
+        `store` packs them (None: float)."""
+        if store is not None:
+            width, dtype = store.static_layout(shape[-1])
+            shape = (*shape[:-1], width)
+        return cls(torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(shape, dtype=dtype, device=device))
+
     def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Write one layer's fresh (B, Hkv, W, D) K/V at canvas columns `rows` (W,) and return the
         layer's whole (B, Hkv, L + 1, D) K/V to attend over."""
         keys, values = self.keys[layer], self.values[layer]
+        if is_packed(keys):              # a dtype: fixed when a compiled step is traced
+            keys.index_copy_(2, rows, pack(k, keys.dtype))
+            values.index_copy_(2, rows, pack(v, values.dtype))
+            return unpack(keys, k.dtype), unpack(values, v.dtype)
         keys.index_copy_(2, rows, k.to(keys.dtype))
         values.index_copy_(2, rows, v.to(values.dtype))
         return keys, values

@@ -187,7 +187,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None, trust_remote_code: bool = False,
                runtime: str | None = None, tensor_parallel: int | None = None,
                adapter: str | Path | Sequence[str | Path] | None = None, quantize: Any = None,
-               attention: Any = None) -> nn.Module:
+               attention: Any = None, kv_cache_dtype: str = "auto") -> nn.Module:
     """Load a DiffusionLM from a local directory, a shipped name (`embedded`) or the HF cache.
 
     Args:
@@ -213,7 +213,11 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             `int4` or `int4:GROUP` (or a `QuantSpec`), after tensor-parallel sharding (each rank
             quantizes its shard). A checkpoint that is already quantized (its `config.json` has
             a `quantization_config`: this package's own, compressed-tensors FP8 or GPTQ int4)
-            loads quantized without it. Quantized models run the `reference` runtime.
+            loads quantized without it. Quantized models run the `compact` runtime too (q|k|v and
+            gate|up fused from the quantized layers' codes).
+        kv_cache_dtype: how the caches that keep K/V (prefix, dual, block, suffix, the captured
+            step) store them: `auto` (the model's dtype), `fp8` (e4m3) or `int8`, with a float32
+            scale per head per column (`dllm_decode.quant.kv`).
         attention: the attention back end (`models.attention`): `dense` (default) or `sparsed`
             (SparseD, bidirectional families, cache `none`), a name with options
             (`sparsed:select=0.5,tile=32`) or a `{"name": ..., option: value}` mapping.
@@ -229,11 +233,15 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             unknown, badly configured or does not cover the model.
         ParallelError: a `tensor_parallel` that does not fit the world size or the model's
             head / MLP counts (the message lists the legal sizes).
+        KVCacheDtypeError: an unknown `kv_cache_dtype` (before anything loads), or fp8/int8 for
+            a model without a KV cache.
     """
     from dllm_decode.devices import check_device, check_dtype
+    from dllm_decode.quant.kv import kv_store_of, set_kv_cache_dtype
 
     require_bool(trust_remote_code, "trust_remote_code")
     dtype, device = check_dtype(dtype), check_device(device)
+    kv_store = kv_store_of(kv_cache_dtype)
     if not isinstance(path, (str, Path)):
         raise TypeError(f"path must be a directory or a model name, got {type(path).__name__} {path!r}")
     if runtime is not None:
@@ -317,7 +325,7 @@ def load_model(path: str | Path, dtype: torch.dtype | None = None,
             set_attention(model, backend)
     except ValueError as err:
         raise ModelLoadError(f"{directory}: {first_line(err)}") from None
-    return model
+    return set_kv_cache_dtype(model, kv_store)
 
 
 def _attention(spec: Any) -> Any:

@@ -63,7 +63,7 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str, group_size: int | No
     """
     spec = QuantSpec.of(spec, group_size)
     check_group_size(model, spec)
-    _before_swap(model)
+    runtime = _before_swap(model)
     parents = {id(child): (parent, attr) for parent in model.modules()
                for attr, child in parent.named_children()}
     for name, layer in list(quantizable(model)):
@@ -73,6 +73,10 @@ def quantize_model(model: nn.Module, spec: QuantSpec | str, group_size: int | No
         setattr(parent, attr, new)
         layer._parameters.clear()      # a kept `reduce` binds the old module: let its weight go
     model.quantization = spec
+    if runtime == "compact":           # it fuses the quantized q|k|v and gate|up (`fuse_rows`)
+        from dllm_decode.models.compact import default_runtime, set_runtime
+
+        set_runtime(model, default_runtime(model))
     return model
 
 
@@ -96,19 +100,22 @@ def prepare_quantized(model: nn.Module, spec: QuantSpec, only: set[str] | None =
     return model
 
 
-def _before_swap(model: nn.Module) -> None:
-    """Leave what is built from float weights: the compact runtime's fused matrices (the blocks
-    run the reference modules, which call the quantized layers) and stacked MoE experts (the
-    expert loop calls the quantized modules)."""
+def _before_swap(model: nn.Module) -> str | None:
+    """Leave what is built from float weights: the compact runtime's fused matrices (rebuilt
+    from the quantized layers when the model runs compact again) and stacked MoE experts (the
+    expert loop calls the quantized modules). Returns the runtime the model had."""
     from dllm_decode.models.compact import set_runtime
 
-    if getattr(model, "runtime", None) == "compact":
+    runtime = getattr(model, "runtime", None)
+    if runtime == "compact":
         set_runtime(model, "reference")
     for module in model.modules():
         if getattr(module, "moe_impl", None) == "static":
             module.moe_impl = "loop"
         if hasattr(module, "_stacked"):
             module._stacked = None
+    return runtime
+
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -58,6 +58,11 @@ def checkpoint_quantization(config: dict[str, Any], where: str) -> CheckpointQua
 
 
 def _own_layers(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], set[str]]:
+    stale = next((name for name, t in state.items() if name.endswith(".weight_zero")
+                  and t.is_floating_point()), None)
+    if stale is not None:
+        raise QuantError(f"{stale} holds float int4 zeros, the layout before integer zero points; "
+                         f"write the checkpoint again with `dllm-decode quantize`")
     return state, {name[:-len(".weight_q")] for name in state if name.endswith(".weight_q")}
 
 

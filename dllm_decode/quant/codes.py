@@ -3,16 +3,19 @@ checkpoint stores (no tensor subclasses: they save with safetensors and shard li
 
     int8  q int8 (N, K),            scale float16 (N, 1):  W = q * scale
     fp8   q float8_e4m3fn (N, K),   scale float16 (N, 1):  W = float(q) * scale
-    int4  q uint8 (N, K/2) two codes per byte (even k in the low nibble), scale and zero
-          float16 (N, K/G):  W[n, k] = (code[n, k] - 8) * scale[n, k // G] + zero[n, k // G]
+    int4  q uint8 (N, K/2) two codes per byte (even k in the low nibble), scale float16 and
+          integer zero point uint8 (N, K/G):  W[n, k] = (code[n, k] - zero[n, k // G]) * scale[n, k // G]
 
-Scales and zeros are float16, as GPTQ checkpoints store them (10 mantissa bits: a scale's own
-rounding is far below a code step); codes are computed from the stored (rounded) scales.
+Scales are float16, as GPTQ checkpoints store them (10 mantissa bits: a scale's own rounding is
+far below a code step); codes are computed from the stored (rounded) scales. The int4 zero point
+is GPTQ's: an integer on the code grid (asymmetric min/max: scale = (max - min) / 15, zero =
+round(-min / scale) in 0..15), one byte per group where a float zero took two (GPTQ packs it in
+4 bits; one unpacked byte keeps odd group counts simple). At group 64 a weight then costs
+0.5 + 3/64 bytes per value, 0.273x of bf16 (a float16 zero: 0.281x).
 
-The int4 form is the one the CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, torchao's
-`Int4OpaqueTensor`) takes: codes 0..15 around a float zero (`zero = min + 8 * scale`, so the
-group's minimum and maximum are codes 0 and 15). GPTQ's integer zero point z maps onto it
-exactly: `scale * (q - z) = (q - 8) * scale + scale * (8 - z)`.
+The CPU int4 kernel (`aten._weight_int4pack_mm_for_cpu`, torchao's `Int4OpaqueTensor`) takes codes
+0..15 around a float zero; the integer zero maps onto it exactly: `scale * (q - z) = (q - 8) *
+scale + scale * (8 - z)` (`float_zero`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch import Tensor
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 SCALE_DTYPE = torch.float16
+ZERO_DTYPE = torch.uint8
 
 
 class Codes(NamedTuple):
@@ -60,20 +64,26 @@ def _stored(scale: Tensor) -> Tensor:
 
 
 def int4_params(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
-    """Min/max (asymmetric) scale and float zero per group, rounded to their stored dtype."""
+    """Min/max (asymmetric) scale (float16) and integer zero point (uint8, 0..15) per group, as
+    GPTQ's quantizer chooses them (the range widened to include 0)."""
     groups = w.float().unflatten(1, (-1, group_size))
-    low, high = groups.amin(-1), groups.amax(-1)
+    low, high = groups.amin(-1).clamp_max(0), groups.amax(-1).clamp_min(0)
     scale = _stored((high - low) / 15)
-    zero = (low + 8 * scale.float()).to(SCALE_DTYPE)
+    zero = (-low / scale.float()).round().clamp(0, 15).to(ZERO_DTYPE)
     return scale, zero
 
 
+def float_zero(scale: Tensor, zero: Tensor) -> Tensor:
+    """The float zero of the kernels' `(q - 8) * scale + float_zero` form, in float32."""
+    return scale.float() * (8 - zero.float())
+
+
 def int4_codes(w: Tensor, scale: Tensor, zero: Tensor) -> Tensor:
-    """(N, K) int32 codes 0..15 of `w` on the grid (scale, zero), rounded to nearest."""
+    """(N, K) int32 codes 0..15 of `w` on the grid (scale, zero point), rounded to nearest."""
     group = w.shape[1] // scale.shape[1]
     s = scale.float().repeat_interleave(group, 1)
     z = zero.float().repeat_interleave(group, 1)
-    return ((w.float() - z) / s + 8).round().clamp(0, 15).to(torch.int32)
+    return (w.float() / s + z).round().clamp(0, 15).to(torch.int32)
 
 
 def pack_int4(codes: Tensor) -> Tensor:
@@ -96,4 +106,4 @@ def dequantize(codes: Codes, fmt: str, dtype: torch.dtype = torch.float32) -> Te
     group = q.shape[1] // codes.scale.shape[1]
     s = codes.scale.float().repeat_interleave(group, 1)
     z = codes.zero.float().repeat_interleave(group, 1)
-    return ((q - 8) * s + z).to(dtype)
+    return ((q - z) * s).to(dtype)

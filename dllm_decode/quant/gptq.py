@@ -8,8 +8,8 @@ damping 1% of the Hessian's mean diagonal, lazy batch updates in blocks of 128 c
 scale and zero chosen (min/max) from the updated weights when quantization reaches its first
 column (`static_groups=False`), dead inputs (zero diagonal) zeroed.
 
-Deviations: the grid is this package's int4 grid (`codes.py`: asymmetric min/max, float zero)
-rather than the reference's integer zero point; the Hessians of all layers are gathered in one
+The grid is the reference quantizer's (`codes.py`: asymmetric min/max, integer zero point).
+Deviation: the Hessians of all layers are gathered in one
 pass over the float model rather than layer by layer from the quantized predecessors' outputs
 (`true_sequential`), which keeps the gathering to one set of decodes.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dllm_decode.quant.codes import Codes, int4_codes, int4_params, pack_int4
+from dllm_decode.quant.codes import ZERO_DTYPE, Codes, int4_codes, int4_params, pack_int4
 
 DAMP = 0.01
 BLOCK = 128
@@ -39,7 +39,7 @@ def gptq_int4(weight: Tensor, hessian: Tensor, group_size: int, damp: float = DA
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     groups = k // group_size
     scale = torch.empty(n, groups, dtype=torch.float16, device=w.device)
-    zero = torch.empty_like(scale)
+    zero = torch.empty(n, groups, dtype=ZERO_DTYPE, device=w.device)
     codes = torch.empty(n, k, dtype=torch.int32, device=w.device)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
@@ -56,7 +56,7 @@ def gptq_int4(weight: Tensor, hessian: Tensor, group_size: int, damp: float = DA
             g = col // group_size
             q = int4_codes(w1[:, i:i + 1], scale[:, g:g + 1], zero[:, g:g + 1])
             codes[:, col] = q[:, 0]
-            deq = (q[:, 0].float() - 8) * scale[:, g].float() + zero[:, g].float()
+            deq = (q[:, 0].float() - zero[:, g].float()) * scale[:, g].float()
             err = (w1[:, i] - deq) / hinv1[i, i]
             w1[:, i:] -= err.unsqueeze(1) @ hinv1[i, i:].unsqueeze(0)
             err1[:, i] = err

@@ -6,7 +6,7 @@ Per quantized linear `<m>` (K = in_features, N = out_features, G = group size):
       `gptq` (v1) stores z - 1 per nibble, `gptq_v2` stores z;
   `scales` float16 (K/G, N); `g_idx` int32 (K,) (the group of input k); `bias` (N,) if any.
   W[n, k] = scales[g_idx[k], n] * (q[k, n] - z[g_idx[k], n]).
-In the own layout (`codes.py`) that is code q, scale s and float zero s * (8 - z). Activation
+The own layout (`codes.py`) holds the same q, s and z (z as one byte per group). Activation
 reordering (`desc_act`) is read when `g_idx` is the plain `k // G` (the layout keeps groups
 contiguous); a permuted `g_idx` is refused, as are bits other than 4.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dllm_decode.quant.codes import SCALE_DTYPE, pack_int4
+from dllm_decode.quant.codes import SCALE_DTYPE, ZERO_DTYPE, pack_int4
 from dllm_decode.quant.spec import CheckpointQuantization, QuantError, QuantSpec
 
 FORMATS = ("gptq", "gptq_v2")
@@ -89,4 +89,4 @@ def layer_codes(state: dict[str, torch.Tensor], module: str, group: int, v1: boo
     s = scales.float()
     return {f"{module}.weight_q": pack_int4(q.t().contiguous()),
             f"{module}.weight_scale": s.t().to(SCALE_DTYPE).contiguous(),
-            f"{module}.weight_zero": (s * (8 - zeros.float())).t().to(SCALE_DTYPE).contiguous()}
+            f"{module}.weight_zero": zeros.t().to(ZERO_DTYPE).contiguous()}

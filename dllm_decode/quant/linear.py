@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.quant.codes import FP8, SCALE_DTYPE, Codes, dequantize, quantize_weight
+from dllm_decode.quant.codes import FP8, SCALE_DTYPE, ZERO_DTYPE, Codes, dequantize, quantize_weight
 
 KERNELS = ("torchao", "dequant")
 _INT4_KERNEL_GROUPS = (32, 64, 128)           # what Int4OpaqueTensor accepts
@@ -38,7 +38,7 @@ def storage_dtypes(fmt: str) -> dict[str, torch.dtype]:
     if fmt == "fp8":
         return {"weight_q": FP8, "weight_scale": SCALE_DTYPE}
     return {"weight_q": torch.uint8, "weight_scale": SCALE_DTYPE,
-            "weight_zero": SCALE_DTYPE}
+            "weight_zero": ZERO_DTYPE}
 
 
 def storage_shapes(fmt: str, out_features: int, in_features: int,
@@ -99,6 +99,50 @@ class QuantLinear(nn.Module):
         if codes.zero is not None:
             self.weight_zero = codes.zero.to(dtypes["weight_zero"]).contiguous()
         self.__dict__.pop("_ao", None)
+
+    @classmethod
+    def fuse_rows(cls, layers: list["QuantLinear"]) -> "QuantLinear":
+        """One layer computing `layers`' outputs side by side (q|k|v, gate|up), each layer's
+        codes, scales, zeros and bias rebound as row views of it (no second copy).
+
+        Exact: every format's scales are per output row (and group of inputs), and GPTQ treats
+        rows independently given the inputs' Hessian, which layers fed the same input share, so
+        the codes of the fused float matrix are these codes stacked. That is why the fusion can
+        follow quantization here, where torchao's packed subclasses cannot be concatenated.
+
+        Raises:
+            ValueError: layers of different inputs, formats, group sizes or kernels, a bias on
+                some only, or a row-parallel layer (its all_reduce is per layer).
+        """
+        first = layers[0]
+        if len(layers) == 1:
+            return first
+        kinds = {(m.in_features, m.format, m.group_size, m.kernel, m.bias is None, m.reduce is None)
+                 for m in layers}
+        if len(kinds) > 1 or first.reduce is not None:
+            raise ValueError("only column-parallel quantized layers of one input width, format, "
+                             "group size, kernel and bias use fuse")
+        fused = cls(first.in_features, sum(m.out_features for m in layers), first.format,
+                    first.group_size, first.bias is not None, device=first.weight_q.device,
+                    kernel=first.kernel)
+        names = list(storage_dtypes(first.format)) + (["bias"] if first.bias is not None else [])
+        with torch.no_grad():
+            for name in names:
+                whole = torch.cat([getattr(m, name).detach() for m in layers])
+                if name == "bias":
+                    fused.bias = nn.Parameter(whole, requires_grad=False)
+                else:
+                    setattr(fused, name, whole)
+                start = 0
+                for m in layers:
+                    end = start + m.out_features
+                    if name == "bias":
+                        m.bias.data = whole[start:end]
+                    else:
+                        setattr(m, name, whole[start:end])
+                    m.__dict__.pop("_ao", None)
+                    start = end
+        return fused
 
     def codes(self) -> Codes:
         return Codes(self.weight_q, self.weight_scale, getattr(self, "weight_zero", None))

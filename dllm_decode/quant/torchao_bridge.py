@@ -18,7 +18,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from dllm_decode.quant.codes import unpack_int4
+from dllm_decode.quant.codes import float_zero, unpack_int4
 
 _NOISY = ("torchao", "torch.utils._pytree")
 """Loggers torchao's import talks through: CUDA-only libraries it fails to load on a CPU build
@@ -61,11 +61,12 @@ def float8_tensor(q: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
 def int4_cpu_tensor(packed: Tensor, scale: Tensor, zero: Tensor, group_size: int,
                     shape: tuple[int, int], dtype: torch.dtype) -> Tensor:
     """`Int4OpaqueTensor` (CPU): the codes repacked for `_weight_int4pack_mm_for_cpu`, scale and
-    zero interleaved as its (K/G, N, 2) table in the activation dtype."""
+    float zero (`codes.float_zero` of the integer zero point) interleaved as its (K/G, N, 2)
+    table in the activation dtype."""
     with _quiet_import():
         from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
 
     opaque = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(packed), 1)
-    table = torch.stack([scale.to(dtype), zero.to(dtype)], -1).transpose(0, 1).contiguous()
+    table = torch.stack([scale.to(dtype), float_zero(scale, zero).to(dtype)], -1).transpose(0, 1).contiguous()
     return Int4OpaqueTensor(qdata=opaque, scale_and_zero=table, block_size=[1, group_size],
                             shape=torch.Size(shape))

@@ -52,7 +52,7 @@ def forward_costs(model: Any, prompts: Sequence[str | list[int]], tokenizer: Any
     from dllm_decode.models.layers import KVCache
 
     canvas, mask, start, length = first_block(model, prompts, tokenizer, gen_length)
-    kv = KVCache()
+    kv = KVCache.for_model(model)
     with torch.inference_mode():
         model(canvas, mask, kv=kv, rows=(start, length))
         return median_ms({"full": lambda: model(canvas, mask, rows=(start, length)),
@@ -71,7 +71,7 @@ def compile_speedup(model: Any, prompt: str | list[int], tokenizer: Any, gen_len
     canvas, mask, start, length = first_block(model, [prompt], tokenizer, gen_length)
     rows = (start, start + block_length)
     with torch.inference_mode():
-        kv = KVCache()
+        kv = KVCache.for_model(model)
         model(canvas, mask, kv=kv, rows=(start, length))
         compiled = torch.compile(model.forward, dynamic=False)
         started = time.perf_counter()
@@ -117,7 +117,7 @@ def runtime_speedup(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
         calls, logits = {}, {}
         with torch.inference_mode():
             for runtime, view in views.items():
-                kv = KVCache()
+                kv = KVCache.for_model(model)
                 view(canvas, mask, kv=kv, rows=rows["full"])
                 calls[f"{runtime} full"] = lambda view=view: view(canvas, mask, rows=rows["full"])
                 calls[f"{runtime} mid"] = lambda view=view: view(canvas, mask, rows=rows["mid"])
@@ -176,7 +176,7 @@ def profile_runtime(model: Any, prompts: Sequence[str | list[int]], tokenizer: A
     with torch.inference_mode():
         for runtime in DLLM_RUNTIMES:
             view = runtime_view(model, runtime)
-            kv = KVCache()
+            kv = KVCache.for_model(model)
             view(canvas, mask, kv=kv, rows=(start, length))
             for kind, rows, cache in (("full", (start, length), None),
                                       ("cached", (start, start + block_length), kv)):

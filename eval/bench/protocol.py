@@ -81,6 +81,8 @@ SHARED = (MODEL, THREADS, REPEATS, PER_TASK, GEN_LENGTH)
 """The options most benchmarks take, in this order (a benchmark may rename where they land)."""
 DEVICE = Option(("--device",), "device", str, "cpu, cuda, cuda:N [cpu].")
 DTYPE = Option(("--dtype",), "dtype", ("float32", "bfloat16", "float16"), "Weights and activations.")
+KV_CACHE_DTYPE = Option(("--kv-cache-dtype",), "kv_cache_dtype", ("auto", "fp8", "int8"),
+                        "How the caches keep K/V (`dllm_decode.quant.kv`) [auto: the model's dtype].")
 
 
 @dataclass(frozen=True)

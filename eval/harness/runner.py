@@ -63,7 +63,7 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
                 chat_template: bool = True, trust_remote_code: bool = False,
                 runtime: str | None = None, tensor_parallel: int | None = None,
                 capture: str = "off", adapter: Sequence[str] = (), quantize: str | None = None,
-                attention: str | None = None) -> tuple[Decoder, Any]:
+                attention: str | None = None, kv_cache_dtype: str = "auto") -> tuple[Decoder, Any]:
     """The decoder and tokenizer a model name stands for: the one denoising loop for a diffusion
     LM (or `tiny`), the ideal model built per canvas length, or the AR (speculative) baseline.
     `trust_remote_code` lets a checkpoint run its own tokenizer/model code (off by default);
@@ -71,7 +71,8 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
     `tensor_parallel` shards a diffusion model over this process's TP group (`load_model`);
     `capture` is the diffusion decodes' step runtime (`generate`'s; one `GraphCache` for the run);
     `adapter`: PEFT LoRA folders merged into a diffusion model at load (`load_model`).
-    `quantize` quantizes a diffusion model's linear layers on load (`load_model`).
+    `quantize` quantizes a diffusion model's linear layers on load (`load_model`);
+    `kv_cache_dtype` is its K/V store (`dllm_decode.quant.kv`).
     `attention` is a diffusion model's attention back end (`load_model`).
 
     Raises:
@@ -89,6 +90,8 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
         raise ValueError(f"--quantize applies to a diffusion LM checkpoint, not {str(spec)!r}")
     if attention is not None and spec.kind not in ("diffusion", "tiny"):
         raise ValueError(f"--attention applies to a diffusion LM checkpoint, not {str(spec)!r}")
+    if kv_cache_dtype != "auto" and spec.kind not in ("diffusion", "tiny"):
+        raise ValueError(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not {str(spec)!r}")
     if capture != "off" and spec.kind == "ar":
         raise ValueError(f"capture {capture!r} runs a diffusion model's step; {str(spec)!r} is "
                          f"the AR baseline (use capture 'off')")
@@ -108,6 +111,9 @@ def decoder_for(spec: ModelSpec, device: Any = None, dtype: Any = None,
     model = load_diffusion(spec, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
                            runtime=runtime, tensor_parallel=tensor_parallel, adapter=list(adapter) or None,
                            quantize=quantize, attention=attention)
+    from dllm_decode.quant.kv import set_kv_cache_dtype
+
+    set_kv_cache_dtype(model, kv_cache_dtype)
     return diffusion_decoder(model, chat_template, capture), getattr(model, "tokenizer", None)
 
 

@@ -21,10 +21,14 @@ FORMATS = ("bf16", "int8", "fp8", "int4-rtn", "int4-clean", "int4-decode")
 GROUP_OF = {task: group for group in ("waiting_line", "puzzles") for task in GROUPS[group]}
 
 
-def scores(label: str) -> dict[tuple[float, str], dict[str, float]]:
-    """(threshold, group) -> {task|index: score}, from the run's samples.jsonl (kept out of git;
-    `run_eval.sh` remakes it) condensed into the committed scores.json beside it."""
-    folder = HERE / label
+PARTS = ("", "-waiting_line", "-puzzles")
+"""A run's folders: one over every task, or one per group (n = 100 per group from 10 prompts per
+waiting-line task and 50 per puzzle task); later ones add prompts to (or repeat) earlier ones."""
+
+
+def _folder_scores(folder: Path) -> dict[str, float]:
+    """{threshold|task|index: score} from the run's samples.jsonl (kept out of git; the run_*.sh
+    scripts remake it) condensed into the committed scores.json beside it."""
     samples, condensed = folder / "samples.jsonl", folder / "scores.json"
     if samples.is_file():
         flat = {}
@@ -33,7 +37,23 @@ def scores(label: str) -> dict[tuple[float, str], dict[str, float]]:
             threshold = row["decode_config"]["scheduler"]["threshold"]
             flat[f"{threshold}|{row['task']}|{row['index']}"] = float(row["score"])
         condensed.write_text(json.dumps(flat, sort_keys=True) + "\n")
-    flat = json.loads(condensed.read_text())
+    return json.loads(condensed.read_text())
+
+
+def has_run(label: str) -> bool:
+    return any((HERE / f"{label}{part}" / name).is_file() for part in PARTS
+               for name in ("samples.jsonl", "scores.json"))
+
+
+def scores(label: str) -> dict[tuple[float, str], dict[str, float]]:
+    """(threshold, group) -> {task|index: score} over the label's folders (`PARTS`)."""
+    flat: dict[str, float] = {}
+    for part in PARTS:
+        folder = HERE / f"{label}{part}"
+        if any((folder / name).is_file() for name in ("samples.jsonl", "scores.json")):
+            flat.update(_folder_scores(folder))
+    if not flat:
+        raise FileNotFoundError(label)
     out: dict[tuple[float, str], dict[str, float]] = {}
     for key, score in flat.items():
         threshold, task, index = key.split("|")
@@ -41,48 +61,54 @@ def scores(label: str) -> dict[tuple[float, str], dict[str, float]]:
     return out
 
 
+def cell(got: dict[str, float], base: dict[str, float] | None) -> str:
+    """Mean in % with its 95% Wilson interval over `got`'s prompts; with `base`, the paired
+    difference on the prompts both hold, with its 95% half-width."""
+    k, n = sum(got.values()), len(got)
+    low, high = 100 * wilson(k, n, -1.96), 100 * wilson(k, n, 1.96)
+    text = f"{100 * k / n:.1f} [{low:.1f}, {high:.1f}]"
+    if base is not None:
+        keys = sorted(set(got) & set(base))
+        drop, half = paired([got[key] for key in keys], [base[key] for key in keys])
+        text += f"<br>{0.0 - drop + 0.0:+.1f} ± {half:.1f}" + ("" if len(keys) == n else f" (n = {len(keys)})")
+    return text
+
+
+def table(rows: list[tuple[str, str]], columns: dict[str, str]) -> None:
+    """One line per (row name, model) x (threshold, group); a column's run label is its template
+    with `{m}` the row's model; the first column's run is the baseline of the paired
+    differences."""
+    print("| model | threshold | group | n | " + " | ".join(columns) + " |")
+    print("|---|---|---|---|" + "---|" * len(columns))
+    for name, model in rows:
+        labels = {col: template.format(m=model) for col, template in columns.items()}
+        runs = {col: scores(label) for col, label in labels.items() if has_run(label)}
+        first = next(iter(columns))
+        if first not in runs:
+            continue
+        for (threshold, group), base in sorted(runs[first].items(), key=lambda kv: (-kv[0][0], kv[0][1])):
+            cells = [cell(runs[col][(threshold, group)], None if col == first else base)
+                     if (threshold, group) in runs.get(col, {}) else "-" for col in columns]
+            ns = sorted({len(runs[col][(threshold, group)]) for col in runs if (threshold, group) in runs[col]})
+            print(f"| {name} | {threshold:g} | {group} | {'/'.join(map(str, ns))} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main() -> None:
-    print("| model | threshold | group | n | " + " | ".join(FORMATS) + " |")
-    print("|---|---|---|---|" + "---|" * len(FORMATS))
-    for model in ("embedded", "embedded-bd"):
-        runs = {fmt: scores(f"{model}-{fmt}") for fmt in FORMATS
-                if any((HERE / f"{model}-{fmt}" / n).is_file() for n in ("samples.jsonl", "scores.json"))}
-        if not runs.get("bf16"):
-            continue
-        for (threshold, group), base in sorted(runs["bf16"].items(), key=lambda kv: (-kv[0][0], kv[0][1])):
-            cells = []
-            for fmt in FORMATS:
-                got = runs.get(fmt, {}).get((threshold, group))
-                if not got:
-                    cells.append("-")
-                    continue
-                keys = sorted(set(got) & set(base))
-                k, n = sum(got[key] for key in keys), len(keys)
-                low, high = 100 * wilson(k, n, -1.96), 100 * wilson(k, n, 1.96)
-                cell = f"{100 * k / n:.1f} [{low:.1f}, {high:.1f}]"
-                if fmt != "bf16":
-                    drop, half = paired([got[key] for key in keys], [base[key] for key in keys])
-                    cell += f"<br>{0.0 - drop + 0.0:+.1f} ± {half:.1f}"
-                cells.append(cell)
-            print(f"| {model} | {threshold:g} | {group} | {len(base)} | " + " | ".join(cells) + " |")
-    print()
+    print("## Weight formats\n")
+    print("int4 is the integer-zero-point layout (`run_eval_int4.sh`); n per cell, and per paired "
+          "difference where fewer prompts are shared with bf16.\n")
+    models = [(m, m) for m in ("embedded", "embedded-bd")]
+    table(models, {f: f"{{m}}-{f}" for f in FORMATS})
     print("Calibration from decodes against calibration on clean text (int4-decode - int4-clean, "
-          "paired, points, 95% half-width):")
-    print()
-    print("| model | threshold | group | n | decode - clean |")
-    print("|---|---|---|---|---|")
-    for model in ("embedded", "embedded-bd"):
-        try:
-            decode, clean = scores(f"{model}-int4-decode"), scores(f"{model}-int4-clean")
-        except FileNotFoundError:
-            continue
-        for cell in sorted(decode, key=lambda c: (-c[0], c[1])):
-            keys = sorted(set(decode[cell]) & set(clean.get(cell, {})))
-            if not keys:
-                continue
-            drop, half = paired([decode[cell][k] for k in keys], [clean[cell][k] for k in keys])
-            print(f"| {model} | {cell[0]:g} | {cell[1]} | {len(keys)} | "
-                  f"{0.0 - drop + 0.0:+.1f} ± {half:.1f} |")
+          "paired, points, 95% half-width):\n")
+    table(models, {"clean": "{m}-int4-clean", "decode": "{m}-int4-decode"})
+    print("## KV cache (`run_eval_kv.sh`: bf16 weights, dual cache on embedded, block on embedded-bd)\n")
+    table([("embedded (dual)", "embedded-dual"), ("embedded-bd (block)", "embedded-bd-block")],
+          {"auto (bf16)": "kv-{m}-auto", "fp8": "kv-{m}-fp8", "int8": "kv-{m}-int8"})
+    print("## int4 in the previous layout (float16 zero), for reference (`eval/floatzero/`)\n")
+    table(models, {"bf16": "{m}-bf16", "int4-rtn": "floatzero/{m}-int4-rtn",
+                   "int4-clean": "floatzero/{m}-int4-clean", "int4-decode": "floatzero/{m}-int4-decode"})
 
 
 def measure_tables() -> None:

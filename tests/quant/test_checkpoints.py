@@ -37,7 +37,7 @@ def _quantized(model):
 @pytest.mark.parametrize("fmt,dtypes", [
     ("int8", {"weight_q": "I8", "weight_scale": "F16"}),
     ("fp8", {"weight_q": "F8_E4M3", "weight_scale": "F16"}),
-    ("int4:16", {"weight_q": "U8", "weight_scale": "F16", "weight_zero": "F16"})])
+    ("int4:16", {"weight_q": "U8", "weight_scale": "F16", "weight_zero": "U8"})])
 def test_save_quantize_load_round_trip(float_dir, tmp_path, fmt, dtypes):
     model = load_model(float_dir, quantize=fmt)
     out = save_quantized(model, tmp_path / "q", _config(float_dir), float_dir)

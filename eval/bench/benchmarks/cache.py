@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_decode.eval.bench.benchmarks.checks import cache_variants, subject
-from dllm_decode.eval.bench.protocol import (GEN_LENGTH, GEN_LENGTHS, SHARED, Benchmark, Option, Say,
-                                             Settings, count, fill, fraction, later)
+from dllm_decode.eval.bench.protocol import (GEN_LENGTH, GEN_LENGTHS, KV_CACHE_DTYPE, SHARED, Benchmark,
+                                             Option, Say, Settings, count, fill, fraction, later)
 
 
 def run(settings: Settings, say: Say) -> dict[str, Any]:
@@ -15,7 +15,8 @@ def run(settings: Settings, say: Say) -> dict[str, Any]:
 
     variants = cache_variants(settings.get("variants", ()), "--variant")
     options = fill(CacheOptions, settings, variants=variants)
-    return {"machine": machine(settings.get("threads", 1)), **run_cache(subject(settings), options, say)}
+    return {"machine": machine(settings.get("threads", 1)),
+            "kv_cache_dtype": settings.get("kv_cache_dtype", "auto"), **run_cache(subject(settings), options, say)}
 
 
 BENCHMARK = Benchmark(
@@ -37,6 +38,7 @@ BENCHMARK = Benchmark(
                registry="cache"),
         Option(("--new-caches/--no-new-caches",), "new_caches", bool,
                "Also compare d2, elastic, suffix and suffix:mode=dpad at their defaults [on]."),
+        KV_CACHE_DTYPE,
     ),
     run, later("dllm_decode.eval.bench.report", "format_cache"),
     quick=dict(gen_lengths=(64,), batch_sizes=(1, 4), per_task=1, repeats=1, forward_repeats=1))

@@ -9,7 +9,8 @@ from dllm_decode.eval.bench.protocol import Settings, blame
 
 
 def subject(settings: Settings) -> Any:
-    """The diffusion model under test (`model`), on `threads` torch threads."""
+    """The diffusion model under test (`model`), on `threads` torch threads, keeping its K/V as
+    `kv_cache_dtype` asks (`--kv-cache-dtype`, where a benchmark takes it)."""
     import torch
     from transformers.utils import logging
 
@@ -17,8 +18,13 @@ def subject(settings: Settings) -> Any:
 
     torch.set_num_threads(settings.get("threads", 1))
     logging.disable_progress_bar()
+    from dllm_decode.quant.kv import set_kv_cache_dtype
+
     with blame("--model"):
-        return load_subject(settings.get("model", "embedded"))
+        loaded = load_subject(settings.get("model", "embedded"))
+    with blame("--kv-cache-dtype"):
+        set_kv_cache_dtype(loaded.model, settings.get("kv_cache_dtype", "auto"))
+    return loaded
 
 
 def diffusion_named(text: str, flag: str = "--model") -> None:
