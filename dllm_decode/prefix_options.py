@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dllm_decode.fields import MAX_CANVAS, Checked, bounded
-from dllm_decode.prefix_reuse import PrefixSharing
+
+if TYPE_CHECKING:                     # torch stays out of `serve --help`
+    from dllm_decode.prefix_reuse import PrefixSharing
 
 MAX_PREFIX_BYTES = 1 << 40
 """The largest prefix-cache budget (1 TiB): past any device's memory."""
@@ -53,4 +55,6 @@ class PrefixOptions(Checked):
 
     def sharing(self) -> PrefixSharing | None:
         """The engine's prefix cache, or None when off."""
+        from dllm_decode.prefix_reuse import PrefixSharing
+
         return PrefixSharing(self.budget_bytes, self.approximate) if self.budget_bytes else None
