@@ -211,7 +211,10 @@ class Engine:
         """The newly final part of a still-running answer, or None when nothing new is sendable.
         Text is held back while it ends in an incomplete character (U+FFFD) or while its decoded
         form does not extend what was sent (a tokenizer merging across the boundary). A
-        provisional request (`canvas` given) gets an update every step, with its draft."""
+        provisional request (`canvas` given) gets an update every step, with its draft; one
+        that does not `follow` its text gets none (its text is decoded once, when it ends)."""
+        if canvas is None and not live.request.follow:
+            return None
         update = self._new_text(live, answer)
         if canvas is None:
             return update

@@ -35,6 +35,8 @@ class Request:
             answer text that became final.
         adapter: the name of a LoRA adapter the server attached (`adapters.attach`) to decode
             with, unmerged (None: the model's own weights).
+        follow: report the answer's text as it becomes final (a stream, stop strings); False:
+            only the finished `Output` (no text is decoded while the request runs).
     Raises:
         TypeError: token ids that are not integers (`5.7`, `"5"` and `True` are refused).
         ValueError: an empty id or prompt, a negative token id, `max_tokens` < 1.
@@ -46,6 +48,7 @@ class Request:
     max_tokens: int | None = None
     provisional: bool = False
     adapter: str | None = None
+    follow: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:

@@ -271,3 +271,24 @@ def test_a_request_prompt_must_be_token_ids():
     for bad in ("hello", [1, 2.5], [True], ["3"]):
         with pytest.raises(TypeError, match="token ids|integers"):
             Request("x", bad, config())
+
+
+def test_a_request_that_does_not_follow_its_text_gets_one_update_with_the_same_answer(embedded):
+    """`follow=False` (an unstreamed request without stop strings): no text while it runs and
+    no tokenizer call per step, then the same `Output` and the whole text in its last update."""
+    prompts = prompts_of(embedded, 2)
+    outputs = {}
+    for follow in (True, False):
+        engine = Engine(embedded, max_batch_size=4)
+        for i, p in enumerate(prompts):
+            engine.add(Request(f"r{i}", p, config("low_confidence", gen_length=16, block_length=8),
+                               follow=follow))
+        done, streamed, steps = run(engine)
+        outputs[follow] = {k: (o.text, o.tokens, o.nfe, o.finish_reason) for k, o in done.items()}
+        updates = [u for step in steps for u in step]
+        if follow:
+            assert not all(u.finished for u in updates)        # text arrived as it grew
+        else:
+            assert all(u.finished for u in updates)            # one update per request
+            assert all(streamed[k] == done[k].text for k in done)
+    assert outputs[True] == outputs[False]

@@ -307,7 +307,8 @@ def _admit(state: ServerState, job: Job) -> None:
 
 def _request(job: Job) -> Request:
     return Request(id=job.id, prompt=job.prompt, config=job.config, max_tokens=job.max_tokens,
-                   provisional=job.stream_mode == "provisional", adapter=job.adapter)
+                   provisional=job.stream_mode == "provisional", adapter=job.adapter,
+                   follow=job.stream or bool(job.stops))      # else the text is decoded once, at the end
 
 
 class _Updates:

@@ -213,14 +213,16 @@ def follow(engine: Engine, control: Any) -> None:
 def request_record(request: Request) -> dict[str, Any]:
     """A request as JSON (`request_from_record` reads it back)."""
     return {"id": request.id, "prompt": list(request.prompt), "config": request.config.to_dict(),
-            "max_tokens": request.max_tokens, "provisional": request.provisional, "adapter": request.adapter}
+            "max_tokens": request.max_tokens, "provisional": request.provisional, "adapter": request.adapter,
+            "follow": request.follow}
 
 
 def request_from_record(record: dict[str, Any]) -> Request:
     from dllm_decode.config import DecodeConfig
 
     return Request(record["id"], tuple(record["prompt"]), DecodeConfig.from_dict(record["config"]),
-                   record["max_tokens"], record.get("provisional", False), record.get("adapter"))
+                   record["max_tokens"], record.get("provisional", False), record.get("adapter"),
+                   record.get("follow", True))
 
 
 def _failed(request: Request, message: str) -> Update:
