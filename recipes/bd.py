@@ -49,8 +49,8 @@ from dllm_decode.eval.tasks.tokenizer import AR_CHAT_TEMPLATE, save_tokenizer
 from recipes.data import (EOS_ID, MASK_ID, PAD_ID, SEP_ID, Pool, build_pool,
                                             step_rng)
 from recipes.evaluate import accuracy_by_task, left_pad
-from recipes.loop import (CHECKPOINT, LoopConfig, add_run_arguments,
-                          load_checkpoint, run_summary, train, write_summary)
+from recipes.loop import (LoopConfig, add_run_arguments, export_checkpoint, run_summary, train,
+                          write_summary)
 from dllm_decode.models.checkpoint import read_config, read_safetensors
 from dllm_decode.models.fast_dllm import FastDLLMLlamaConfig, FastDLLMModel
 from dllm_decode.models.layers import default_positions, rope_tables
@@ -249,9 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     model = converted(resolve_causal_dir(args.init), args.block_size)
     if args.export_only:
-        model.load_state_dict(load_checkpoint(args.out / CHECKPOINT)["model"])
-        export(model, args.out / "model")
-        print(f"exported {args.out / CHECKPOINT} to {args.out / 'model'}")
+        export_checkpoint(model, args.out, export)
         return
     pool = build_pool(args.pool_per_task, args.seed)
     n_params = sum(p.numel() for p in model.parameters())

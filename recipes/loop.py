@@ -147,6 +147,14 @@ def load_checkpoint(path: Path) -> dict:
         raise SystemExit(f"error: {path} is not a training checkpoint this recipe wrote: {first}") from None
 
 
+def export_checkpoint(model: nn.Module, out: Path, export: Callable[[nn.Module, Path], None]) -> None:
+    """`--export-only`: load `<out>/checkpoint.pt` (e.g. mid-run) into `model`, export it to
+    `<out>/model` with the recipe's `export`."""
+    model.load_state_dict(load_checkpoint(out / CHECKPOINT)["model"])
+    export(model, out / "model")
+    print(f"exported {out / CHECKPOINT} to {out / 'model'}")
+
+
 def run_summary(losses: list[float], began: float) -> dict[str, float]:
     """Wall-clock minutes since `began` (`time.monotonic()`) and the mean loss of the first and
     last 100 steps: the part of `summary.json` every recipe shares."""

@@ -41,6 +41,22 @@ def test_every_package_folder_is_listed():
     assert found == set(setup["packages"])
 
 
+def test_every_shipped_model_is_package_data():
+    """Each `--model` shipped name resolves to a folder the wheel's package-data glob carries,
+    holding what the loader reads (config, weights, tokenizer)."""
+    from fnmatch import fnmatch
+
+    from dllm_decode.models.checkpoint import EMBEDDED_DIR, EMBEDDED_NAMES
+
+    globs = pyproject()["tool"]["setuptools"]["package-data"]["dllm_decode"]
+    for name, folder in EMBEDDED_NAMES.items():
+        for file in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+            path = EMBEDDED_DIR / folder / file
+            assert path.is_file(), f"{name}: {path} is missing"
+            relative = path.relative_to(ROOT / "dllm_decode").as_posix()
+            assert any(fnmatch(relative, g) for g in globs), f"{name}: {relative} is not package data"
+
+
 def hostile_directory(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, str]]:
     """A working directory and an environment full of things named like our folders."""
     work = tmp_path / "research"
@@ -102,6 +118,7 @@ def test_wheel_installs_the_namespace_and_the_package_data(tmp_path):
     assert recipes and not [n for n in names if n.startswith("recipes/")
                             or pathlib.PurePosixPath(n).stem in recipes and "/training/" in n]
     assert "dllm_decode/eval/training/filter.py" in names          # what train-filter runs stays
+    assert "dllm_decode/embedded/noise/model.safetensors" in names   # the shipped noise model
     site = tmp_path / "installed"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                                 str(site), str(wheel)], capture_output=True, text=True, timeout=600)

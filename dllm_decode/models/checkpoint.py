@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "embedded"
-EMBEDDED_NAMES = {"embedded": "dllm", "embedded-bd": "bd", "embedded-dparallel": "dparallel"}   # CLI names of the shipped models -> directory
+EMBEDDED_NAMES = {"embedded": "dllm", "embedded-bd": "bd", "embedded-dparallel": "dparallel",
+                  "embedded-noise": "noise"}   # CLI names of the shipped models -> directory
 EMBEDDED_AR = ("ar_target", "ar_draft")
 """The shipped causal (AR) models (`dllm_decode.models.causal` loads them)."""
 

@@ -43,8 +43,8 @@ def load_subject(name: str) -> Subject:
     """The diffusion model a `--model` name means, with the task suite when it has a tokenizer.
 
     Raises:
-        ValueError: a name that is not a diffusion LM (`ideal`, `ar:...`), or a missing or
-            corrupt directory (`ModelLoadError`).
+        ValueError: a name that is not a masked diffusion LM (`ideal`, `ar:...`, a uniform-noise
+            model), or a missing or corrupt directory (`ModelLoadError`).
     """
     from dllm_decode.models import ModelLoadError
 
@@ -56,6 +56,9 @@ def load_subject(name: str) -> Subject:
             raise
         return Subject(random_embedded(), "RANDOM-WEIGHT LLaDA at the embedded size (the embedded "
                        "model is not installed): speed only, outputs are noise", None, None)
+    if getattr(model, "canvas_kind", "mask") != "mask":
+        raise ValueError(f"{name!r} is a uniform-noise model; the benchmark suite decodes masked "
+                         f"models (measure it with `dllm-decode eval`, which reports NFE and time)")
     if spec.kind == "tiny":
         return Subject(model, "TINY RANDOM tiny_llada: speed only, outputs are noise", model.tokenizer, None)
     tokenizer = getattr(model, "tokenizer", None)
