@@ -68,7 +68,7 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
     model_name, requests, clients, max_batch = o.model, o.requests, o.clients, o.max_batch
     gen, block, threshold, seed = o.gen_length, o.block_length, o.threshold, o.seed
     torch.set_num_threads(o.threads)
-    bench = load_subject(model_name)
+    bench = load_subject(model_name, canvases=("mask", "noise"))   # the engine serves both
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the load test needs the task suite's vocabulary (the embedded model)")
     model, tokenizer = bench.model, bench.tokenizer

@@ -39,13 +39,22 @@ class Subject:
     tasks: dict | None
 
 
-def load_subject(name: str) -> Subject:
-    """The diffusion model a `--model` name means, with the task suite when it has a tokenizer.
+def load_subject(name: str, canvases: tuple[str, ...] = ("mask",)) -> Subject:
+    """The diffusion model a `--model` name means, with the task suite when it has a tokenizer;
+    `canvases`: the canvas kinds the benchmark decodes (`serving` also takes a noise model).
 
     Raises:
-        ValueError: a name that is not a masked diffusion LM (`ideal`, `ar:...`, a uniform-noise
-            model), or a missing or corrupt directory (`ModelLoadError`).
+        OptionError (a ValueError naming `--model`, one line): a name that is not a masked
+            diffusion LM (`ideal`, `ar:...`, a uniform-noise model), or a missing or corrupt
+            directory (`ModelLoadError`). Every benchmark's `--model` is checked here.
     """
+    from dllm_decode.eval.bench.protocol import blame
+
+    with blame("--model"):
+        return _load_subject(name, canvases)
+
+
+def _load_subject(name: str, canvases: tuple[str, ...]) -> Subject:
     from dllm_decode.models import ModelLoadError
 
     spec = diffusion_spec(name)
@@ -56,7 +65,7 @@ def load_subject(name: str) -> Subject:
             raise
         return Subject(random_embedded(), "RANDOM-WEIGHT LLaDA at the embedded size (the embedded "
                        "model is not installed): speed only, outputs are noise", None, None)
-    if getattr(model, "canvas_kind", "mask") != "mask":
+    if getattr(model, "canvas_kind", "mask") not in canvases:
         raise ValueError(f"{name!r} is a uniform-noise model; the benchmark suite decodes masked "
                          f"models (measure it with `dllm-decode eval`, which reports NFE and time)")
     if spec.kind == "tiny":

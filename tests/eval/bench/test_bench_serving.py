@@ -39,3 +39,22 @@ def test_a_model_without_the_task_suite_is_refused():
 def test_a_block_that_does_not_divide_the_canvas_is_refused():
     result = CliRunner().invoke(main, ["bench", "serving", "--gen-length", "12", "--block-length", "8"])
     assert result.exit_code == 2 and "must divide" in result.output and "--block-length" in result.output
+
+
+def test_the_shipped_noise_model_is_served_under_load_like_offline(tmp_path):
+    """The engine serves a uniform-noise model, so the load test takes `embedded-noise`: every
+    answer through the server equals offline `generate`; the masked-only benchmarks refuse it
+    in one line (exit 2), never a traceback."""
+    out = tmp_path / "serving.json"
+    result = CliRunner().invoke(main, ["bench", "serving", "--model", "embedded-noise", "--quick",
+                                       "--requests", "4", "--clients", "2", "--gen-length", "8",
+                                       "--block-length", "8", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for phase in ("sequential", "concurrent"):
+        p = report[phase]
+        assert (p["answered"], p["failed"], p["lost"], p["different_from_offline"]) == (4, 0, 0, 0)
+    refused = CliRunner().invoke(main, ["bench", "serving", "--workload", "shared-prefix",
+                                        "--model", "embedded-noise"])
+    assert refused.exit_code == 2 and "uniform-noise model" in refused.output
+    assert "Traceback" not in refused.output
