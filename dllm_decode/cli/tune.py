@@ -33,8 +33,9 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
               help="Self-speculative decoders to search too, each along its base rule's knob (comma list, "
                    "`none`, or `auto`: every one a block-diffusion model takes; none for other models).")
 @click.option("--gen-length", default="256", show_default=True, help="Canvas length, or `answer`.")
-@click.option("--block-length", type=click.IntRange(1), default=32, show_default=True,
-              help="Block length (ignored with --gen-length answer: one block per canvas).")
+@click.option("--block-length", type=click.IntRange(1, MAX_CANVAS), default=None,
+              help="Block length (default: the model's own block or noise canvas, else 32; ignored "
+                   "with --gen-length answer: one block per canvas).")
 @click.option("--exhaustive", is_flag=True, help="Also run the full grid on the calibration split (forward count "
                                                  "and best single global setting, for comparison).")
 @click.option("--batch-size", type=click.IntRange(1), default=8, show_default=True)
@@ -45,7 +46,7 @@ DEFAULT_RULES = "threshold,factor,frechet,eb,entropy_threshold,hierarchy,slowfas
 @click.option("--dtype", type=click.Choice(DTYPES), default=None)
 def tune_command(model_name: str, selection: str, calibration: int, held_out: int, data_seed: int, split_salt: str,
                  budget: str, confidence: float, rules: str, caches: str, self_decoders: str, gen_length: str,
-                 block_length: int, exhaustive: bool,
+                 block_length: int | None, exhaustive: bool,
                  batch_size: int, out_dir: str, progress: bool | None, device: str | None, dtype: str | None) -> None:
     """Search rules x their main knob x caches on a calibration split for the fastest setting (mean
     forwards per prompt) within the budget, per task and overall; check it on a held-out split;
@@ -69,7 +70,6 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
         raise click.BadParameter(f"expected an integer in [1, {MAX_CANVAS}] or 'answer', got {gen_length!r}",
                                  param_hint="--gen-length")
     canvas = None if gen_length == "answer" else int(gen_length)
-    block = None if canvas is None else block_length
     names = [r.strip() for r in rules.split(",") if r.strip()]
     if not names:
         raise click.BadParameter(f"no rules given; searchable rules: {', '.join(sorted(SPACE))}",
@@ -100,7 +100,10 @@ def tune_command(model_name: str, selection: str, calibration: int, held_out: in
     rank, _ = distributed.init_from_env(str(where))       # torchrun: data-parallel, decisions on every rank
     with usage_errors("--model"):
         decoder, tokenizer = decoder_for(spec, distributed.local_device(str(where)), torch_dtype(dtype))
-    cache_names = _caches(caches, spec, getattr(decoder, "model", None))
+    model = getattr(decoder, "model", None)
+    own = getattr(model, "block_size", None) or getattr(model, "canvas_length", None)
+    block = None if canvas is None else block_length or own or 32
+    cache_names = _caches(caches, spec, model)
     selfdecs = _self_decoders(self_decoders, decoder, canvas, block)
     for message in messages if rank == 0 else ():
         click.echo(message, err=True)

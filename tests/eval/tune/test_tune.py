@@ -279,3 +279,19 @@ def test_a_noise_model_tunes_its_own_rule_against_its_defaults(tmp_path):
     assert searched <= {"threshold", "uniform_noise"} and "uniform_noise" in searched
     chosen = outcome.per_task["copy"]
     assert chosen is not None and chosen.nfe < outcome.held_out["reference"]["copy"]["nfe"]
+
+
+def test_the_cli_tunes_the_shipped_noise_model_at_its_own_canvas(tmp_path):
+    """`--block-length` defaults to the model's own block or noise canvas (8 for
+    `embedded-noise`), so `tune` runs on it without one; the reference is its own rule."""
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["tune", "--model", "embedded-noise", "--tasks", "copy",
+                                       "--calibration", "2", "--held-out", "1", "--rules", "threshold",
+                                       "--gen-length", "8", "--budget", "within:50", "--confidence", "0.5",
+                                       "--out", str(tmp_path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert {p["setting"]["block_length"] for p in report["points"]} == {8}
