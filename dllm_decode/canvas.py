@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from dllm_decode import noise_turn, turns
@@ -40,8 +41,22 @@ class MaskCanvas:
 
     def logits(self, runner: Any, model: Any, batch: Any, span: tuple[int, int], block_step: int,
                state: Any) -> tuple[Tensor, int, Any]:
-        """The cache's (or captured executor's) logits for the window over the batch's canvas."""
-        return runner.logits(model, batch.rows.x, batch.rows.attention_mask, span, block_step, state)
+        """The cache's (or captured executor's) logits for the window over the batch's canvas.
+
+        A cache whose rows are computed apart and keep no state (`Cache.rows_apart`, the `none`
+        cache with dense attention) feeds only the rows with work: a row whose block is done
+        waits for its phase without a forward row (its logits are zeros; it has no open column
+        to commit). Unmerged LoRA rows keep the whole batch (their adapter ids are per row)."""
+        x, mask, busy = batch.rows.x, batch.rows.attention_mask, batch.bounds.busy
+        if (all(busy) or not any(busy) or state is not None or not getattr(runner, "rows_apart", False)
+                or any(member.adapter >= 0 for member in batch.members)):
+            return runner.logits(model, x, mask, span, block_step, state)
+        rows = torch.tensor([r for r, working in enumerate(busy) if working], device=x.device)
+        logits, offset, state = runner.logits(model, x[rows], None if mask is None else mask[rows],
+                                              span, block_step, state)
+        full = logits.new_zeros((len(busy), *logits.shape[1:]))
+        full[rows] = logits
+        return full, offset, state
 
     turn = staticmethod(turns.turn)
 

@@ -326,6 +326,9 @@ class Cache(Checked, abc.ABC):
 
     capturable: ClassVar[bool] = False
     prefix_reuse: ClassVar[str | None] = None
+    rows_apart: ClassVar[bool] = False
+    """Each row's logits depend on that row alone and, with no state (None), the cache keeps
+    nothing per row: the loop may feed only the rows with work (`canvas.MaskCanvas.logits`)."""
     """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
     state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
     never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
@@ -400,6 +403,7 @@ class NoCache(Cache):
     """
 
     capturable: ClassVar[bool] = True
+    rows_apart: ClassVar[bool] = True
 
     def init_state(self, model: DiffusionLM) -> Any:
         from dllm_decode.models.attention import attention_state

@@ -28,7 +28,8 @@ pytest.importorskip("uvicorn")
     (["--model", "/no/such/dir"], "/no/such/dir"),
 ])
 def test_usage_errors_exit_2(args, fragment):
-    result = CliRunner().invoke(main, ["serve", "--model", "tiny", *args])
+    # a free port: the default 8000 may be taken on a shared machine, and the port is checked first
+    result = CliRunner().invoke(main, ["serve", "--model", "tiny", "--port", str(_free_port()), *args])
     assert result.exit_code == 2 and fragment in result.output, result.output
     assert "Traceback" not in result.output
 
