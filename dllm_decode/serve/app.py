@@ -39,6 +39,7 @@ from fastapi import Request as HTTPRequest   # module level: FastAPI reads the r
 from dllm_decode.cost import MAX_ROWS
 from dllm_decode.engine import Output, Request, Update
 from dllm_decode.serve import probes
+from dllm_decode.serve.mailbox import Mailbox
 from dllm_decode.serve.metrics import Metrics, prefix_stats
 from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, StopText, chunk, parse_job,
                                         provisional_chunk, reply)
@@ -105,6 +106,7 @@ class ServerState:
         self.server: Any = None             # the uvicorn server, once `serve` runs
         self.playground = False             # serve the playground page at `/` (viz/playground.py)
         self.cpu = ThreadPoolExecutor(1, thread_name_prefix="dllm-cpu")   # tokenising, JSON
+        self.mailbox: Mailbox | None = None # the engine's updates to the loop (`serve.mailbox`)
         self.metrics = Metrics(in_flight=lambda: self.in_flight,
                                queued=lambda: len(getattr(worker.engine, "waiting", ())),
                                prefix=lambda: prefix_stats(worker.engine))
@@ -317,14 +319,16 @@ class _Updates:
     def __init__(self, state: ServerState, job: Job):
         self.state, self.job = state, job
         self.queue: asyncio.Queue[Update] = asyncio.Queue()
-        self.loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if state.mailbox is None or state.mailbox.loop is not loop:
+            state.mailbox = Mailbox(loop)
+        self.mailbox = state.mailbox
         self.done = False
         self.tokens: list[int] = []
         self.draft: Any = None             # the last update's canvas (provisional streams)
 
     def put(self, update: Update) -> None:                # called on the worker thread
-        with contextlib.suppress(RuntimeError):           # the loop is gone (shutdown)
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+        self.mailbox.post(self.queue, update)
 
     async def next(self, timeout: float) -> Update:
         update = await asyncio.wait_for(self.queue.get(), timeout)
