@@ -121,9 +121,6 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     if spec.kind == "ar" and tensor_parallel > 1:
         raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
                                  "one process", param_hint="--tensor-parallel")
-    leader = world == 1 or os.environ.get("RANK", "0") == "0"
-    if leader:
-        _check_address(host, port)
     if spec.kind == "ar":
         if record.get("cache_name") not in (None, "none") or record.get("cache_opts"):
             raise click.BadParameter(f"--cache {record.get('cache_name')} does not apply to `ar:` models: a "
@@ -140,6 +137,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
                         body_timeout=body_timeout)
+    if world == 1 or os.environ.get("RANK", "0") == "0":     # the options first: a taken port
+        _check_address(host, port)                           # never hides a bad option
     groups = launch.start(tensor_parallel, where, "serve", spec=spec)
     try:
         launch.agree(groups, model=str(spec), config=config.to_dict(), max_tokens=max_tokens)

@@ -28,10 +28,22 @@ pytest.importorskip("uvicorn")
     (["--model", "/no/such/dir"], "/no/such/dir"),
 ])
 def test_usage_errors_exit_2(args, fragment):
-    # a free port: the default 8000 may be taken on a shared machine, and the port is checked first
+    # a free port: a missing model folder is found when loading, after the address is checked
     result = CliRunner().invoke(main, ["serve", "--model", "tiny", "--port", str(_free_port()), *args])
     assert result.exit_code == 2 and fragment in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_a_bad_option_is_reported_even_when_the_port_is_taken():
+    """Options are checked before the address: a taken port never hides a bad option."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = str(taken.getsockname()[1])
+        bad = CliRunner().invoke(main, ["serve", "--model", "tiny", "--port", port, "--scheduler", "nope"])
+        assert bad.exit_code == 2 and "unknown scheduler 'nope'" in bad.output, bad.output
+        good = CliRunner().invoke(main, ["serve", "--model", "tiny", "--port", port])
+        assert good.exit_code == 2 and "cannot listen on" in good.output, good.output
 
 
 def _free_port() -> int:
