@@ -24,6 +24,9 @@ Positions are canvas columns shared by the batch (`arange`), as the reference `g
 them: a left-padded row's tokens sit later than alone (RoPE is relative, so the logits agree to
 rounding), and a sliding window counts padding columns, as in the reference.
 Deviation: a padding query (which no real row reads) attends itself, so nothing is NaN.
+`kv_cache_dtype` fp8 / int8 (`dllm_decode.quant.kv`) keeps the encoder cache as codes with a
+float32 scale per head per column; a chunk being encoded attends its own fresh K/V in float and
+the earlier chunks as stored, and every decoder pass reads the stored cache dequantized.
 Images: refused (`check_text_only`); the vision tower's weights are not loaded.
 """
 

@@ -4,7 +4,8 @@ scale per head per canvas column, behind the `KVCache` / `StaticKVCache` contrac
 A model carries its store (`set_kv_cache_dtype(model, "fp8")`, or `load_model(kv_cache_dtype=)`
 and `--kv-cache-dtype` on the CLI, named as vLLM names it); the caches that keep K/V through that
 contract (prefix, dual, block, suffix, and the captured step's static store) make their state
-with it, so no family's forward knows the format. Each written (row, head, column) vector of D
+with it, so no family's forward knows the format; a family with its own cache that reads the
+store (`supports_kv_store`: DiffusionGemma's encoder cache) keeps its K/V the same way. Each written (row, head, column) vector of D
 values gets its own scale, absmax / qmax (qmax 127 for int8, 448 for e4m3): the cache of a
 diffusion decode is rewritten in place column by column (the dual cache's active block every
 step), so a scale shared by many columns would have to be recomputed over columns already

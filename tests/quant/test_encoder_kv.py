@@ -114,3 +114,15 @@ def test_a_cache_kept_in_another_format_is_refused():
     cache = model.encode(torch.tensor([[5, 9, 4]]))
     with pytest.raises(ValueError, match="encode it again after set_kv_cache_dtype"):
         set_kv_cache_dtype(model, "int8").encode(torch.tensor([[7]]), None, cache)
+
+
+def test_the_cli_decodes_a_noise_model_with_a_low_precision_encoder_cache():
+    """`--kv-cache-dtype int8` on `embedded-noise` (once refused in one line) decodes."""
+    import json
+
+    from tests.quant.test_kv_cache import cli
+
+    done = cli("--model", "embedded-noise", "--prompt", "copy : lucy eric kevin", "--kv-cache-dtype",
+               "int8", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["text"]
