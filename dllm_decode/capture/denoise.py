@@ -130,7 +130,8 @@ class CapturedDenoise:
     def _load_cache(buffers: _Buffers, cache: Any, b: int) -> None:
         """Copy the encoder's K/V in (padding columns zero and masked off; padding rows see only
         their own canvas)."""
-        for i, (k, v) in enumerate(zip(cache.keys, cache.values)):
+        for i in range(len(cache.keys)):
+            k, v = cache.layer(i)                 # dequantized from a low-precision store
             s = k.shape[2]
             buffers.keys[i].zero_()
             buffers.values[i].zero_()

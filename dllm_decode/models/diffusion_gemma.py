@@ -24,12 +24,16 @@ Positions are canvas columns shared by the batch (`arange`), as the reference `g
 them: a left-padded row's tokens sit later than alone (RoPE is relative, so the logits agree to
 rounding), and a sliding window counts padding columns, as in the reference.
 Deviation: a padding query (which no real row reads) attends itself, so nothing is NaN.
+`kv_cache_dtype` fp8 / int8 (`dllm_decode.quant.kv`) keeps the encoder cache as codes with a
+float32 scale per head per column; a chunk being encoded attends its own fresh K/V in float and
+the earlier chunks as stored, and every decoder pass reads the stored cache dequantized.
 Images: refused (`check_text_only`); the vision tower's weights are not loaded.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,13 +52,27 @@ class EncoderCache:
     """The encoder's K/V of every committed token, per layer (B, Hkv, S, D): full layers keep
     all, sliding layers the last W-1 (chronological). `mask` (B, T) bool marks the real
     (non-padding) columns of all T tokens encoded so far; `seen` is T; `padded` whether any
-    column is padding (without, attention runs unmasked, as the reference's does)."""
+    column is padding (without, attention runs unmasked, as the reference's does). `store`:
+    None keeps float tensors; the model's low-precision store (`kv_cache_dtype` fp8 / int8,
+    `dllm_decode.quant.kv`) keeps codes and scales, dequantized one layer at a time when read."""
 
-    keys: list[Tensor]
-    values: list[Tensor]
+    keys: list[Any]
+    values: list[Any]
     mask: Tensor
     seen: int
     padded: bool = True
+    store: Any = None
+
+    def layer(self, i: int) -> tuple[Tensor, Tensor]:
+        """Layer `i`'s (keys, values) as attention reads them."""
+        k, v = self.keys[i], self.values[i]
+        return (k, v) if self.store is None else (self.store.read(k), self.store.read(v))
+
+    def read_keys(self) -> Sequence[Tensor]:
+        return self.keys if self.store is None else _Dequantized(self.store, self.keys)
+
+    def read_values(self) -> Sequence[Tensor]:
+        return self.values if self.store is None else _Dequantized(self.store, self.values)
 
     def layer_mask(self, layer: int) -> Tensor:
         """(B, S) real-column mask of the keys layer `layer` keeps."""
@@ -62,8 +80,30 @@ class EncoderCache:
 
     def select_rows(self, rows: Tensor) -> "EncoderCache":
         pick = lambda t: t.index_select(0, rows.to(t.device))   # noqa: E731
+        if self.store is not None:
+            kv = lambda t: self.store.select(t, rows.to(t.codes.device))   # noqa: E731
+            return EncoderCache([kv(k) for k in self.keys], [kv(v) for v in self.values],
+                                pick(self.mask), self.seen, self.padded, self.store)
         return EncoderCache([pick(k) for k in self.keys], [pick(v) for v in self.values],
                             pick(self.mask), self.seen, self.padded)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the stored K/V take (codes and scales of a low-precision store)."""
+        return sum(t.nbytes for t in (*self.keys, *self.values))
+
+
+class _Dequantized(Sequence):
+    """Stored layers read on indexing, so the decoder pass holds one layer's float K/V at a time."""
+
+    def __init__(self, store: Any, items: list[Any]):
+        self.store, self.items = store, items
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.store.read(self.items[i])
+
+    def __len__(self) -> int:
+        return len(self.items)
 
 
 ENCODER = "model.encoder.language_model."
@@ -111,6 +151,7 @@ class DiffusionGemmaModel(nn.Module):
 
     canvas_kind: ClassVar[str] = "noise"     # an uncommitted column holds a random token, not [MASK]
     supports_kv = False                      # the masked loop's caches do not apply
+    supports_kv_store = True                 # its encoder cache keeps K/V as `model.kv_store`
     mask_token_id = None
 
     def __init__(self, cfg: DiffusionGemmaConfig):
@@ -191,6 +232,10 @@ class DiffusionGemmaModel(nn.Module):
         b, n = ids.shape
         dev = ids.device
         mask = torch.ones(b, n, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+        store = getattr(self, "kv_store", None)          # None: float K/V (`kv_cache_dtype` auto)
+        if cache is not None and cache.store != store:
+            raise ValueError(f"the encoder cache keeps K/V as {cache.store}, the model as {store}: "
+                             f"encode it again after set_kv_cache_dtype")
         start = 0 if cache is None else cache.seen
         full_mask = mask if cache is None else torch.cat([cache.mask, mask], 1)
         positions = torch.arange(start, start + n, device=dev)
@@ -200,7 +245,13 @@ class DiffusionGemmaModel(nn.Module):
             attn = layer.self_attn
             cos, sin = self.rope(i, positions, h.dtype)
             q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
-            if cache is not None:
+            if store is not None:            # keep codes; the fresh columns attend in float
+                sk, sv = store.put(k), store.put(v)
+                if cache is not None:
+                    old_k, old_v = cache.layer(i)
+                    sk, sv = store.cat(cache.keys[i], sk), store.cat(cache.values[i], sv)
+                    k, v = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
+            elif cache is not None:
                 k = torch.cat([cache.keys[i], k], 2)
                 v = torch.cat([cache.values[i], v], 2)
             key_pos = torch.arange(start + n - k.shape[2], start + n, device=dev)
@@ -213,11 +264,15 @@ class DiffusionGemmaModel(nn.Module):
             h = h + layer.post_attention_layernorm(a)
             h = layer.feed_forward(h, self.model.encoder.language_model.layers[i].layer_scalar)
             keep = self.config.sliding_window - 1 if attn.sliding else k.shape[2]
+            if store is not None:
+                keys.append(store.last(sk, min(keep, k.shape[2])))
+                values.append(store.last(sv, min(keep, k.shape[2])))
+                continue
             keys.append(k[:, :, -keep:] if keep else k[:, :, :0])
             values.append(v[:, :, -keep:] if keep else v[:, :, :0])
         padded = (cache.padded if cache is not None else False) or \
             (attention_mask is not None and not bool(mask.all()))
-        return EncoderCache(keys, values, full_mask, start + n, padded)
+        return EncoderCache(keys, values, full_mask, start + n, padded, store)
 
     @torch.no_grad()
     def denoise(self, canvas: Tensor, cache: EncoderCache, sc_logits: Tensor | None = None) -> Tensor:
@@ -230,10 +285,10 @@ class DiffusionGemmaModel(nn.Module):
         real = torch.ones(b, c, dtype=torch.bool, device=canvas.device)   # no padding: no mask,
         masks = [torch.cat([cache.layer_mask(i), real], 1)[:, None, None, :] if cache.padded else None
                  for i in range(len(tables))]
-        return self.decode(canvas, sc_logits, None, tables, cache.keys, cache.values, masks)
+        return self.decode(canvas, sc_logits, None, tables, cache.read_keys(), cache.read_values(), masks)
 
     def decode(self, canvas: Tensor, sc_logits: Tensor | None, use_sc: Tensor | None,
-               tables: list[tuple[Tensor, Tensor]], keys: list[Tensor], values: list[Tensor],
+               tables: list[tuple[Tensor, Tensor]], keys: Sequence[Tensor], values: Sequence[Tensor],
                masks: list[Tensor | None]) -> Tensor:
         """The decoder pass on explicit tensors (`denoise` prepares them; the captured forward,
         `dllm_decode.capture.denoise`, passes its static buffers): per layer the rope `tables`

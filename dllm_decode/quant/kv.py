@@ -4,7 +4,8 @@ scale per head per canvas column, behind the `KVCache` / `StaticKVCache` contrac
 A model carries its store (`set_kv_cache_dtype(model, "fp8")`, or `load_model(kv_cache_dtype=)`
 and `--kv-cache-dtype` on the CLI, named as vLLM names it); the caches that keep K/V through that
 contract (prefix, dual, block, suffix, and the captured step's static store) make their state
-with it, so no family's forward knows the format. Each written (row, head, column) vector of D
+with it, so no family's forward knows the format; a family with its own cache that reads the
+store (`supports_kv_store`: DiffusionGemma's encoder cache) keeps its K/V the same way. Each written (row, head, column) vector of D
 values gets its own scale, absmax / qmax (qmax 127 for int8, 448 for e4m3): the cache of a
 diffusion decode is rewritten in place column by column (the dual cache's active block every
 step), so a scale shared by many columns would have to be recomputed over columns already
@@ -133,6 +134,16 @@ class KVQuantStore:
     def trim(self, t: QuantizedKV, width: int) -> QuantizedKV:
         return QuantizedKV(t.codes[:, :, :width], t.scales[:, :, :width], t.dtype)
 
+    def cat(self, a: QuantizedKV, b: QuantizedKV) -> QuantizedKV:
+        """Columns of `a` then of `b` (an encoder cache growing by a chunk: its stored codes are
+        kept, never quantized again)."""
+        return QuantizedKV(torch.cat([a.codes, b.codes], 2), torch.cat([a.scales, b.scales], 2), a.dtype)
+
+    def last(self, t: QuantizedKV, width: int) -> QuantizedKV:
+        """The last `width` columns (none when 0), as a sliding window keeps them."""
+        start = t.codes.shape[2] - width
+        return QuantizedKV(t.codes[:, :, start:], t.scales[:, :, start:], t.dtype)
+
     def static_layout(self, head_dim: int) -> tuple[int, torch.dtype]:
         """(width, dtype) of a packed static store's rows for heads of `head_dim`: one tensor per
         K and per V, so the captured step's signature and row copies stay those of float K/V."""
@@ -159,10 +170,12 @@ def set_kv_cache_dtype(model: Any, value: Any) -> Any:
 
     Raises:
         KVCacheDtypeError: an unknown value, or fp8/int8 for a model without a KV cache
-            (`supports_kv` missing or False).
+            (`supports_kv` and `supports_kv_store` missing or False; the second marks a family
+            whose own cache reads `model.kv_store`, such as DiffusionGemma's encoder cache).
     """
     store = kv_store_of(value)
-    if store is not None and not getattr(model, "supports_kv", False):
+    keeps_kv = getattr(model, "supports_kv", False) or getattr(model, "supports_kv_store", False)
+    if store is not None and not keeps_kv:
         name = getattr(model, "name_or_path", None) or type(model).__name__
         raise KVCacheDtypeError(f"kv_cache_dtype {store.dtype} needs a model with a KV cache, and "
                                 f"{name} has none (supports_kv is False)")
