@@ -121,6 +121,20 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     if spec.kind == "ar" and tensor_parallel > 1:
         raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
                                  "one process", param_hint="--tensor-parallel")
+    if spec.kind == "ar" and quantize is not None:
+        raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--quantize")
+    if spec.kind == "ar" and attention is not None:
+        raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--attention")
+    if spec.kind == "ar" and kv_cache_dtype != "auto":
+        raise click.BadParameter(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not "
+                                 f"{str(spec)!r}", param_hint="--kv-cache-dtype")
+    if spec.kind == "ar" and adapters and (adapters.merged or adapters.named):
+        raise click.BadParameter("LoRA adapters apply to diffusion models", param_hint="--adapter")
+    if adapters and adapters.named and capture != "off":
+        raise click.BadParameter("unmerged adapters (NAME=DIR) run the eager step; drop --cuda-graphs/"
+                                 "--compile-step or merge the adapter (DIR alone)", param_hint="--adapter")
     if spec.kind == "ar":
         if record.get("cache_name") not in (None, "none") or record.get("cache_opts"):
             raise click.BadParameter(f"--cache {record.get('cache_name')} does not apply to `ar:` models: a "
@@ -174,15 +188,6 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     from dllm_decode.serve.protocol import Settings
     from dllm_decode.serve.worker import EngineWorker, follow, startup_check
 
-    if spec.kind == "ar" and quantize is not None:
-        raise click.BadParameter(f"--quantize applies to a diffusion LM checkpoint, not "
-                                 f"{str(spec)!r}", param_hint="--quantize")
-    if spec.kind == "ar" and attention is not None:
-        raise click.BadParameter(f"--attention applies to a diffusion LM checkpoint, not "
-                                 f"{str(spec)!r}", param_hint="--attention")
-    if spec.kind == "ar" and kv_cache_dtype != "auto":
-        raise click.BadParameter(f"--kv-cache-dtype applies to a diffusion LM checkpoint, not "
-                                 f"{str(spec)!r}", param_hint="--kv-cache-dtype")
     if spec.kind == "ar":
         model, kinds = _causal(spec, where, max_draft), ("scheduler", "draft_length")
     else:
@@ -194,11 +199,6 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
         kinds = ("scheduler",)
     from dllm_decode.cli.adapters import attach_named
 
-    if spec.kind == "ar" and adapters and (adapters.merged or adapters.named):
-        raise click.BadParameter("LoRA adapters apply to diffusion models", param_hint="--adapter")
-    if adapters and adapters.named and capture != "off":
-        raise click.BadParameter("unmerged adapters (NAME=DIR) run the eager step; drop --cuda-graphs/"
-                                 "--compile-step or merge the adapter (DIR alone)", param_hint="--adapter")
     adapter_names = attach_named(model, adapters.named) if adapters else ()
     if spec.kind != "ar":
         from dllm_decode.engine import check_cache
