@@ -1,5 +1,9 @@
 """Bad input to today's entry points found by an independent probe, each fixed at its cause:
-a nested `text_config` whose sizes were never checked (DiffusionGemma)."""
+a nested `text_config` whose sizes were never checked (DiffusionGemma); inline `NAME:key=value`
+options that could not carry a value holding commas (`es`'s proportions, list fields) and that
+silently took the last of a repeated key or a `name` key that swapped the component; a prefix
+cache budget accepted for a model that keeps no K/V (it stored nothing; `--kv-cache-dtype` and
+`--cache prefix` already refused such a model)."""
 
 from __future__ import annotations
 
@@ -40,3 +44,58 @@ def test_a_bad_size_in_a_nested_text_config_is_one_line_on_load_decode_and_verif
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2, (args, result.output, result.exception)
         assert field in result.output and "Traceback" not in result.output
+
+
+def _run(*args):
+    return CliRunner().invoke(main, ["--prompt", "a", "--gen-length", "8", "--block-length", "8", "--json", *args])
+
+
+@pytest.mark.parametrize("args,kind,want", [
+    (["--cache", "es:proportions=1@0,0.5@0.5,alpha=0.3"], "cache", {"proportions": "1@0,0.5@0.5", "alpha": 0.3}),
+    (["--cache", "es:alpha=0.3,proportions=1@0,0.25@0.5"], "cache", {"proportions": "1@0,0.25@0.5", "alpha": 0.3}),
+    (["--scheduler", "adaptive_block:delimiter_ids=5,6"], "scheduler", {"delimiter_ids": [5, 6]}),
+])
+def test_an_inline_value_holding_commas_is_one_value(args, kind, want):
+    """`NAME:k=v,...` split every comma, so `es`'s documented proportions and every list field
+    could be set only with -c/-o ("option '0.5@0.5' must be key=value")."""
+    result = _run(*args)
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output.strip().splitlines()[-1])["config"][kind]
+    assert {k: got[k] for k in want} == want
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--scheduler", "threshold:threshold=0.5,threshold=0.6"], "given twice"),
+    (["--attention", "sparsed:select=0.5,select=0.6"], "given twice"),
+    (["--cache", "es:alpha=0.1,alpha=0.2"], "given twice"),
+    (["--model", "ideal:noise=0.1,noise=0.2"], "given twice"),
+    (["--scheduler", "threshold:name=random"], "'name'"),
+    (["--attention", "sparsed:name=dense"], "'name'"),
+    (["--filter", "eotp:name=learned"], "'name'"),
+    (["--self-decoder", "s2d2:name=psd", "--model", "embedded-bd"], "'name'"),
+    (["--scheduler", "threshold:0.5"], "key=value"),
+])
+def test_a_repeated_or_name_key_inline_is_refused_not_silently_taken(args, message):
+    """The last of a repeated key won, and `name=` replaced the component named before the
+    colon (`threshold:name=random` decoded with `random`)."""
+    result = _run(*args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_prefix_cache_for_a_model_without_kv_is_refused_by_the_engine_and_serve():
+    """`serve --model embedded-noise --prefix-cache-bytes N` started and cached nothing."""
+    from dllm_decode.engine import Engine
+    from dllm_decode.models.loading import load_model
+    from dllm_decode.prefix_options import PrefixOptions
+
+    with pytest.raises(ValueError, match="supports_kv"):
+        PrefixOptions(1 << 20, keeps_kv=False)
+    noise = load_model(NOISE)
+    with pytest.raises(ValueError, match="prefix_cache_bytes 0"):
+        Engine(noise, prefix_cache_bytes=1 << 20)
+    Engine(noise)                                   # no budget: serves as before
+    result = CliRunner().invoke(main, ["serve", "--model", "embedded-noise", "--prefix-cache-bytes", "100000",
+                                       "--port", "1"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "supports_kv" in result.output and "Traceback" not in result.output
