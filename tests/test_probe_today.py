@@ -3,7 +3,9 @@ a nested `text_config` whose sizes were never checked (DiffusionGemma); inline `
 options that could not carry a value holding commas (`es`'s proportions, list fields) and that
 silently took the last of a repeated key or a `name` key that swapped the component; a prefix
 cache budget accepted for a model that keeps no K/V (it stored nothing; `--kv-cache-dtype` and
-`--cache prefix` already refused such a model)."""
+`--cache prefix` already refused such a model); `bench serving` loading its model outside the
+options check (a noise model, a missing folder: tracebacks) and `--prefix-tokens` past the
+model's context (StopIteration)."""
 
 from __future__ import annotations
 
@@ -99,3 +101,16 @@ def test_a_prefix_cache_for_a_model_without_kv_is_refused_by_the_engine_and_serv
                                        "--port", "1"])
     assert result.exit_code == 2, (result.output, result.exception)
     assert "supports_kv" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["--workload", "shared-prefix", "--model", "embedded-noise"], "--model"),
+    (["--workload", "tasks", "--model", "embedded-noise"], "--model"),
+    (["--workload", "shared-prefix", "--prefix-tokens", "100000"], "--prefix-tokens"),
+])
+def test_bench_serving_refuses_in_one_line_before_any_work(args, flag):
+    """`bench cache` refused a noise model at its options; `bench serving` loaded it in the run
+    (a ValueError traceback), and a system prompt longer than its task samples ran them out."""
+    result = CliRunner().invoke(main, ["bench", "serving", "--quick", *args])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert flag in result.output and "Traceback" not in result.output

@@ -29,6 +29,7 @@ import torch
 
 from dllm_decode.config import DecodeConfig
 from dllm_decode.engine import Engine
+from dllm_decode.eval.bench.protocol import blame
 from dllm_decode.eval.bench.subject import load_subject, task_samples
 from dllm_decode.eval.bench.timing import check_counts
 from dllm_decode.registry import component
@@ -68,7 +69,8 @@ def run(o: ServingOptions, progress: Callable[[str], None] = print) -> dict[str,
     model_name, requests, clients, max_batch = o.model, o.requests, o.clients, o.max_batch
     gen, block, threshold, seed = o.gen_length, o.block_length, o.threshold, o.seed
     torch.set_num_threads(o.threads)
-    bench = load_subject(model_name)
+    with blame("--model"):                # a noise model, a missing or corrupt folder: one line
+        bench = load_subject(model_name)
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the load test needs the task suite's vocabulary (the embedded model)")
     model, tokenizer = bench.model, bench.tokenizer
