@@ -5,7 +5,8 @@ silently took the last of a repeated key or a `name` key that swapped the compon
 cache budget accepted for a model that keeps no K/V (it stored nothing; `--kv-cache-dtype` and
 `--cache prefix` already refused such a model); `bench serving` loading its model outside the
 options check (a noise model, a missing folder: tracebacks) and `--prefix-tokens` past the
-model's context (StopIteration)."""
+model's context (StopIteration), and its shared-prefix workload run on `--model`'s `embedded`
+default (not the block-diffusion model it needs: a traceback from the block cache)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def test_a_prefix_cache_for_a_model_without_kv_is_refused_by_the_engine_and_serv
     (["--workload", "shared-prefix", "--model", "embedded-noise"], "--model"),
     (["--workload", "tasks", "--model", "embedded-noise"], "--model"),
     (["--workload", "shared-prefix", "--prefix-tokens", "100000"], "--prefix-tokens"),
+    (["--workload", "shared-prefix", "--model", "embedded"], "--model"),
 ])
 def test_bench_serving_refuses_in_one_line_before_any_work(args, flag):
     """`bench cache` refused a noise model at its options; `bench serving` loaded it in the run
@@ -114,3 +116,15 @@ def test_bench_serving_refuses_in_one_line_before_any_work(args, flag):
     result = CliRunner().invoke(main, ["bench", "serving", "--quick", *args])
     assert result.exit_code == 2, (result.output, result.exception)
     assert flag in result.output and "Traceback" not in result.output
+
+
+def test_bench_serving_shared_prefix_defaults_to_the_block_diffusion_model(monkeypatch):
+    import dllm_decode.eval.bench.shared_prefix as shared
+    from dllm_decode.eval.bench.protocol import OptionError
+
+    def stop(options, say):                         # stop before any work, naming the model
+        raise OptionError(None, f"would run on {options.model}")
+
+    monkeypatch.setattr(shared, "run", stop)
+    result = CliRunner().invoke(main, ["bench", "serving", "--workload", "shared-prefix", "--quick"])
+    assert "would run on embedded-bd" in result.output, (result.output, result.exception)

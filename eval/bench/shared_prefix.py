@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dllm_decode.config import DecodeConfig
-from dllm_decode.engine import Engine
+from dllm_decode.engine import Engine, check_cache
 from dllm_decode.eval.bench.serving import load_clients, quantile
 from dllm_decode.eval.bench.protocol import OptionError, blame
 from dllm_decode.eval.bench.subject import load_subject, task_samples
@@ -89,6 +89,8 @@ def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict
     config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": o.threshold}),
                           cache=component("cache", "block"), gen_length=o.gen_length,
                           block_length=o.block_length)
+    with blame("--model"):                # the exact `block` cache: a block-diffusion model
+        check_cache(model, config)
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]   # noqa: E731
     draws = o.requests + 2 * o.chats + 64 + o.prefix_tokens     # each sample adds >= 1 system token
     samples = [s.prompt for s in task_samples(bench.tasks, -(-draws // len(bench.tasks)),
