@@ -6,7 +6,9 @@ cache budget accepted for a model that keeps no K/V (it stored nothing; `--kv-ca
 `--cache prefix` already refused such a model); `bench serving` loading its model outside the
 options check (a noise model, a missing folder: tracebacks) and `--prefix-tokens` past the
 model's context (StopIteration), and its shared-prefix workload run on `--model`'s `embedded`
-default (not the block-diffusion model it needs: a traceback from the block cache)."""
+default (not the block-diffusion model it needs: a traceback from the block cache); a request
+whose rule's extra forwards SparseD refuses, checked up front on `--prompt` but only at run time
+for an `--input` line (exit 1) and a server request (a 500 and a traceback in the log)."""
 
 from __future__ import annotations
 
@@ -128,3 +130,21 @@ def test_bench_serving_shared_prefix_defaults_to_the_block_diffusion_model(monke
     monkeypatch.setattr(shared, "run", stop)
     result = CliRunner().invoke(main, ["bench", "serving", "--workload", "shared-prefix", "--quick"])
     assert "would run on embedded-bd" in result.output, (result.output, result.exception)
+
+
+def test_a_rule_sparsed_refuses_is_a_usage_error_for_input_lines_and_server_requests(tmp_path):
+    pytest.importorskip("fastapi")
+    from dllm_decode.models.loading import load_model
+    from dllm_decode.serve.app import background
+    from tests.serve.conftest import default_config, make_state, post
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"id": "a", "prompt": "a", "dllm": {"scheduler": "info_gain"}}) + "\n")
+    result = CliRunner().invoke(main, ["--attention", "sparsed", "--gen-length", "8", "--block-length", "8",
+                                       "--input", str(lines), "--output", str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 2 and "info_gain" in result.output, (result.output, result.exception)
+    model = load_model(NOISE.parent / "dllm", attention="sparsed")
+    with background(make_state(model, config=default_config(gen_length=8, block_length=8))) as url:
+        status, body = post(url, "/v1/completions", {"prompt": "a", "max_tokens": 8,
+                                                     "dllm": {"scheduler": "info_gain"}})
+    assert status == 400 and "info_gain" in body["error"]["message"], (status, body)
