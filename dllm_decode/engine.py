@@ -78,7 +78,7 @@ class Engine:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
             raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
         prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel),
-                               prefix_cache_approximate)
+                               prefix_cache_approximate, bool(getattr(model, "supports_kv", True)))
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""
@@ -259,12 +259,13 @@ class Engine:
 def check_cache(model: Any, config: Any) -> None:
     """Raise the `ValueError` the decode would raise at its first step when `config`'s cache
     cannot run on `model` (a block cache on a model without block-causal attention, a KV cache
-    on a model without one, a cache the model's attention back end refuses): checked before any
-    work (CLI startup, each server request)."""
-    from dllm_decode.models.attention import attention_refusal
+    on a model without one, a cache, or a rule's extra forwards, the model's attention back end
+    refuses): checked before any work (CLI startup, each server request, each --input line)."""
+    from dllm_decode.models.attention import attention_refusal, consult_refusal
 
-    if (refusal := attention_refusal(model, config.cache)) is not None:
-        raise ValueError(refusal)
+    for refusal in (attention_refusal(model, config.cache), consult_refusal(model, config.scheduler)):
+        if refusal is not None:
+            raise ValueError(refusal)
     config.cache.init_state(model)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dllm_decode.option_text import parse_options
+
 KINDS = ("diffusion", "tiny", "ideal", "ar")
 RUNTIMES = ("hf", "compact")
 
@@ -78,23 +80,6 @@ class ModelSpec:
             draft = f"+{self.draft}" if self.draft else ""
             return f"ar:{self.name}{draft}" + (f"@{self.runtime}" if self.runtime != "hf" else "")
         return self.name
-
-
-def parse_options(text: str) -> tuple[tuple[str, str], ...]:
-    """`key=value,key=value` -> ((key, value), ...) in order.
-
-    Raises:
-        ValueError: an item without `=` or with an empty key.
-    """
-    out = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"option {item!r} must be key=value")
-        out.append((key.strip(), value.strip()))
-    return tuple(out)
 
 
 def load_diffusion(spec: ModelSpec, device: Any = None, dtype: Any = None,

@@ -26,15 +26,18 @@ class PrefixOptions(Checked):
         causal_lm: the engine serves a causal LM (which keeps its own KV cache per request).
         approximate: > 0 opts in to approximate reuse (`prefix_reuse.PrefixReuse`) in chunks of
             this many tokens, for caches that declare it (the `prefix` cache); 0: exact only.
+        keeps_kv: the model keeps K/V (`supports_kv`); the cache stores nothing for one that
+            does not (a noise canvas, a transformers masked LM), so a budget there is refused.
     Raises:
         ValueError: a negative or too large budget or chunk; a budget with a capture mode other
-            than "off", or for a causal LM; a chunk without a budget.
+            than "off", for a causal LM or a model without K/V; a chunk without a budget.
     """
 
     budget_bytes: int = bounded(0, most=MAX_PREFIX_BYTES, scales="memory")
     capture: Any = "off"
     causal_lm: bool = False
     approximate: int = bounded(0, most=MAX_CANVAS)
+    keeps_kv: bool = True
 
     def __post_init__(self) -> None:
         if self.budget_bytes < 0:
@@ -52,6 +55,9 @@ class PrefixOptions(Checked):
         if self.causal_lm:
             raise ValueError("the prefix cache serves diffusion models; a causal LM keeps its own "
                              "KV cache per request (use prefix_cache_bytes 0)")
+        if not self.keeps_kv:
+            raise ValueError("the prefix cache stores a model's K/V, and this model keeps none "
+                             "(supports_kv is False); use prefix_cache_bytes 0")
 
     def sharing(self) -> PrefixSharing | None:
         """The engine's prefix cache, or None when off."""

@@ -45,17 +45,15 @@ def parse_attention(spec: Any) -> Any:
     Raises:
         ValueError: an unknown back end or option, or an option out of range (one line).
     """
+    from dllm_decode.option_text import parse_options
     from dllm_decode.registry import component
 
     if isinstance(spec, str):
         name, _, rest = spec.partition(":")
-        options = {}
-        for item in filter(None, (part.strip() for part in rest.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"attention option {item!r} must be key=value")
-            options[key.strip()] = value.strip()
-        spec = {"name": name.strip(), **options}
+        try:
+            spec = {"name": name.strip(), **dict(parse_options(rest))}
+        except ValueError as err:
+            raise ValueError(f"attention {err}") from None
     return component("attention", spec)
 
 

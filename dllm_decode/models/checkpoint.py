@@ -111,6 +111,8 @@ def check_config(path: Path, config: dict[str, Any]) -> None:
         ModelLoadError: a size that is not a positive integer, or a special id that is not an
             integer inside [0, vocabulary size) (an eos list: each id).
     """
+    if isinstance(text := config.get("text_config"), dict):
+        check_config(path, text)                 # a multimodal layout keeps the sizes nested
     for key in SIZE_KEYS:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

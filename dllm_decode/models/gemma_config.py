@@ -51,7 +51,7 @@ class DiffusionGemmaConfig:
                 raise ValueError(f"rope_parameters[{kind!r}] {self.rope.get(kind)!r} is not supported; "
                                  f"accepted rope_type: {list(ROPE_TYPES)}")
         for i, (d, kv) in enumerate(zip(self.layer_head_dims, self.layer_kv_heads)):
-            if d % 2 or kv < 1 or self.num_attention_heads % kv:
+            if d < 2 or d % 2 or kv < 1 or self.num_attention_heads % kv:
                 raise ValueError(f"layer {i}: head_dim {d} must be even and num_key_value_heads {kv} "
                                  f"must divide num_attention_heads {self.num_attention_heads}")
         if self.num_experts < 1 or not 0 < self.top_k_experts <= self.num_experts \

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from dllm_decode.config import DecodeConfig
-from dllm_decode.engine import Engine
+from dllm_decode.engine import Engine, check_cache
 from dllm_decode.eval.bench.serving import load_clients, quantile
+from dllm_decode.eval.bench.protocol import OptionError, blame
 from dllm_decode.eval.bench.subject import load_subject, task_samples
 from dllm_decode.eval.bench.timing import check_counts
 from dllm_decode.registry import component
@@ -76,15 +77,23 @@ class SharedPrefixOptions:
 def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The workload (see the module docstring); returns the report as a dict."""
     torch.set_num_threads(o.threads)
-    bench = load_subject(o.model)
+    with blame("--model"):                # a noise model, a missing or corrupt folder: one line
+        bench = load_subject(o.model)
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the workload needs the task suite's vocabulary (an embedded model)")
     model, tokenizer = bench.model, bench.tokenizer
+    context = getattr(model, "max_length", None)
+    if context is not None and o.prefix_tokens + 3 * o.gen_length > context:
+        raise OptionError("--prefix-tokens", f"prefix_tokens {o.prefix_tokens} + a chat's two turns "
+                          f"(3 x gen_length {o.gen_length}) exceed the model's context of {context} tokens")
     config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": o.threshold}),
                           cache=component("cache", "block"), gen_length=o.gen_length,
                           block_length=o.block_length)
+    with blame("--model"):                # the exact `block` cache: a block-diffusion model
+        check_cache(model, config)
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]   # noqa: E731
-    samples = [s.prompt for s in task_samples(bench.tasks, -(-(o.requests + 2 * o.chats + 64) // len(bench.tasks)),
+    draws = o.requests + 2 * o.chats + 64 + o.prefix_tokens     # each sample adds >= 1 system token
+    samples = [s.prompt for s in task_samples(bench.tasks, -(-draws // len(bench.tasks)),
                                               seed=o.seed)]
     system, questions = [], iter(samples)
     while len(system) < o.prefix_tokens:

@@ -43,7 +43,8 @@ BENCHMARK = Benchmark(
     "cache): 48 requests sharing a 256-token system prompt plus 8 two-turn chats, 8 clients, max batch 8, "
     "served with and without the prefix cache (--prefix-cache-bytes, 64 MiB) in --repeats alternating "
     "pairs [2]: requests/s, time to first text, identical answers.",
-    (MODEL, THREADS, count("--requests", "requests", "Task prompts sent [320]."),
+    (MODEL.but(default=None, help=MODEL.help + " [embedded; shared-prefix: embedded-bd]"), THREADS,
+     count("--requests", "requests", "Task prompts sent [320]."),
      count("--clients", "clients", "Concurrent clients [64]."),
      count("--max-batch", "max_batch", "Engine rows [32]."), GEN_LENGTH.but(help="Canvas length [32]."),
      count("--block-length", "block_length", "Block length [8]."),
