@@ -108,7 +108,6 @@ def test_a_prefix_cache_for_a_model_without_kv_is_refused_by_the_engine_and_serv
 
 @pytest.mark.parametrize("args,flag", [
     (["--workload", "shared-prefix", "--model", "embedded-noise"], "--model"),
-    (["--workload", "tasks", "--model", "embedded-noise"], "--model"),
     (["--workload", "shared-prefix", "--prefix-tokens", "100000"], "--prefix-tokens"),
     (["--workload", "shared-prefix", "--model", "embedded"], "--model"),
 ])

@@ -61,11 +61,15 @@ cache: they recompute the canvas). Strict modes only, the registry defaults: PSD
 base rule's, S2D2's and SimSD's the block model's AR-mode decode, so only the forwards move."""
 
 
-def chain(rule: str, cache: str, gen_length: int | None, block_length: int | None) -> list[Setting]:
-    """The rule's grid as settings, conservative first."""
+def chain(rule: str, cache: str, gen_length: int | None, block_length: int | None,
+          grid: int | None = None) -> list[Setting]:
+    """The rule's grid as settings, conservative first; a block-length knob keeps only the
+    lengths that divide a block-diffusion model's `grid` (the sub-blocks it can decode)."""
     knob = SPACE[rule]
     out = []
     for value in knob.grid:
+        if knob.field == "block_length" and grid is not None and grid % int(value):
+            continue
         block = int(value) if knob.field == "block_length" else block_length
         options = knob.fixed if knob.field == "block_length" else (*knob.fixed, (knob.field, value))
         out.append(Setting(scheduler=rule, options=tuple(options), cache=cache, gen_length=gen_length,

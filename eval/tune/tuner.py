@@ -57,7 +57,8 @@ def tune(decoder: Decoder, model: str, runs: Sequence[TaskRun], *, rules: Sequen
     ledger = Ledger(model)
     run = runner(decoder, model, out / "calibration", ledger, tokenizer, batch_size, progress)
     ref = reference(gen_length, block_length, canvas)
-    chains = [chain(rule, cache, gen_length, block_length) for rule in rules for cache in caches]
+    grid = getattr(getattr(decoder, "model", None), "block_size", None)   # a block-diffusion model's
+    chains = [chain(rule, cache, gen_length, block_length, grid) for rule in rules for cache in caches]
     chains += [self_chain(name, gen_length, block_length) for name in self_decoders]
     points = search(run, ledger, chains, ref, cal, budget)
     per_task, overall = choose(points, tasks)

@@ -295,3 +295,23 @@ def test_the_cli_tunes_the_shipped_noise_model_at_its_own_canvas(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "tune.json").read_text())
     assert {p["setting"]["block_length"] for p in report["points"]} == {8}
+
+
+def test_a_block_length_knob_keeps_the_lengths_a_block_model_can_decode(tmp_path):
+    """DUS sweeps the block length up to 32; on `embedded-bd` (blocks of 8) the search keeps
+    1, 2, 4 and 8 instead of failing on 16."""
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+    from dllm_decode.eval.tune.space import chain
+
+    assert [s.block_length for s in chain("dus", "none", 32, 8, grid=8)] == [1, 2, 4, 8]
+    result = CliRunner().invoke(main, ["tune", "--model", "embedded-bd", "--tasks", "sort",
+                                       "--calibration", "2", "--held-out", "1", "--rules", "threshold,dus",
+                                       "--self-decoders", "none", "--gen-length", "32", "--budget",
+                                       "within:50", "--confidence", "0.5", "--out", str(tmp_path),
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    blocks = {p["setting"]["block_length"] for p in json.loads((tmp_path / "tune.json").read_text())["points"]
+              if p["setting"]["scheduler"]["name"] == "dus"}
+    assert blocks and blocks <= {1, 2, 4, 8}
