@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -218,3 +220,23 @@ def tiny_diffusion_gemma(seed: int = 0, steps: int = 4) -> torch.nn.Module:
             p.copy_(noise * 0.3 if p.dim() > 1 else 1 + 0.2 * noise)
     model.generation_defaults = {"max_denoising_steps": steps}
     return model.eval()
+
+
+def assert_decodes_agree(actual: Any, expected: Any, rows_may_flip: int = 1) -> None:
+    """Assert two compute paths' greedy decodes (`DecodeResult`s: a cache against none, the
+    compact runtime against the reference) give the same tokens and forwards, row by row,
+    except at most `rows_may_flip` rows.
+
+    A decode is discrete: where a step's deciding numbers (two confidences, or a confidence and
+    a threshold) lie within float rounding of each other, another CPU's rounding
+    (`FLOAT32_ULPS`) may take the other branch and that row differs from there on. The logits
+    themselves are compared with `assert_logits_close`; this bounds how many rows a near tie may
+    move. A broken path (stale K/V, a wrong mask) moves nearly every row.
+    """
+    assert actual.tokens.shape == expected.tokens.shape, (actual.tokens.shape, expected.tokens.shape)
+    moved = [r for r in range(expected.tokens.shape[0])
+             if not (torch.equal(actual.tokens[r], expected.tokens[r])
+                     and int(actual.nfe[r]) == int(expected.nfe[r]))]
+    assert len(moved) <= rows_may_flip, (
+        f"rows {moved} of {expected.tokens.shape[0]} decode differently (at most {rows_may_flip} "
+        f"may, from a near tie)")

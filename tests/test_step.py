@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
 import torch
 
 import dllm_decode
@@ -112,3 +113,20 @@ def test_rows_stay_member_by_member_through_joins_drops_and_compaction():
                 assert rows == (list(range(len(batch))) if index is None else index.tolist())
             seen.append((tuple(m.key for m in batch.members), tuple(batch.bounds.request)))
     assert (("a", "b"), (0, 0, 1)) in seen and (("a", "c"), (0, 0, 1)) in seen   # b compacted away
+
+
+def test_decodes_agree_bounds_the_rows_a_near_tie_may_move():
+    """`testing.assert_decodes_agree`: one moved row passes, two fail, a shape change fails."""
+    from types import SimpleNamespace
+
+    from dllm_decode.testing import assert_decodes_agree
+
+    tokens = torch.arange(12).view(3, 4)
+    same = SimpleNamespace(tokens=tokens, nfe=torch.tensor([2, 2, 2]))
+    one = SimpleNamespace(tokens=torch.cat([tokens[:2], tokens[2:] + 1]), nfe=same.nfe)
+    two = SimpleNamespace(tokens=tokens + torch.tensor([[0], [1], [1]]), nfe=same.nfe)
+    assert_decodes_agree(one, same)
+    with pytest.raises(AssertionError, match=r"rows \[1, 2\] of 3"):
+        assert_decodes_agree(two, same)
+    with pytest.raises(AssertionError):
+        assert_decodes_agree(SimpleNamespace(tokens=tokens[:2], nfe=same.nfe[:2]), same)
