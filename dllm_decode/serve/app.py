@@ -450,6 +450,7 @@ def answer_tokens(tokenizer: Any, text: str, tokens: tuple[int, ...]) -> tuple[i
     counts only the tokens it returns); all of them without a tokenizer."""
     if tokenizer is None or not tokens:
         return tokens
+    text = text.rstrip()                    # a cut before a word keeps its separator, no token of it
     low, high = 0, len(tokens)
     while low < high:                       # the text grows with the prefix: binary search
         middle = (low + high) // 2
