@@ -16,3 +16,21 @@ def test_a_stop_cut_before_a_word_counts_only_the_returned_tokens(embedded):
     assert answer_tokens(tokenizer, "alice bob ella hank", tokens) == tokens[:4]  # stop " kate"
     assert answer_tokens(tokenizer, "", tokens) == ()
     assert answer_tokens(tokenizer, "alice bob ella hank kate", tokens) == tokens
+
+
+def test_serve_names_no_cache_option_for_a_scheduler_the_attention_refuses():
+    """serve ran check_cache under a `--cache` hint; since it also refuses a scheduler whose
+    look-ahead SparseD cannot carry, the error blamed `--cache / -c` for a `--scheduler` choice."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from dllm_decode.cli import main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = CliRunner().invoke(main, ["serve", "--port", str(port), "--attention", "sparsed",
+                                       "--scheduler", "credit", "-o", "base=info_gain"])
+    assert result.exit_code == 2 and "'credit'" in result.output, (result.output, result.exception)
+    assert "--cache" not in result.output and "Traceback" not in result.output

@@ -203,7 +203,7 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
     if spec.kind != "ar":
         from dllm_decode.engine import check_cache
 
-        with usage_errors("--cache / -c"):
+        with usage_errors():           # the cache, the attention or the scheduler: the message names it
             check_cache(model, config)
     tokenizer = getattr(model, "tokenizer", None)
     settings = Settings(model_id=served_model_name or str(spec),
