@@ -307,6 +307,8 @@ def dllm_drafter_combos(name: str, vocab_size: int, drop_ids: tuple[int, ...],
         dllm = load_diffusion(ModelSpec.parse(name))
         if dllm.vocab_size != vocab_size:
             raise ModelLoadError(f"vocabulary {dllm.vocab_size} != {vocab_size}")
+        if getattr(dllm, "canvas_kind", "mask") != "mask":
+            raise ModelLoadError(f"{name!r} is a uniform-noise model, not a masked one")
     except ModelLoadError as err:
         log(f"dLLM drafter skipped: {err}")
         return []

@@ -46,6 +46,12 @@ class DiffusionDrafter(Drafter):
     cache: Cache = field(default_factory=NoCache)
     drop_ids: tuple[int, ...] = field(default=())
 
+    def __post_init__(self) -> None:
+        kind = getattr(self.model, "canvas_kind", "mask")
+        if kind != "mask":          # its confidence is read from the masked loop's step trace
+            raise ValueError(f"the dLLM drafter needs a masked diffusion model; this one's canvas is "
+                             f"{kind!r} (a uniform-noise model cannot draft)")
+
     def propose(self, context: Tensor, width: int, sampling: Sampling,
                 generator: torch.Generator | None, eos_ids: tuple[int, ...], state: Any,
                 stop: Callable[[Draft], bool] | None = None) -> tuple[Draft, Any]:
