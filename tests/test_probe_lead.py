@@ -56,24 +56,3 @@ def test_a_noise_model_cannot_draft_for_specdiff(tmp_path):
     vocab = load_diffusion(ModelSpec.parse("embedded-noise")).vocab_size
     assert dllm_drafter_combos("embedded-noise", vocab, (), said.append) == []
     assert said and "uniform-noise" in said[0]
-
-
-def test_a_taken_port_never_hides_an_option_the_model_refuses():
-    """serve checked its address before loading the model, so a cache or attention the model
-    refuses (check_cache) was hidden behind 'cannot listen' when the port was taken."""
-    import socket
-
-    from click.testing import CliRunner
-
-    from dllm_decode.cli import main
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        for args, fragment in ((["--model", "embedded-noise", "--cache", "prefix"], "PrefixCache"),
-                               (["--attention", "sparsed", "--cache", "dual"], "'dual'")):
-            result = CliRunner().invoke(main, ["serve", "--port", port, *args])
-            assert result.exit_code == 2 and fragment in result.output, (result.output, result.exception)
-        result = CliRunner().invoke(main, ["serve", "--port", port])
-        assert result.exit_code == 2 and "cannot listen" in result.output, result.output

@@ -117,7 +117,7 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
     capture = capture_mode(cuda_graphs, compile_step, where, spec)
     with usage_errors("--prefix-cache-bytes"):            # before the model loads
         PrefixOptions(prefix_cache_bytes, capture, spec.kind == "ar", prefix_cache_approximate)
-    launch.check_world(tensor_parallel, "serve")
+    world = launch.check_world(tensor_parallel, "serve")
     if spec.kind == "ar" and tensor_parallel > 1:
         raise click.BadParameter("--tensor-parallel shards a diffusion LM; `ar:` models run in "
                                  "one process", param_hint="--tensor-parallel")
@@ -151,6 +151,8 @@ def serve_command(model_name: str, chat_template: bool, device: str | None, dtyp
         limits = Limits(max_queue=max_queue, request_timeout=request_timeout,
                         shutdown_timeout=shutdown_timeout, max_body_bytes=max_body_bytes,
                         body_timeout=body_timeout)
+    if world == 1 or os.environ.get("RANK", "0") == "0":     # the options first: a taken port
+        _check_address(host, port)                           # never hides a bad option
     groups = launch.start(tensor_parallel, where, "serve", spec=spec)
     try:
         launch.agree(groups, model=str(spec), config=config.to_dict(), max_tokens=max_tokens)
@@ -203,8 +205,6 @@ def _serve(spec: Any, where: Any, dtype: str | None, config: Any, block_given: b
 
         with usage_errors():           # the cache, the attention or the scheduler: the message names it
             check_cache(model, config)
-    if os.environ.get("RANK", "0") == "0":     # the options first, those the model decides too:
-        _check_address(host, port)             # a taken port never hides a bad option
     tokenizer = getattr(model, "tokenizer", None)
     settings = Settings(model_id=served_model_name or str(spec),
                         config=for_model(config, model, block_given, shipped=shipped_wanted()),
