@@ -241,8 +241,10 @@ class FusedBlock:
         return rms_normalize(h, self.eps) if scale is None else rms_norm(h, scale, self.eps)
 
     def attention_inputs(self, h: Tensor, cos: Tensor, sin: Tensor,
-                         full_precision: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-        """Rotated queries and keys and the values of `h` (B, n, d).
+                         full_precision: bool = False, packing: "Packing | None" = None,
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries and keys and the values of `h` (B, n, d), or of `h` (N, d) packed by
+        `packing` (its padding columns get zero queries, keys and values).
 
         Args:
             cos, sin: `RotaryTable` rows broadcasting over (B, n, H + Hkv, D).
@@ -250,9 +252,14 @@ class FusedBlock:
         Returns:
             q (B, H, n, D), k and v (B, Hkv, n, D), views (not contiguous).
         """
-        batch, n, _ = h.shape
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
-        qkv = project(self.normalized(h, self.attn_scale).view(batch * n, -1), self.qkv, self.qkv_bias)
+        if packing is None:
+            batch, n, _ = h.shape
+            qkv = project(self.normalized(h, self.attn_scale).view(batch * n, -1), self.qkv, self.qkv_bias)
+        else:
+            batch, n = packing.batch, packing.n
+            qkv = packing.unpack(project(self.normalized(h, self.attn_scale), self.qkv, self.qkv_bias))
+            qkv = qkv.view(batch * n, -1)
         q_width = (heads + kv_heads) * head_dim
         qk = qkv[:, :q_width].view(batch, n, heads + kv_heads, head_dim)
         if self.q_scale is not None:
@@ -266,14 +273,17 @@ class FusedBlock:
         v = qkv[:, q_width:].view(batch, n, kv_heads, head_dim).transpose(1, 2)
         return qk[:, :heads], qk[:, heads:], v
 
-    def finish(self, h: Tensor, attended: Tensor) -> Tensor:
-        """`h` (B, n, d) plus the output projection of `attended` (B, H, n, D), then the MLP."""
-        batch, n, d = h.shape
+    def finish(self, h: Tensor, attended: Tensor, packing: "Packing | None" = None) -> Tensor:
+        """`h` (B, n, d) plus the output projection of `attended` (B, H, n, D), then the MLP;
+        with `packing`, `h` and the result are its (N, d) real columns."""
+        batch, n = attended.shape[0], attended.shape[2]
         o = attended.transpose(1, 2).reshape(batch * n, self.heads * self.head_dim)
+        if packing is not None:
+            o = o.index_select(0, packing.index)
         attn = project(o, self.out, self.out_bias)
         if self.out_reduce is not None:
             attn = self.out_reduce(attn)
-        h = h + attn.view(batch, n, d)
+        h = h + attn.view(h.shape)
         gate, up = project(self.normalized(h, self.ff_scale), self.gate_up, None).chunk(2, -1)
         mlp = project(F.silu(gate) * up, self.down, None)
         return h + (mlp if self.down_reduce is None else self.down_reduce(mlp))
@@ -346,30 +356,72 @@ class CompactStack:
 
     def __call__(self, h: Tensor, positions: Tensor, key_mask: Tensor | None, kv: KVCache | None,
                  fed: tuple[int, int], max_position: int | None = None,
-                 keep: tuple[int, int] | None = None) -> Tensor:
+                 keep: tuple[int, int] | None = None, present: Tensor | None = None) -> Tensor:
         """The blocks over `h` (B, n, d), the canvas rows `fed`, at `positions` (B, n) (at most
         `max_position` when the caller knows it); returns the output rows `keep` = (i, j) of the
-        n (default all).
+        n (default all). `present` (B, n) bool marks the fed columns that are not left padding.
 
-        Exact shortcut: the last block's keys and values come from every fed row (they go to the
-        cache), but its queries, output projection and MLP run on rows `keep` only: a forward
-        asked for the active block and after (the loop's `rows`) skips them for the rows before.
+        Exact shortcuts:
+          * the last block's keys and values come from every fed row (they go to the cache), but
+            its queries, output projection and MLP run on rows `keep` only: a forward asked for
+            the active block and after (the loop's `rows`) skips them for the rows before;
+          * on the CPU, the norms, projections and MLPs of a batch with left padding run on its
+            real columns only (`Packing`); attention sees the padded layout, with zero keys and
+            values at padding it never attends. The output at a padding column is zero (nothing
+            reads it). A batch of prompts of different lengths spends most of a forward on these
+            token-wise products, so padding was paid in full.
         """
         cos, sin = self.rotary.at(positions, max_position)
         last = len(self.blocks) - 1
         keep = keep or (0, h.shape[1])
+        packing = Packing.of(present)
+        if packing is not None:
+            h = packing.pack(h)
         for layer, block in enumerate(self.blocks):
-            q, k, v = block.attention_inputs(h, cos, sin, self.full_precision)
+            q, k, v = block.attention_inputs(h, cos, sin, self.full_precision, packing)
             if kv is not None:
                 k, v = kv.update(layer, k, v, fed)
             mask, first = key_mask, 0
-            if layer == last and keep != (0, h.shape[1]) and not (kv is not None and kv.all_queries):
+            if layer == last and keep != (0, q.shape[2]) and not (kv is not None and kv.all_queries):
+                if packing is not None:
+                    h, packing = packing.unpack(h), None
                 q, h, first = q[:, :, keep[0]:keep[1]], h[:, keep[0]:keep[1]], keep[0]
                 if mask is not None and mask.shape[2] > 1:          # per-query (block-causal)
                     mask = mask[:, :, keep[0]:keep[1]]
             o = sdpa(q, k, v, mask) if kv is None else kv.attend(layer, q, k, v, mask, first)
-            h = block.finish(h, o)
+            h = block.finish(h, o, packing)
+        if packing is not None:
+            h = packing.unpack(h)
         return h if h.shape[1] == keep[1] - keep[0] else h[:, keep[0]:keep[1]]
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The real columns of a left-padded (B, n) batch, as indices into its B * n flattened
+    columns: token-wise work runs on those N rows, attention on the padded layout."""
+
+    index: Tensor            # (N,) int64
+    batch: int
+    n: int
+
+    @classmethod
+    def of(cls, present: Tensor | None) -> "Packing | None":
+        """The packing of `present` (B, n) bool, or None where the padded layout is kept: no
+        padding; not on the CPU (counting the real columns would stop an accelerator's queue for
+        a host sync every forward, and a captured step needs fixed shapes); under compilation."""
+        if present is None or present.device.type != "cpu" or torch.compiler.is_compiling() \
+                or bool(present.all()):
+            return None
+        return cls(present.reshape(-1).nonzero().squeeze(1), *present.shape)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, n, ...) -> (N, ...)."""
+        return x.reshape(self.batch * self.n, *x.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(N, ...) -> (B, n, ...), zero at padding."""
+        out = x.new_zeros(self.batch * self.n, *x.shape[1:])
+        return out.index_copy_(0, self.index, x).view(self.batch, self.n, *x.shape[1:])
 
 
 def _fuse_prenorm(block: Any) -> FusedBlock:

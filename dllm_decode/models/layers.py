@@ -441,7 +441,9 @@ class BlockStackLM(nn.Module):
         replaces the family's attention pattern (a verification forward under its own mask).
         Returns:
             (B, b - lo, d) hidden states of rows `[lo, b)` after the last block, with
-            `lo = max(a - lookback, 0)`; the (B, L) positions used; and `(lo, a, b)`.
+            `lo = max(a - lookback, 0)`; the (B, L) positions used; and `(lo, a, b)`. The
+            hidden state of a left-padding column is zero (what the blocks compute there depends
+            on the runtime; nothing reads it).
         """
         batch, length = input_ids.shape
         a, b = rows if rows is not None else (0, length)
@@ -456,15 +458,19 @@ class BlockStackLM(nn.Module):
         h = embed(input_ids[:, fed[0]:fed[1]])
         fed_positions = positions[:, fed[0]:fed[1]]
         keep = (lo - fed[0], b - fed[0])                  # the fed rows whose output is read
+        # the fed columns that are not left padding: the output at padding is zero in every runtime
+        present = None if attention_mask is None else attention_mask[:, fed[0]:fed[1]].cumsum(-1) > 0
         if self.block_runner is not None and not torch.is_grad_enabled():
             # Default positions never exceed the canvas width: no host sync for the table size.
             bound = length - 1 if defaulted else None
-            h = self.block_runner(self)(h, fed_positions, key_mask, kv, fed, bound, keep)
+            h = self.block_runner(self)(h, fed_positions, key_mask, kv, fed, bound, keep, present)
         else:
             cos, sin = rope_tables(fed_positions, self.rotary_dim(), self.config.rope_theta)
             for layer, block in enumerate(blocks):
                 h = block(h, cos, sin, key_mask, kv, layer, fed)
             h = h[:, keep[0]:keep[1]]
+        if present is not None:
+            h = h.masked_fill(~present[:, keep[0]:keep[1], None], 0)
         return h, positions, (lo, a, b)
 
     def save_pretrained(self, directory: str | Path, dtype: torch.dtype = torch.float32) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllm_decode.models import KVCache, load_model
+from dllm_decode.models import KVCache, compact, load_model
 from dllm_decode.models.compact import DLLM_RUNTIMES, compact_problem, compact_stack, set_runtime
 from dllm_decode.models.layers import RUNTIME_STATE
 from dllm_decode.models.checkpoint import ModelLoadError
@@ -37,13 +37,16 @@ def run(model, runtime: str, ids, mask, **kwargs) -> torch.Tensor:
 def cached_steps(model, runtime: str, ids, mask, rows: tuple[int, int],
                  refresh: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
     """A refresh (filling the cache; logits of rows `refresh`, default all), then a cached step
-    over `rows` after new tokens there."""
+    over `rows` after new tokens there. The stored K/V are zeroed at padding: no query attends
+    those columns, and what a runtime stores there is its own (the compact one, on the CPU,
+    skips padding's projections)."""
     kv = KVCache()
     full = run(model, runtime, ids, mask, kv=kv, rows=refresh or (0, ids.shape[1]))
     edited = ids.clone()
     edited[:, rows[0]:rows[1]] = torch.arange(rows[1] - rows[0]) % 7
     step = run(model, runtime, edited, mask, kv=kv, rows=rows)
-    return full, step, kv.keys[-1], kv.values[-1]
+    real = 1 if mask is None else mask[:, None, :, None]
+    return full, step, kv.keys[-1] * real, kv.values[-1] * real
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -88,6 +91,24 @@ def test_fused_weights_keep_the_fast_layout_of_their_dtype(dtype):
     # float32: row-major (in, out); half precisions keep the (out, in) rows (5x faster on CPU)
     assert w.is_contiguous() == (dtype == torch.float32)
     assert w.t().is_contiguous() == (dtype != torch.float32)
+
+
+@pytest.mark.parametrize("name", ["llada", "fast_dllm"])
+def test_padding_costs_no_token_wise_work_and_reads_zero(monkeypatch, name):
+    """On the CPU the compact runtime projects only a left-padded batch's real columns (each of a
+    block's four products sees exactly their count); the hidden state at padding is zero in both
+    runtimes, so their logits agree there too, and real columns agree with a row run alone."""
+    model = MODELS[name]()
+    ids, mask = left_padded_batch((LENGTH, 7))
+    seen, real_project = [], compact.project
+    monkeypatch.setattr(compact, "project", lambda x, *rest: seen.append(x.shape[0]) or real_project(x, *rest))
+    ours = run(model, "compact", ids, mask)
+    assert seen and set(seen) == {int(mask.sum())}
+    assert_logits_close(ours, run(model, "reference", ids, mask))
+    hidden, _, _ = model.hidden_states(ids, mask, None, None, None)
+    assert not hidden[mask == 0].any()
+    alone = run(model, "compact", ids[1:, LENGTH - 7:], None)     # the short row without padding
+    assert_logits_close(ours[1:, LENGTH - 7 + int(name == "fast_dllm"):], alone[:, int(name == "fast_dllm"):])
 
 
 def test_embedded_model_matches_on_a_batch_with_a_cache():
