@@ -78,7 +78,8 @@ class Engine:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
             raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
         prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel),
-                               prefix_cache_approximate, bool(getattr(model, "supports_kv", True)))
+                               prefix_cache_approximate, bool(getattr(model, "supports_kv", True)
+                                                              or getattr(model, "encoder_reuse", False)))
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""

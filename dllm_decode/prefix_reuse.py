@@ -98,6 +98,10 @@ class PrefixSharing:
 
     def hook(self, model: Any, cache: Any) -> PrefixReuse | None:
         """The reuse hook of a batch decoding `model` with `cache` (None: no reuse there)."""
+        if getattr(model, "encoder_reuse", False):          # a causal encoder: its prompt K/V
+            from dllm_decode.encoder_reuse import EncoderReuse
+
+            return EncoderReuse(self, model.canvas_length)
         if getattr(model, "kv_store", None) is not None:     # K/V kept in low precision: not
             return None                                      # float blocks this hook can copy
         kind, grid = getattr(cache, "prefix_reuse", None), getattr(model, "block_size", None)

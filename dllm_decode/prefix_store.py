@@ -58,10 +58,11 @@ class StoreStats:
 
 
 def nbytes_of(value: Any) -> int:
-    """The bytes of a tensor (or of a list/tuple of tensors)."""
-    if isinstance(value, (list, tuple)):
+    """The bytes of a tensor, of a record with `nbytes` (stored codes and scales), or of a
+    list/tuple of them."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "nbytes"):
         return sum(nbytes_of(v) for v in value)
-    return int(value.numel() * value.element_size())
+    return int(value.nbytes)
 
 
 class PrefixStore:
