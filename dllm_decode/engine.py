@@ -65,7 +65,8 @@ class Engine:
             or recorded once per bucket, not once per batch.
         prefix_cache_bytes: the byte budget of the cross-request prefix cache
             (`dllm_decode.prefix_reuse`: requests under an exact-reuse cache, the `block` cache of
-            a block-causal model, start after the K/V of their longest stored prefix); 0: off.
+            a block-causal model, start after the K/V of their longest stored prefix; a causal
+            encoder's prompt, DiffusionGemma's, is encoded after it: `encoder_reuse`); 0: off.
         prefix_cache_approximate: > 0 opts in to approximate reuse of prompt K/V in chunks of
             this many tokens under caches that declare it (`prefix` on LLaDA/Dream); 0: off.
     Raises:

@@ -20,6 +20,12 @@ requests that share part of a block reuse only the blocks before it. A bidirecti
 (LLaDA, Dream) has no exact reuse: every prompt K/V depends on the canvas after it; no cache of
 those models declares exact reuse, so by default requests there are served as before.
 
+DiffusionGemma (a model declaring `encoder_reuse`) reuses exactly too, through its own hook
+(`dllm_decode.encoder_reuse.EncoderReuse`): its causal encoder's K/V of a prompt's whole chunks
+(its canvas length) are stored in the same store under their own namespace, and a request's
+prompt is encoded after the longest stored prefix, under any cache (its noise canvas keeps its
+own encoder cache).
+
 Approximate mode (opt-in: `Engine(prefix_cache_approximate=N)`, `serve --prefix-cache-approximate
 N`): a cache that declares `prefix_reuse = "approximate"` (Fast-dLLM's `prefix` cache) also
 takes stored prompt K/V in chunks of N tokens, on any model. On a bidirectional model those K/V
