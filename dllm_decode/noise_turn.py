@@ -52,8 +52,8 @@ class NoiseRows:
         condition: (b, C, V) the last tempered logits (the next step's self-conditioning).
         history: (S, b, C) the last S argmax canvases; done: (b,) rows stable and confident.
         remaining: the canvas's steps left.
-        prefix: the prefix cache's hook that encodes its prompt (`encoder_reuse.EncoderReuse`;
-            None: the model encodes it afresh).
+        prefix: the prefix cache's side of its encoder passes (`encoder_reuse.RequestPrefix`;
+            None: the model encodes without it).
     """
 
     schedule: NoiseSchedule
@@ -119,8 +119,8 @@ def start_canvas(model: Any, batch: Batch, g: int) -> None:
     if state.encoder is None and batch.rows.attention_mask is not None:
         mask = pick(batch.rows.attention_mask)[:, first:start]
     ids = pick(batch.rows.x)[:, first + state.seen:start]
-    if state.encoder is None and state.prefix is not None:     # its prompt, after a stored prefix
-        state.encoder = state.prefix.encode(model, member, ids, mask)
+    if state.prefix is not None:               # through the prefix cache: its prompt after a stored prefix
+        state.encoder = state.prefix.encode(model, member, ids, mask, state.encoder)
     else:
         state.encoder = model.encode(ids, mask, state.encoder)
     state.seen = start - first

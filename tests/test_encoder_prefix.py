@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dllm_decode.config import DecodeConfig
-from dllm_decode.encoder_reuse import EncoderReuse
+from dllm_decode.encoder_reuse import RequestPrefix
 from dllm_decode.engine import Engine, Request
 from dllm_decode.models.loading import load_model
 from dllm_decode.prefix_reuse import PrefixSharing
@@ -41,6 +41,11 @@ def member(key, adapter=-1):
     return SimpleNamespace(key=key, adapter=adapter)
 
 
+def encode(sharing, model, request, ids, mask=None):
+    """A request's prompt encoded through the store."""
+    return RequestPrefix(sharing, CHUNK).encode(model, request, ids, mask, None)
+
+
 def chunk_bytes(model, quantized=False):
     """One stored chunk: every layer's K and V of CHUNK columns (float32, or int8 codes and a
     float32 scale per head and column)."""
@@ -56,12 +61,11 @@ def test_a_seeded_encoder_cache_equals_the_one_pass_encode(tiny, whole):
     only its tail after the stored chunks (or nothing, when all of it is stored); its K/V and
     the decoder's logits agree with encoding it at once."""
     sharing = PrefixSharing(1 << 24)
-    reuse = EncoderReuse(sharing, CHUNK)
     system = prompt(29, 0)
     first = torch.tensor([system + prompt(7, 1)])
     second = first[:, :32] if whole else torch.tensor([system + prompt(5, 2)])
-    reuse.encode(tiny, member("a"), first, None)
-    cached = reuse.encode(tiny, member("b"), second, None)
+    encode(sharing, tiny, member("a"), first)
+    cached = encode(sharing, tiny, member("b"), second)
     alone = tiny.encode(second)
     assert sharing.take("b") == (32 if whole else 24)
     assert (cached.seen, cached.padded, cached.mask.shape) == (alone.seen, alone.padded, alone.mask.shape)
@@ -78,16 +82,15 @@ def test_namespaces_and_padding_keep_values_apart(tiny):
     from dllm_decode.quant.kv import set_kv_cache_dtype
 
     sharing = PrefixSharing(1 << 24)
-    reuse = EncoderReuse(sharing, CHUNK)
     system = prompt(16, 3)
     ids = torch.tensor([system + prompt(4, 4)])
-    reuse.encode(tiny, member("a"), ids, None)
+    encode(sharing, tiny, member("a"), ids)
     stored = sharing.store.stats().entries
-    reuse.encode(tiny, member("t", adapter=0), ids, None)
+    encode(sharing, tiny, member("t", adapter=0), ids)
     assert sharing.take("t") == 0
     try:
         set_kv_cache_dtype(tiny, "int8")
-        reuse.encode(tiny, member("q"), ids, None)
+        encode(sharing, tiny, member("q"), ids)
         assert sharing.take("q") == 0
     finally:
         set_kv_cache_dtype(tiny, "auto")
@@ -95,10 +98,10 @@ def test_namespaces_and_padding_keep_values_apart(tiny):
     padded = torch.tensor([system + prompt(4, 5), (0,) * 3 + system + (7,)])
     mask = padded != 0
     mask[0] = True
-    reuse.encode(tiny, member("p"), padded, mask)
+    encode(sharing, tiny, member("p"), padded, mask)
     assert sharing.take("p") == 0 and sharing.store.stats().entries == entries
     rows = torch.tensor([system + prompt(4, 6), system[:8] + prompt(12, 7)])
-    reuse.encode(tiny, member("r"), rows, None)
+    encode(sharing, tiny, member("r"), rows)
     assert sharing.take("r") == CHUNK                          # the second row shares one chunk
     assert entries == 3 * stored and sharing.stats().misses == 4 and sharing.stats().hits == 1
 
@@ -109,12 +112,11 @@ def test_a_low_precision_cache_stores_its_codes_as_held(tiny):
     from dllm_decode.quant.kv import set_kv_cache_dtype
 
     sharing = PrefixSharing(1 << 24)
-    reuse = EncoderReuse(sharing, CHUNK)
     ids = torch.tensor([prompt(24, 8)])
     try:
         set_kv_cache_dtype(tiny, "int8")
-        reuse.encode(tiny, member("a"), ids, None)
-        cached = reuse.encode(tiny, member("b"), ids, None)
+        encode(sharing, tiny, member("a"), ids)
+        cached = encode(sharing, tiny, member("b"), ids)
         alone = tiny.encode(ids)
     finally:
         set_kv_cache_dtype(tiny, "auto")
@@ -232,3 +234,20 @@ def test_server_reports_cached_tokens_and_metrics(noise):
     want = {"hits_total": 1, "misses_total": 1, "reused_tokens_total": 32,
             "resident_bytes": 6 * chunk_bytes(noise)}                    # 4 shared chunks + 1 each
     assert {k: int(series["dllm_prefix_cache_" + k]) for k in want} == want
+
+
+def test_a_second_turn_reuses_the_first_turns_answer(tiny):
+    """Committed canvases are encoded (and stored) before each next canvas: a chat's second turn,
+    carrying the first turn's prompt and answer, reuses both up to the last whole chunk encoded."""
+    config = DecodeConfig.for_model(tiny, 32)
+    first = prompt(43, 11)
+    outputs, engine = serve_all(tiny, [Request("1", first, config)], 1 << 24, max_batch=1)
+    answer = tuple(outputs["1"].tokens)           # up to its end of text, in its last canvas
+    second = Request("2", first + answer + prompt(5, 12), config)
+    engine.add(second)
+    while engine.has_work:
+        outputs.update({u.request_id: u.output for u in engine.step() if u.output is not None})
+    encoded = len(first) + CHUNK * (-(-len(answer) // CHUNK) - 1)    # every canvas before the last
+    assert outputs["2"].cached_tokens == encoded // CHUNK * CHUNK > len(first) // CHUNK * CHUNK
+    alone, _ = serve_all(tiny, [second], 0, max_batch=1)
+    assert outputs["2"].tokens == alone["2"].tokens
