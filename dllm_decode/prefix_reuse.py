@@ -22,9 +22,9 @@ those models declares exact reuse, so by default requests there are served as be
 
 DiffusionGemma (a model declaring `encoder_reuse`) reuses exactly too, through its own hook
 (`dllm_decode.encoder_reuse.EncoderReuse`): its causal encoder's K/V of a prompt's whole chunks
-(its canvas length) are stored in the same store under their own namespace, and a request's
-prompt is encoded after the longest stored prefix, under any cache (its noise canvas keeps its
-own encoder cache).
+(its canvas length) are stored in the same store under their own namespace, a request's prompt
+is encoded after the longest stored prefix, and the committed canvases it encodes later are
+stored too; under any cache (its noise canvas keeps its own encoder cache).
 
 Approximate mode (opt-in: `Engine(prefix_cache_approximate=N)`, `serve --prefix-cache-approximate
 N`): a cache that declares `prefix_reuse = "approximate"` (Fast-dLLM's `prefix` cache) also
