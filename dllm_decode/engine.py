@@ -65,7 +65,8 @@ class Engine:
             or recorded once per bucket, not once per batch.
         prefix_cache_bytes: the byte budget of the cross-request prefix cache
             (`dllm_decode.prefix_reuse`: requests under an exact-reuse cache, the `block` cache of
-            a block-causal model, start after the K/V of their longest stored prefix); 0: off.
+            a block-causal model, start after the K/V of their longest stored prefix; a causal
+            encoder's prompt, DiffusionGemma's, is encoded after it: `encoder_reuse`); 0: off.
         prefix_cache_approximate: > 0 opts in to approximate reuse of prompt K/V in chunks of
             this many tokens under caches that declare it (`prefix` on LLaDA/Dream); 0: off.
     Raises:
@@ -78,7 +79,8 @@ class Engine:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or not 1 <= max_batch_size <= MAX_ROWS:
             raise ValueError(f"max_batch_size must be an integer in [1, {MAX_ROWS}], got {max_batch_size!r}")
         prefix = PrefixOptions(prefix_cache_bytes, capture, isinstance(model, SpeculativeModel),
-                               prefix_cache_approximate, bool(getattr(model, "supports_kv", True)))
+                               prefix_cache_approximate, bool(getattr(model, "supports_kv", True)
+                                                              or getattr(model, "encoder_reuse", False)))
         graphs = graph_cache(capture)
         self.capture = "off" if graphs is None else graphs.mode
         """The step runtime: "off" (the eager forward) or the capture mode of every batch."""

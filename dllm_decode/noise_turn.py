@@ -52,6 +52,8 @@ class NoiseRows:
         condition: (b, C, V) the last tempered logits (the next step's self-conditioning).
         history: (S, b, C) the last S argmax canvases; done: (b,) rows stable and confident.
         remaining: the canvas's steps left.
+        prefix: the prefix cache's side of its encoder passes (`encoder_reuse.RequestPrefix`;
+            None: the model encodes without it).
     """
 
     schedule: NoiseSchedule
@@ -66,6 +68,7 @@ class NoiseRows:
     history: Tensor | None = None
     done: Tensor | None = None
     remaining: int = 0
+    prefix: Any = None
 
     @classmethod
     def of(cls, model: Any, config: DecodeConfig, rows: int, device: Any) -> NoiseRows:
@@ -115,7 +118,11 @@ def start_canvas(model: Any, batch: Batch, g: int) -> None:
     mask = None
     if state.encoder is None and batch.rows.attention_mask is not None:
         mask = pick(batch.rows.attention_mask)[:, first:start]
-    state.encoder = model.encode(pick(batch.rows.x)[:, first + state.seen:start], mask, state.encoder)
+    ids = pick(batch.rows.x)[:, first + state.seen:start]
+    if state.prefix is not None:               # through the prefix cache: its prompt after a stored prefix
+        state.encoder = state.prefix.encode(model, member, ids, mask, state.encoder)
+    else:
+        state.encoder = model.encode(ids, mask, state.encoder)
     state.seen = start - first
     for count in (member.nfe, member.forward_rows):                           # the encoder pass
         count.index_add_(0, pick(batch.rows.slot), (~state.finished).long())

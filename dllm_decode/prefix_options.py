@@ -26,8 +26,9 @@ class PrefixOptions(Checked):
         causal_lm: the engine serves a causal LM (which keeps its own KV cache per request).
         approximate: > 0 opts in to approximate reuse (`prefix_reuse.PrefixReuse`) in chunks of
             this many tokens, for caches that declare it (the `prefix` cache); 0: exact only.
-        keeps_kv: the model keeps K/V (`supports_kv`); the cache stores nothing for one that
-            does not (a noise canvas, a transformers masked LM), so a budget there is refused.
+        keeps_kv: the model keeps K/V the cache can store (`supports_kv`, or a causal
+            encoder's: `encoder_reuse`); for one that keeps none (a transformers masked LM) a
+            budget is refused.
     Raises:
         ValueError: a negative or too large budget or chunk; a budget with a capture mode other
             than "off", for a causal LM or a model without K/V; a chunk without a budget.

@@ -20,6 +20,12 @@ requests that share part of a block reuse only the blocks before it. A bidirecti
 (LLaDA, Dream) has no exact reuse: every prompt K/V depends on the canvas after it; no cache of
 those models declares exact reuse, so by default requests there are served as before.
 
+DiffusionGemma (a model declaring `encoder_reuse`) reuses exactly too, through its own hook
+(`dllm_decode.encoder_reuse.EncoderReuse`): its causal encoder's K/V of a prompt's whole chunks
+(its canvas length) are stored in the same store under their own namespace, a request's prompt
+is encoded after the longest stored prefix, and the committed canvases it encodes later are
+stored too; under any cache (its noise canvas keeps its own encoder cache).
+
 Approximate mode (opt-in: `Engine(prefix_cache_approximate=N)`, `serve --prefix-cache-approximate
 N`): a cache that declares `prefix_reuse = "approximate"` (Fast-dLLM's `prefix` cache) also
 takes stored prompt K/V in chunks of N tokens, on any model. On a bidirectional model those K/V
@@ -98,6 +104,10 @@ class PrefixSharing:
 
     def hook(self, model: Any, cache: Any) -> PrefixReuse | None:
         """The reuse hook of a batch decoding `model` with `cache` (None: no reuse there)."""
+        if getattr(model, "encoder_reuse", False):          # a causal encoder: its prompt K/V
+            from dllm_decode.encoder_reuse import EncoderReuse
+
+            return EncoderReuse(self, model.canvas_length)
         if getattr(model, "kv_store", None) is not None:     # K/V kept in low precision: not
             return None                                      # float blocks this hook can copy
         kind, grid = getattr(cache, "prefix_reuse", None), getattr(model, "block_size", None)

@@ -58,10 +58,11 @@ class StoreStats:
 
 
 def nbytes_of(value: Any) -> int:
-    """The bytes of a tensor (or of a list/tuple of tensors)."""
-    if isinstance(value, (list, tuple)):
+    """The bytes of a tensor, of a record with `nbytes` (stored codes and scales), or of a
+    list/tuple of them."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "nbytes"):
         return sum(nbytes_of(v) for v in value)
-    return int(value.numel() * value.element_size())
+    return int(value.nbytes)
 
 
 class PrefixStore:
@@ -97,16 +98,17 @@ class PrefixStore:
 
     def insert(self, namespace: Hashable, chunks: Sequence[Chunk], value: Callable[[int], Any]) -> int:
         """Store `chunks` (a key from the root); `value(i)` makes chunk i's value, called only for
-        chunks not yet stored. Then evict down to the budget (a chunk larger than the whole
-        budget is not stored, nor anything after it). Returns the chunks newly stored."""
+        chunks not yet stored (None: the caller has none, so nothing from chunk i on is stored).
+        Then evict down to the budget (a chunk larger than the whole budget is not stored, nor
+        anything after it). Returns the chunks newly stored."""
         node = self.roots.setdefault(namespace, Node((), None, 0, None))
         path, added = [], 0
         for i, chunk in enumerate(chunks):
             child = node.children.get(chunk)
             if child is None:
                 made = value(i)
-                size = nbytes_of(made)
-                if size > self.budget_bytes:
+                size = 0 if made is None else nbytes_of(made)
+                if made is None or size > self.budget_bytes:
                     break
                 child = Node(chunk, made, size, node)
                 node.children[chunk] = child

@@ -153,20 +153,26 @@ def test_a_shared_part_of_a_block_is_not_reused(bd):
     assert outputs["y"].cached_tokens == GRID and outputs["y"].tokens == alone["y"].tokens
 
 
-def test_other_adapters_never_share(bd, tmp_path):
+def lora_folder(folder, shapes, rank=2):
+    """A PEFT LoRA adapter folder of random rank-`rank` weights for `shapes` (module path ->
+    (out, in) features), seeded."""
     from safetensors.torch import save_file
 
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}))
+    generator = torch.Generator().manual_seed(0)
+    save_file({f"base_model.model.{path}.lora_{m}.weight":
+               torch.randn((rank, n_in) if m == "A" else (n_out, rank), generator=generator) * 0.3
+               for path, (n_out, n_in) in shapes.items() for m in "AB"}, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def test_other_adapters_never_share(bd, tmp_path):
     from dllm_decode.adapters import attach, read_adapter
 
     model = load_model("embedded-bd", dtype=torch.float32)
-    folder = tmp_path / "kv"
-    folder.mkdir()
-    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4}))
-    generator = torch.Generator().manual_seed(0)
-    save_file({f"base_model.model.model.layers.{i}.self_attn.{p}.lora_{m}.weight":
-               torch.randn((2, 192) if m == "A" else (192, 2), generator=generator) * 0.3
-               for i in range(4) for p in ("k_proj", "v_proj") for m in "AB"},
-              str(folder / "adapter_model.safetensors"))
+    folder = lora_folder(tmp_path / "kv", {f"model.layers.{i}.self_attn.{p}": (192, 192)
+                                           for i in range(4) for p in ("k_proj", "v_proj")})
     attach(model, [read_adapter(folder, "kv")])
     base = [Request("a", SYSTEM + prompt(6, 1), config())]
     tuned = [Request("t", SYSTEM + prompt(6, 2), config(), adapter="kv"),

@@ -64,7 +64,8 @@ SERVE_MODEL_HELP = MODEL_HELP.rstrip(".") + ", or `ar:TARGET[+DRAFT][@RUNTIME]` 
 @click.option("--prefix-cache-bytes", type=click.IntRange(0, MAX_PREFIX_BYTES), default=0, show_default=True,
               help="Byte budget of the cross-request prefix cache (per rank): requests under the `block` "
                    "cache of a block-diffusion model reuse the K/V of earlier requests' whole prompt "
-                   "blocks, exactly; least recently used blocks are evicted. 0: off.")
+                   "blocks, exactly, as DiffusionGemma's causal encoder reuses a prompt's K/V; least "
+                   "recently used blocks are evicted. 0: off.")
 @click.option("--prefix-cache-approximate", type=click.IntRange(0, MAX_CANVAS), default=0, show_default=True,
               help="Opt in to APPROXIMATE reuse of stored prompt K/V, in chunks of this many tokens, under the "
                    "`prefix` cache (LLaDA/Dream: tokens may change). Needs --prefix-cache-bytes. 0: off.")

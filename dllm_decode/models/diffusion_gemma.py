@@ -152,6 +152,9 @@ class DiffusionGemmaModel(nn.Module):
     canvas_kind: ClassVar[str] = "noise"     # an uncommitted column holds a random token, not [MASK]
     supports_kv = False                      # the masked loop's caches do not apply
     supports_kv_store = True                 # its encoder cache keeps K/V as `model.kv_store`
+    # its causal encoder's K/V of a prompt prefix are exact to reuse across requests
+    # (`dllm_decode.encoder_reuse`, the prefix cache)
+    encoder_reuse: ClassVar[bool] = True
     mask_token_id = None
 
     def __init__(self, cfg: DiffusionGemmaConfig):
@@ -226,8 +229,11 @@ class DiffusionGemmaModel(nn.Module):
 
     @torch.no_grad()
     def encode(self, ids: Tensor, attention_mask: Tensor | None = None,
-               cache: EncoderCache | None = None) -> EncoderCache:
-        """Causal pass over (B, L) `ids` after the cached tokens; returns the extended cache."""
+               cache: EncoderCache | None = None, fresh: list[Any] | None = None) -> EncoderCache:
+        """Causal pass over (B, L) `ids` after the cached tokens; returns the extended cache.
+        `fresh`, when given, receives every layer's (keys, values) of the L new columns as the
+        cache keeps them (codes under a low-precision store), sliding layers' included: what the
+        cross-request prefix cache stores (`dllm_decode.encoder_reuse`)."""
         self.check_text_only(ids)
         b, n = ids.shape
         dev = ids.device
@@ -247,13 +253,18 @@ class DiffusionGemmaModel(nn.Module):
             q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
             if store is not None:            # keep codes; the fresh columns attend in float
                 sk, sv = store.put(k), store.put(v)
+                if fresh is not None:
+                    fresh.append((sk, sv))
                 if cache is not None:
                     old_k, old_v = cache.layer(i)
                     sk, sv = store.cat(cache.keys[i], sk), store.cat(cache.values[i], sv)
                     k, v = torch.cat([old_k, k], 2), torch.cat([old_v, v], 2)
-            elif cache is not None:
-                k = torch.cat([cache.keys[i], k], 2)
-                v = torch.cat([cache.values[i], v], 2)
+            else:
+                if fresh is not None:
+                    fresh.append((k, v))
+                if cache is not None:
+                    k = torch.cat([cache.keys[i], k], 2)
+                    v = torch.cat([cache.values[i], v], 2)
             key_pos = torch.arange(start + n - k.shape[2], start + n, device=dev)
             allowed = key_pos[None, :] <= positions[:, None]
             if attn.sliding:

@@ -15,7 +15,10 @@ phase: requests/s, time to first text (p50/p99), latency, answers differing from
 prompt tokens served from the cache, the store's bytes, and the server's CPU seconds (this
 process's, the clients excluded: less swayed than wall time by other work on a shared machine);
 and per pair the on/off ratios of requests/s and of requests per CPU second.
-The decode is greedy threshold decoding with the exact `block` cache (a block-diffusion model).
+The decode is greedy threshold decoding with the exact `block` cache on a block-diffusion model,
+or, on a uniform-noise model (`embedded-noise`, DiffusionGemma), its shipped decoding (seeded
+sampling), where the prefix cache reuses the causal encoder's prompt K/V
+(`dllm_decode.encoder_reuse`): exact there too, so answers equal the offline ones.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dllm_decode.eval.bench.serving import load_clients, quantile
 from dllm_decode.eval.bench.protocol import OptionError, blame
 from dllm_decode.eval.bench.subject import load_subject, task_samples
 from dllm_decode.eval.bench.timing import check_counts
+from dllm_decode.noise import canvas_kind
 from dllm_decode.registry import component
 from dllm_decode.sampler import generate
 from dllm_decode.serve.app import Limits, ServerState, background
@@ -77,8 +81,8 @@ class SharedPrefixOptions:
 def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The workload (see the module docstring); returns the report as a dict."""
     torch.set_num_threads(o.threads)
-    with blame("--model"):                # a noise model, a missing or corrupt folder: one line
-        bench = load_subject(o.model)
+    with blame("--model"):                # a missing or corrupt folder: one line
+        bench = load_subject(o.model, canvases=("mask", "noise"))
     if bench.tasks is None:
         raise ValueError(f"{bench.label}: the workload needs the task suite's vocabulary (an embedded model)")
     model, tokenizer = bench.model, bench.tokenizer
@@ -86,11 +90,7 @@ def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict
     if context is not None and o.prefix_tokens + 3 * o.gen_length > context:
         raise OptionError("--prefix-tokens", f"prefix_tokens {o.prefix_tokens} + a chat's two turns "
                           f"(3 x gen_length {o.gen_length}) exceed the model's context of {context} tokens")
-    config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": o.threshold}),
-                          cache=component("cache", "block"), gen_length=o.gen_length,
-                          block_length=o.block_length)
-    with blame("--model"):                # the exact `block` cache: a block-diffusion model
-        check_cache(model, config)
+    config = _config(model, o)
     ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]   # noqa: E731
     draws = o.requests + 2 * o.chats + 64 + o.prefix_tokens     # each sample adds >= 1 system token
     samples = [s.prompt for s in task_samples(bench.tasks, -(-draws // len(bench.tasks)),
@@ -132,6 +132,19 @@ def run(o: SharedPrefixOptions, progress: Callable[[str], None] = print) -> dict
             "cpu_speedup": [round(r, 3) for r in cpu_ratios],
             "cpu_speedup_range": [round(min(cpu_ratios), 3), round(max(cpu_ratios), 3)],
             "identical": all(p["different_from_offline"] == 0 and p["answered"] == len(bodies) for p in phases)}
+
+
+def _config(model: Any, o: SharedPrefixOptions) -> DecodeConfig:
+    """A noise model's shipped decoding (its encoder's prompt K/V are reused), else threshold
+    decoding under the exact `block` cache (refused in one line for a model without blocks)."""
+    if canvas_kind(model) == "noise":
+        return DecodeConfig.for_model(model, o.gen_length)
+    config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": o.threshold}),
+                          cache=component("cache", "block"), gen_length=o.gen_length,
+                          block_length=o.block_length)
+    with blame("--model"):                # the exact `block` cache: a block-diffusion model
+        check_cache(model, config)
+    return config
 
 
 def _answer_ids(result: Any, model: Any) -> list[int]:

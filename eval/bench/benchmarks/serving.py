@@ -40,7 +40,7 @@ BENCHMARK = Benchmark(
     "requests/s, p50/p99 latency, the concurrent/sequential ratio).",
     "Defaults: 320 task prompts, 64 clients, max batch 32, gen 32, block 8, threshold 0.9; --quick: "
     "12 prompts, 4 clients, max batch 4, gen 16. `--workload shared-prefix` (model embedded-bd, block "
-    "cache): 48 requests sharing a 256-token system prompt plus 8 two-turn chats, 8 clients, max batch 8, "
+    "cache; or embedded-noise at its shipped decoding): 48 requests sharing a 256-token system prompt plus 8 two-turn chats, 8 clients, max batch 8, "
     "served with and without the prefix cache (--prefix-cache-bytes, 64 MiB) in --repeats alternating "
     "pairs [2]: requests/s, time to first text, identical answers.",
     (MODEL.but(default=None, help=MODEL.help + " [embedded; shared-prefix: embedded-bd]"), THREADS,
