@@ -90,11 +90,12 @@ class DeviceOptions:
             raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {list(STAGE_COST)}")
 
 
-STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "invariance": 45.0, "block": 90.0,
+STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "invariance": 60.0, "block": 90.0,
               "low_precision": 40.0, "large_batch": 150.0, "engine": 40.0, "block_peer": 45.0}
-"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates), in the order they
-run (most wanted first); a stage starts only when the budget left covers it. `--quick` scales them
-down 100x."""
+"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates; `invariance` and
+`low_precision` are guesses, never run), in the order they run (most wanted first; `invariance`, with
+no GPU figure yet, before the long timing stages); a stage starts only when the
+budget left covers it. `--quick` scales them down 100x."""
 
 
 def slug(text: str) -> str:

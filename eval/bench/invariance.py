@@ -22,6 +22,8 @@ timed side by side in the same stage:
   algorithm (and reduction order) no longer follows the batch's row count. The pure-torch analogue
   of the batch-invariant GEMM of thinking-machines-lab/batch_invariant_ops.
 - `fixed_matmul+sdpa_math`: both.
+- `dispatch_only`: the same dispatch mode tiling nothing: the Python cost per op that
+  `fixed_matmul`'s step time includes (a kernel-level version would not pay it).
 - `float32`: the model cast to float32 with TF32 off (rounding 2^16 times finer, not a fixed
   reduction order: differences shrink, they need not vanish).
 
@@ -48,6 +50,7 @@ OPTIONS = {
     "sdpa_math": "torch.nn.attention.sdpa_kernel(SDPBackend.MATH)",
     "fixed_matmul": "aten.linear/mm/addmm in fixed-height row tiles (FixedShapeMatmul)",
     "fixed_matmul+sdpa_math": "both",
+    "dispatch_only": "FixedShapeMatmul's dispatch mode, tiling nothing (its Python cost per op)",
     "float32": "the model in float32, TF32 off",
 }
 PLANS = ("together", "reversed", "joining")
@@ -101,15 +104,18 @@ class FixedShapeMatmul(TorchDispatchMode):
     weight read per tile. A tile near the device's ridge point (bf16 FLOPs over bytes: about 300
     rows on an H100) keeps both small."""
 
-    def __init__(self, tile: int = 256):
+    def __init__(self, tile: int | None = 256):
         super().__init__()
         self.tile = tile
+        """Rows per GEMM; None: every op passes through untouched (the mode's own cost)."""
         self.calls = 0
         self.heights: set[int] = set()
         """The row counts of the GEMMs issued (one: `tile`)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.tile is None:
+            return func(*args, **kwargs)
         if func is torch.ops.aten.linear.default:        # reaches the mode whole under inference_mode
             self.calls += 1
             x, weight, bias = (*args, None)[:3]
@@ -163,8 +169,8 @@ def option_context(name: str, tile: int = 256) -> contextlib.ExitStack:
         stack.enter_context(_setting(torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction", False))
     if "sdpa_math" in name:
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-    if "fixed_matmul" in name:
-        stack.enter_context(FixedShapeMatmul(tile))
+    if "fixed_matmul" in name or name == "dispatch_only":
+        stack.enter_context(FixedShapeMatmul(None if name == "dispatch_only" else tile))
     if name == "float32":
         stack.enter_context(_setting(torch.backends.cuda.matmul, "allow_tf32", False))
         stack.enter_context(_setting(torch.backends.cudnn, "allow_tf32", False))
