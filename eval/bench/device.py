@@ -17,6 +17,10 @@ of a real model's shape (no download, no checkpoint), or a check:
    step, not a decode's average forward, half of which are full-canvas refreshes).
 4. `identity`: float32 at the shape's width (4 layers): the captured step's tokens equal eager's
    exactly (bf16 rows report agreement as a fraction: random weights have near-ties).
+4b. `invariance`: batch invariance in bf16 (`dllm_decode.eval.bench.invariance`): prompts of
+   different lengths decoded alone, together, in another order and joining a running `Engine`, at
+   the shape's width (8 layers; caches none, dual, block) and on the shipped trained models, under
+   torch's defaults and each option that may restore invariance, with each option's step time.
 5. `block`: the block-diffusion model of the shape (Fast-dLLM v2 7B, grouped-query attention)
    under the block cache: the per-step captured path, batch 1 and 32, eager and captured.
 6. `low_precision`: weight-only int8, int4 (group 128) and FP8 linear layers
@@ -86,11 +90,12 @@ class DeviceOptions:
             raise ValueError(f"unknown stage(s) {sorted(unknown)}; choose from {list(STAGE_COST)}")
 
 
-STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "block": 90.0, "low_precision": 40.0,
-              "large_batch": 150.0, "engine": 40.0, "block_peer": 45.0}
-"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates), in the order they
-run (most wanted first); a stage starts only when the budget left covers it. `--quick` scales them
-down 100x."""
+STAGE_COST = {"batch1": 60.0, "sanity": 20.0, "identity": 20.0, "invariance": 60.0, "block": 90.0,
+              "low_precision": 40.0, "large_batch": 150.0, "engine": 40.0, "block_peer": 45.0}
+"""Each stage's expected seconds on one H100 (from the 2026-11-26 run's rates; `invariance` and
+`low_precision` are guesses, never run), in the order they run (most wanted first; `invariance`, with
+no GPU figure yet, before the long timing stages); a stage starts only when the
+budget left covers it. `--quick` scales them down 100x."""
 
 
 def slug(text: str) -> str:
@@ -176,6 +181,17 @@ def command_line(o: DeviceOptions, settings: dict[str, Any]) -> str:
     for name, path in settings.get("peers", ()):
         words += ["--peer", f"{name}={path}"]
     return shlex.join(words)
+
+
+def invariance_options(o: DeviceOptions) -> Any:
+    """The `invariance` stage's settings: bf16 at LLaDA-8B's width (8 layers) on the device; with
+    `--quick`, float32 at the embedded shape with tiles small enough to split its rows."""
+    from dllm_decode.eval.bench.invariance import InvarianceOptions
+
+    if o.quick:
+        return InvarianceOptions(device=o.device, dtype="float32", shape="embedded", layers=2, prompt_lengths=(6, 3, 5),
+                                 gen_length=8, block_length=4, steps_per_block=2, tile=16, repeats=1)
+    return InvarianceOptions(device=o.device)
 
 
 def sanity(o: DeviceOptions) -> dict[str, Any]:
@@ -479,6 +495,13 @@ def run_device(o: DeviceOptions, say: Callable[[str], None] = print) -> tuple[di
             elif stage == "low_precision":
                 report["commands"][stage] = "dllm_decode.eval.bench.device.low_precision (QuantLinear vs bf16)"
                 result = low_precision(o)
+            elif stage == "invariance":
+                from dllm_decode.eval.bench.invariance import format_invariance, run_invariance
+
+                report["commands"][stage] = "dllm_decode.eval.bench.invariance.run_invariance"
+                result = run_invariance(invariance_options(o), say)
+                report["tables"][stage] = format_invariance(result).splitlines()
+                say(format_invariance(result))
             else:
                 report["commands"][stage] = "dllm_decode.eval.bench.device.engine_load (Engine, in process)"
                 result = engine_load(o)
@@ -503,7 +526,8 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     forward, refreshes included, is kept beside it as `batch1_captured_x_read_floor`), captured
     against eager tokens/s (>= 2x), float32 token identity and bf16 agreement, loop overhead at
     batch 1 (<= 2%), batch 32-64 captured against eager (>= 1x), this project against Fast-dLLM
-    v1's loop (>= 1.5x, identical tokens)."""
+    v1's loop (>= 1.5x, identical tokens); per model and cache, the share of requests whose bf16
+    tokens move with their batch under torch's defaults, and the options under which none moves."""
     def rows(stage: str) -> list[dict[str, Any]]:
         return [r for r in report["stages"].get(stage, {}).get("rows", []) if r.get("available")]
 
@@ -516,6 +540,7 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
     eager = pick("batch1", runtime="compact", variant="eager", cache="dual", batch=1)
     peer = next((r for r in rows("batch1") if r["runtime"].startswith("peer:fast-dllm-v1")), None)
     large = [r for r in rows("large_batch") if r["variant"] == "captured"]
+    invariant = report["stages"].get("invariance", {}).get("rows", [])
     return {
         "batch1_cached_step_replay_ms": cached.get("replay_ms"),
         "batch1_cached_step_read_floor_ms": cached.get("read_floor_ms"),
@@ -532,6 +557,9 @@ def targets(report: dict[str, Any]) -> dict[str, Any]:
         "batch1_overhead_captured": captured and captured["overhead"],
         "batch1_overhead_eager": eager and eager["overhead"],
         "large_batch_captured_vs_eager": {f"{r['cache']}@B{r['batch']}": r["vs_eager"] for r in large},
+        "invariance_differing_requests_default": {f"{r['model']}@{r['cache']}": r["differing_requests"]
+                                                  for r in invariant if r["option"] == "default"} or None,
+        "invariance_restored_by": report["stages"].get("invariance", {}).get("restores"),
         "vs_fast_dllm_v1": peer and {"ours_speedup": peer.get("ours_speedup"), "ours_best": peer.get("ours_best"),
                                      "identical_tokens": peer.get("identical_tokens"), "commit": peer.get("commit")},
     }

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dllm_decode.eval.bench.device import (STAGE_COST, DeviceOptions, command_line, run_device, shaped_stages, slug,
                                            targets)
@@ -116,6 +117,7 @@ UNINSTALLED_PYTEST = """
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]   # not installed
 import pytest
+import torch
 sys.exit(pytest.main(["--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]))
 """
 
@@ -158,3 +160,65 @@ def test_low_precision_stage_times_each_format_against_its_own_floor(one_thread)
     assert {r["format"] for r in out["layers"] if "ms" in r} >= {"bf16", "int8", "fp8"}
     ratios = targets({"stages": {"low_precision": out}})["low_precision_step_vs_bf16_batch1"]
     assert set(ratios) >= {"int8", "fp8"} and all(v > 0 for v in ratios.values())
+
+
+def test_invariance_stage_reports_every_option_and_float32_on_the_cpu_is_invariant(one_thread):
+    """The quick stage (float32 on the CPU, random-weight and shipped models, every option): one
+    row per model, cache and option with each plan's differing fractions and the step time against
+    the default's; in float32 on the CPU no request's tokens move (the known result), so every
+    option is listed as restoring invariance."""
+    from dllm_decode.eval.bench.device import invariance_options
+    from dllm_decode.eval.bench.invariance import OPTIONS, PLANS, format_invariance, run_invariance
+
+    report = run_invariance(invariance_options(DeviceOptions(device="cpu", quick=True)))
+    assert report["dtype"] == "float32" and not report["notes"]
+    keys = {(r["model"], r["cache"]) for r in report["rows"]}
+    assert {cache for _, cache in keys} == {"none", "dual", "block"} and len(keys) == 6
+    for row in report["rows"]:
+        assert set(row["plans"]) == set(PLANS)
+        for plan in row["plans"].values():
+            assert plan["requests"] == 3 and plan["tokens"] > 0
+            assert plan["differing_requests"] == 0 or plan.get("known_variant"), row
+        assert row["differing_requests"] == 0 and row["differing_tokens"] == 0
+        assert row["ms_per_step"] > 0 and row["x_default"] > 0
+    assert all(r["x_default"] == 1 for r in report["rows"] if r["option"] == "default")
+    assert all(options == list(OPTIONS) for options in report["restores"].values()) and len(report["restores"]) == 6
+    assert len(format_invariance(report).splitlines()) == len(report["rows"]) + 3
+    got = targets({"stages": {"invariance": report}})
+    assert set(got["invariance_differing_requests_default"].values()) == {0.0}
+
+
+def test_a_difference_counts_requests_and_tokens():
+    from dllm_decode.eval.bench.invariance import difference, plans
+
+    alone = {0: [1, 2, 3, 4], 1: [5, 6], 2: [7, 8, 9]}
+    got = difference({0: [1, 2, 3, 4], 1: [5, 0], 2: [7, 8]}, alone)
+    assert got["differing_requests"] == pytest.approx(2 / 3) and got["which"] == [1, 2]
+    assert got["tokens"] == 9 and got["differing_tokens"] == pytest.approx(2 / 9)
+    joining = plans(4)["joining"]
+    assert [i for i, _ in joining] == [3, 2, 1, 0] and [s for _, s in joining] == [0, 0, 1, 2]
+
+
+def test_fixed_shape_matmul_issues_one_gemm_height_for_every_linear_layer(one_thread):
+    """Under the option every mm/addmm of a model's forward (its linear layers, with and without
+    bias) runs in tiles of one height, and the result equals the plain forward within float32
+    rounding."""
+    from torch import nn
+
+    from dllm_decode.eval.bench.invariance import FixedShapeMatmul
+    from dllm_decode.eval.bench.shaped import ShapedOptions, shaped_model
+
+    torch.manual_seed(0)
+    for layer in (nn.Linear(12, 5), nn.Linear(12, 5, bias=False)):
+        x = torch.randn(3, 7, 12)
+        with FixedShapeMatmul(tile=4) as mode:
+            tiled = layer(x)
+        assert mode.calls == 1 and mode.heights == {4}
+        torch.testing.assert_close(tiled, layer(x), rtol=1e-6, atol=1e-6)
+    model = shaped_model(ShapedOptions(shape="embedded", layers=1, dtype="float32"))
+    ids = torch.randint(5, 100, (2, 9))
+    with torch.inference_mode(), FixedShapeMatmul(tile=8) as mode:
+        tiled = model(ids)
+    assert mode.calls >= 5 and mode.heights == {8}          # q, k, v, o, the MLP and the head at least
+    with torch.inference_mode():
+        torch.testing.assert_close(tiled, model(ids), rtol=1e-5, atol=1e-5)
