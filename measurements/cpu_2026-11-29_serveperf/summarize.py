@@ -18,7 +18,8 @@ PATTERNS = {
     "concurrent_over_offline_cpu": r"concurrent / offline one at a time ([0-9.]+)x",
     "offline_ms_per_request": r"offline one at a time: ([0-9.]+) s",
 }
-GROUPS = {"all (f1-f3)": ("f1", "f2", "f3"), "under load (f1, f2)": ("f1", "f2"), "quieter (f3)": ("f3",)}
+GROUPS = {"all (f1-f4)": ("f1", "f2", "f3", "f4"), "under load (f1, f2)": ("f1", "f2"),
+          "quieter (f3, f4)": ("f3", "f4")}
 
 
 def read(path: Path) -> dict[str, float]:
