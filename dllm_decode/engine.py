@@ -293,13 +293,23 @@ class DiffusionBackend(Backend):
         self.lives = []
         self.finished: dict[str, Any] = {}            # the last step's results and failures
         self.failed: dict[str, str] = {}
+        self.checked: dict[tuple[int, str | None], Any] = {}   # records that passed `check`
 
     def check(self, request: Request) -> None:
+        """The record's checks against the model, once per record object and adapter: the server
+        hands every request that changes nothing in its record the same one (records are
+        immutable, the model's adapters fixed), and each is checked twice (admission, `add`)."""
+        key = (id(request.config), request.adapter)
+        if self.checked.get(key) is request.config:
+            return
         check_cache(self.model, request.config)
         check_canvas(self.model, request.config)      # a rule that does not run on its canvas kind
         adapter_index(self.model, request.adapter)
         if self.vocab_size is not None:
             request.config.scheduler.check_fits(self.vocab_size, request.config.gen_length)
+        if len(self.checked) >= 64:
+            self.checked.clear()
+        self.checked[key] = request.config             # held: its id is not reused meanwhile
 
     @property
     def batches(self) -> int:

@@ -8,10 +8,12 @@ included), 404 unknown model or route, 405 wrong method, 408 a body that did not
 413 a body over the limit, 429 queue full, 503 shutting down, 504 request timeout, 500 a failed
 decode.
 
-The event loop does no CPU work of size: JSON parsing, the request check and tokenising run in
-one CPU thread (`ServerState.offload`), the model in the engine's thread, so `/health` answers
-while a big request is refused or a long prompt is tokenised. Every route sits behind
-`guard.Guard` (body size, body read time, nesting, access log, metrics).
+The event loop does no CPU work of size: JSON parsing, the request check and tokenising of a body
+over `INLINE_BYTES` run in one CPU thread (`ServerState.offload`), the model in the engine's
+thread, so `/health` answers while a big request is refused or a long prompt is tokenised. A
+smaller body is parsed on the loop itself: its work (a fraction of a millisecond) costs less than
+the two thread hand-offs it would take. Every route sits behind `guard.Guard` (body size, body
+read time, nesting, access log, metrics).
 
 What a streamed chunk carries: the answer text that became *final* since the previous chunk,
 i.e. the newly committed tokens before the first still-masked position (`Decoding.snapshot`).
@@ -46,6 +48,9 @@ from dllm_decode.serve.protocol import (MAX_DEPTH, APIError, Job, Settings, Stop
 from dllm_decode.serve.worker import EngineWorker
 
 log = logging.getLogger("dllm_decode.serve")
+
+INLINE_BYTES = 8192
+"""Bodies up to this size are parsed, checked and tokenised on the event loop (`ServerState.offload`)."""
 
 
 @dataclass(frozen=True)
@@ -106,14 +111,23 @@ class ServerState:
         self.server: Any = None             # the uvicorn server, once `serve` runs
         self.playground = False             # serve the playground page at `/` (viz/playground.py)
         self.cpu = ThreadPoolExecutor(1, thread_name_prefix="dllm-cpu")   # tokenising, JSON
+        self.offloaded = 0                  # calls sent to `cpu` and not yet returned
         self.mailbox: Mailbox | None = None # the engine's updates to the loop (`serve.mailbox`)
         self.metrics = Metrics(in_flight=lambda: self.in_flight,
                                queued=lambda: len(getattr(worker.engine, "waiting", ())),
                                prefix=lambda: prefix_stats(worker.engine))
 
-    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on the CPU thread (one at a time: tokenizers are not re-entrant)."""
-        return await asyncio.get_running_loop().run_in_executor(self.cpu, fn, *args)
+    async def offload(self, fn: Callable[..., Any], *args: Any, size: int | None = None) -> Any:
+        """`fn(*args)` on the CPU thread, or here on the loop when the work is that of a body of
+        `size` <= `INLINE_BYTES` bytes and the CPU thread is idle: one at a time either way
+        (tokenizers are not re-entrant)."""
+        if size is not None and size <= INLINE_BYTES and not self.offloaded:
+            return fn(*args)
+        self.offloaded += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.cpu, fn, *args)
+        finally:
+            self.offloaded -= 1
 
     def stop(self) -> None:
         """Shut down as a signal would (tests, embedding applications)."""
@@ -229,8 +243,9 @@ def create_app(state: ServerState) -> Any:
 
     async def handle(kind: str, http: HTTPRequest) -> Any:
         parsed = http.scope.get("state", {}).get(PARSED_BODY, _UNSET)      # parsed by the guard
-        body = parsed if parsed is not _UNSET else await state.offload(_parse, await http.body())
-        job = await state.offload(parse_job, kind, body, state.settings, state.tokenizer)
+        raw = await http.body()
+        body = parsed if parsed is not _UNSET else await state.offload(_parse, raw, size=len(raw))
+        job = await state.offload(parse_job, kind, body, state.settings, state.tokenizer, size=len(raw))
         _admit(state, job)
         updates = _submit(state, job)
         if job.stream:
