@@ -1,6 +1,6 @@
 """Where a request's time goes at concurrency 1: the server's request path against the offline decode.
 
-    cd /tmp && OMP_NUM_THREADS=1 python /path/to/scripts/profile_serving.py [--requests 320]
+    OMP_NUM_THREADS=1 python scripts/profile_serving.py [--requests 320]     # from the checkout's root
 
 The `bench serving` setup (the embedded model, its task prompts, greedy threshold 0.9, canvas 32
 in blocks of 8): the requests decoded offline one at a time (`generate`), then sent one at a time
