@@ -29,6 +29,7 @@ import copy
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -135,6 +136,17 @@ class ServerState:
         if self.server is not None:
             self.server.should_exit = True
 
+    def public(self, err: APIError) -> dict[str, Any]:
+        """`err`'s reply body, with the model's local path (model-side messages name the model
+        by where it was loaded from) shown as the served model id: a reply never tells a client
+        where the server's files are."""
+        body = err.body()
+        where = getattr(self.worker.engine.model, "name_or_path", None)
+        if isinstance(where, str) and where and where != self.settings.model_id and \
+                (os.sep in where or where.startswith(".")):
+            body["error"]["message"] = body["error"]["message"].replace(where, self.settings.model_id)
+        return body
+
     @property
     def capacity(self) -> int:
         return self.worker.engine.max_batch_size + self.limits.max_queue
@@ -190,7 +202,7 @@ def create_app(state: ServerState) -> Any:
     app.openapi = openapi                     # type: ignore[method-assign]
 
     def error(err: APIError) -> JSONResponse:
-        return JSONResponse(err.body(), status_code=err.status)
+        return JSONResponse(state.public(err), status_code=err.status)
 
     @app.exception_handler(APIError)
     async def api_error(_: Any, err: APIError) -> JSONResponse:
@@ -437,7 +449,7 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
                 yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
                 continue
             if reason in ("error", "cancelled"):
-                yield _event(_failure(output, reason, state).body())
+                yield _event(state.public(_failure(output, reason, state)))
                 break
             if text or updates.draft is not None:
                 yield _event(provisional_chunk(chunk(job, model, text=text), updates.draft, sent))
@@ -448,7 +460,7 @@ async def _sse(state: ServerState, job: Job, updates: _Updates) -> AsyncIterator
             _count(state, output)
         yield "data: [DONE]\n\n"
     except APIError as err:
-        yield _event(err.body())
+        yield _event(state.public(err))
         yield "data: [DONE]\n\n"
     finally:
         updates.cancel()

@@ -107,3 +107,17 @@ def test_requests_side_by_side_equal_each_alone(server, gemma):
     for thread in threads:
         thread.join(timeout=120)
     assert [texts[i] for i in range(len(PROMPTS))] == [offline(gemma, p) for p in PROMPTS]
+
+
+def test_a_refusal_names_the_served_model_not_its_folder(gemma):
+    """A model-side message names the model by the folder it was loaded from; the reply shows
+    the served model id instead (asked for a stream too: refused before it starts)."""
+    from dllm_decode.serve.app import background
+
+    folder = gemma.name_or_path
+    assert "/" in folder
+    with background(make_state(gemma, config=config())) as url:
+        status, body = post(url, "/v1/completions", {"prompt": "w1 w2", "dllm": {"cache": "block"}})
+        streamed = post(url, "/v1/completions", {"prompt": "w1 w2", "stream": True, "dllm": {"cache": "block"}})
+    assert status == 400 and "embedded" in body["error"]["message"], body
+    assert streamed[0] == 400 and folder not in json.dumps(body) + json.dumps(streamed[1])
