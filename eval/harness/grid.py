@@ -59,14 +59,26 @@ class Setting:
     self_decoder: str = "none"
     self_decoder_options: Options = ()
 
+    def canvas_for(self, length: int, natural: int | None = None) -> int:
+        """The canvas a batch of `length` decodes on: `length`, except that an answer-length
+        canvas (`gen_length` None) on a model with a `natural` block grid (a block-diffusion
+        model's block, a noise model's canvas) is rounded up to whole blocks of it, since such a
+        model decodes whole blocks of its grid (or sub-blocks of them); the answer is still
+        scored on its own tokens (the rest is decoded as end-of-text)."""
+        if self.gen_length is None and natural and length % natural:
+            return -(-length // natural) * natural
+        return length
+
     def block_for(self, gen_length: int, natural: int | None = None) -> int:
         """The block length used on a canvas of `gen_length`: when unset, the model's `natural`
-        block (a block-diffusion model's own) or else the whole canvas. On answer-length canvases
+        block (a block-diffusion model's own, also on its answer-length canvases, which
+        `canvas_for` makes whole blocks) or else the whole canvas. On answer-length canvases
         (`gen_length` None) a block that does not divide an example's canvas is refused by
         `runner.plan` before any decode (the fallback here is the whole canvas); a fixed canvas keeps the value as given, so a bad one fails validation
         instead of being replaced."""
         if self.block_length is None:
-            return natural if natural and self.gen_length is not None else gen_length
+            fits = natural and (self.gen_length is not None or gen_length % natural == 0)
+            return natural if fits else gen_length
         if self.gen_length is None and (self.block_length > gen_length or gen_length % self.block_length):
             return gen_length
         return self.block_length

@@ -130,7 +130,7 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
     def decode(prompts: list[str], setting: Setting, gen_length: int,
                generator: torch.Generator) -> tuple[list[dict[str, Any]], float]:
         prompts = [chat_prompt(tokenizer, p, chat_template) for p in prompts]
-        config = setting.decode_config(gen_length, own)
+        config = setting.decode_config(setting.canvas_for(gen_length, own), own)
         selfdec = setting.build_self_decoder()
         if selfdec is not None:
             return self_decoded_rows(model, selfdec, prompts, config, generator, tokenizer)
@@ -145,7 +145,7 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
         if capture != "off":
             raise ValueError("a self-decoder runs its own rounds, which capture does not record; "
                              "drop --cuda-graphs / --compile (or --self-decoder)")
-        selfdec.check(model, setting.decode_config(gen_length, own))
+        selfdec.check(model, setting.decode_config(setting.canvas_for(gen_length, own), own))
 
     decode.check = check                      # type: ignore[attr-defined]
     decode.model = model                      # type: ignore[attr-defined]  # probed by the tuner

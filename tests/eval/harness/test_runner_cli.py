@@ -52,6 +52,18 @@ def test_tiny_model_end_to_end(tmp_path):
     assert "| copy | threshold |" in (tmp_path / "report.md").read_text()
 
 
+def test_answer_length_canvases_on_a_block_diffusion_model(tmp_path):
+    """A block-diffusion model decodes whole blocks of its grid: an answer-length canvas is
+    rounded up to them (the answer scored on its own tokens), not refused."""
+    result = _run("--model", "embedded-bd", "--tasks", "copy", "--scheduler", "threshold", "--limit", "3",
+                  "--gen-length", "answer", "--out", str(tmp_path), "--json", "--no-plots")
+    assert result.exit_code == 0, result.output
+    (cell,) = json.loads(result.stdout)["results"]
+    assert cell["accuracy"] == 100.0
+    records = read_records(tmp_path / "samples.jsonl")
+    assert len(records) == 3 and any(r["gen_length"] % 8 for r in records)   # answers off the grid
+
+
 @pytest.mark.parametrize("args, message", [
     (["--scheduler", "nope"], "unknown scheduler 'nope'"),
     (["--sweep", "tokens_per_step=1,2"], "applies to none of the schedulers"),
