@@ -79,6 +79,7 @@ class D2Cache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # a join makes the next step a full forward for every row
 
     current_k: int = bounded(32, most=65536, scales="work")
     rollout_p: float = 0.1

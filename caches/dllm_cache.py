@@ -5,7 +5,7 @@ cache_hook_LLaDA.py`, `cache_hook_feature`, `refresh_index`; `dllm_cache/cache/C
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -73,6 +73,8 @@ class DLLMCache(Cache):
     breaks ties by `torch.topk`, as the reference. LLaDA layout only (`caches/layerwise.py`);
     other families get a one-line error.
     """
+
+    mid_run_joins: ClassVar[bool] = False  # its refresh intervals count the batch's calls
 
     prompt_every: int = bounded(100, most=MAX_CANVAS, scales="steps")
     gen_every: int = bounded(7, most=MAX_CANVAS, scales="steps")

@@ -149,6 +149,7 @@ class EarlySkipCache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # columns chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # its refresh steps count from the batch's first call
 
     proportions: str = "1@0,0.5@0.125,0.25@0.25"
     alpha: float = 0.5

@@ -78,6 +78,7 @@ class ElasticCache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # a join makes the next step a full forward for every row
 
     gamma: float = 0.9
     track_num: int = bounded(1, most=65536, scales="work")

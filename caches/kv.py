@@ -21,6 +21,7 @@ from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
+from dllm_decode.row_windows import RowWindows
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ class BlockKVCache(Cache):
         return KVCache.for_model(model)
 
     capturable: ClassVar[bool] = True
+    own_windows: ClassVar[bool] = True
+
+    @property
+    def mid_run_joins(self) -> bool:     # type: ignore[override]
+        """A newcomer's first forward refreshes every row, as every block start does here; without
+        `block_refresh` the running rows would not have refreshed alone."""
+        return self.block_refresh
 
     def plan(self, block: tuple[int, int], block_step: int, length: int,
              restart: int | None) -> StepPlan:
@@ -69,11 +77,17 @@ class BlockKVCache(Cache):
         return StepPlan(rows, rebuild=refresh, restart=rows[0])
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
+        """The plan's forward. `rows`: each row's own block; a cached step then leaves every
+        row's K/V outside its own `rows(...)` window as that row's last refresh left them."""
         cached = state is not None and state.filled
         plan = self.plan(block, block_step, canvas.shape[1], 0 if cached else None)
         if plan.rebuild:        # a fresh KVCache (not a cleared one): nothing outside may alias it
             state = self.init_state(model)
+        else:
+            state.keep = None if rows is None else rows.keep(
+                lambda own: self.rows(own, canvas.shape[1]), canvas.shape[1], canvas.device)
         return model(canvas, attention_mask, kv=state, rows=plan.rows), plan.rows[0], state
 
     @abc.abstractmethod

@@ -72,6 +72,7 @@ class SuffixCache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # the kept columns follow the batch's shared block end
 
     mode: str = "window"
     window: int = bounded(96, most=MAX_CANVAS, scales="memory")

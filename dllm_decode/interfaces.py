@@ -329,6 +329,16 @@ class Cache(Checked, abc.ABC):
     rows_apart: ClassVar[bool] = False
     """Each row's logits depend on that row alone and, with no state (None), the cache keeps
     nothing per row: the loop may feed only the rows with work (`canvas.MaskCanvas.logits`)."""
+    own_windows: ClassVar[bool] = False
+    """`logits` takes `rows=`, each row's own block (`dllm_decode.row_windows.RowWindows`), and
+    keeps, for each row, what it keeps for that row alone: the step's shared window (every row's
+    block together) does not change the row's cached state outside its own (a request joining
+    rows that are in a later block leaves their tokens as they are)."""
+    mid_run_joins: ClassVar[bool] = True
+    """A request may join a running batch whose rows are part-way through their decode. False:
+    the cache keeps batch-wide state (refresh counters, a full forward when rows join) that a
+    newcomer would change for the running rows, so `Decoding` admits newcomers only once every
+    row has finished (`Decoding.accepts_joins`), and the engine starts another running batch."""
     """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
     state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
     never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
@@ -364,6 +374,7 @@ class Cache(Checked, abc.ABC):
             attention_mask: (B, L) long.
             block: `(start, end)` canvas columns covering every live row's active block.
             block_step: 0 at the first step of a block (where a refresh is due).
+            rows: only for an `own_windows` cache, each row's own block.
         Returns:
             (B, W, V) logits, the canvas column of window column 0 (<= start), and the new state.
         """

@@ -61,6 +61,9 @@ class CapturedExecutor:
 
     def __init__(self, cache: Cache, model: DiffusionLM, graphs: GraphCache):
         self.cache, self.graphs = cache, graphs
+        # the captured step feeds one window for every row: a cache that keeps per-row windows
+        # (`Cache.own_windows`) takes newcomers only once the running rows are done
+        self.mid_run_joins = cache.mid_run_joins and not cache.own_windows
         self.head = Head.of(model)
         if graphs.mode == "cuda-graphs" and self.head.device.type != "cuda":
             raise ValueError(f"cuda-graphs needs the model on a CUDA device; it is on "
