@@ -63,7 +63,9 @@ class DLLMCache(Cache):
     `prompt_every = gen_every = 1` recomputes every layer every step: the `none` cache.
     The intervals count the batch's steps (as the reference's counters do): a row that waits for
     the others' blocks still counts them, so with an adaptive rule a batch is decoded exactly
-    like each prompt alone only when the response is recomputed every step.
+    like each prompt alone only when the response is recomputed every step. A newcomer would
+    restart the counters of the running rows, so a running batch takes none mid-run
+    (`mid_run_joins`; the engine starts another running batch).
 
     Deviations (fixing the reference's pitfalls): one state per request, no process-wide
     singleton; padding is never attended (the reference passes no mask); row-batched rotary

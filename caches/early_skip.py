@@ -144,6 +144,8 @@ class EarlySkipCache(Cache):
     approximation beyond the paper in the reference: the suffix's K/V stay those of the first
     call); the block length is the first call's window width; Sparse-dLLM (`sparse_kv`) and CFG
     not ported. LLaDA layout only (`caches/layerwise.py`); other families are refused in one line.
+    Its refresh schedule counts from the batch's first call (one state per batch), so a running
+    batch takes no newcomer mid-run (`mid_run_joins`; the engine starts another running batch).
     No skipping (`proportions = "1@0"`) with `suffix = "refresh"` is the `dual` cache; with
     `prompt_every = 1` too, every step is a full forward: `none`.
     """

@@ -63,7 +63,10 @@ class ElasticCache(Cache):
         extra sync per step, the price of skipping work on the host;
       * `suffix_window` (off by default) drops the masks more than that many columns after the
         block from attention (Streaming-dLLM's window; the last canvas column is kept);
-      * after the loop cuts the canvas (end-of-text truncation) the next step is a full forward.
+      * after the loop cuts the canvas (end-of-text truncation) the next step is a full forward;
+      * rows that join a running batch make its next step a full forward for every row, which
+        the running rows would not take alone, so a running batch takes no newcomer mid-run
+        (`mid_run_joins`; the engine starts another running batch).
 
     Attributes:
         gamma: cosine similarity under which a layer counts as drifted (paper: 0.9). > 1 refreshes

@@ -36,7 +36,15 @@ class BlockKVCache(Cache):
             decode (and after the batch changes); later blocks only recompute their rows (plus
             the vicinity), so a decode whose blocks finish in one or two steps stops paying a full
             forward per block. Deviation from Fast-dLLM, more approximate: the blocks before the
-            active one keep the K/V of their last step, computed before its final commits.
+            active one keep the K/V of their last step, computed before its final commits. A
+            newcomer's first forward would refresh the running rows too, so a running batch then
+            takes no newcomer mid-run (`mid_run_joins`).
+
+    In a batch, every row keeps its own window (`own_windows`): the step feeds the rows every
+    row needs, and each row's K/V outside the rows its own block would feed stay as its cache
+    holds them (`KVCache.keep`). So a request that joins rows in a later block, or rows of
+    another block length, does not change their tokens; a row whose block is done waits with
+    nothing rewritten.
     """
 
     refresh_every: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
@@ -87,7 +95,8 @@ class BlockKVCache(Cache):
             state = self.init_state(model)
         else:
             state.keep = None if rows is None else rows.keep(
-                lambda own: self.rows(own, canvas.shape[1]), canvas.shape[1], canvas.device)
+                lambda own: self.rows(own, canvas.shape[1]), canvas.shape[1], canvas.device,
+                lookback=getattr(model, "token_shift", 0))
         return model(canvas, attention_mask, kv=state, rows=plan.rows), plan.rows[0], state
 
     @abc.abstractmethod

@@ -4,10 +4,10 @@ Requests wait in a FIFO queue and are admitted while the engine has free rows (`
 Diffusion requests join a running batch of their cache configuration (`dllm_decode.sampler.Decoding`:
 a request joins between blocks with its own decode record, generator and lengths, and leaves
 when done); under a cache that takes no newcomer mid-run (`Cache.mid_run_joins`) a request that
-arrives while its batch decodes starts another running batch. `step()` advances every running batch by one denoising step and reports per request
-the answer text that became final (for streaming) and, as soon as a request's answer can no
-longer change, its final result: first done, first out (SGLang's `--dllm-fdfo`); its row leaves
-the batch at once.
+arrives while its batch decodes starts another running batch (at most `HELD_BATCHES`).
+`step()` advances every running batch by one denoising step and reports per request the answer
+text that became final (for streaming) and, as soon as a request's answer can no longer change,
+its final result: first done, first out (SGLang's `--dllm-fdfo`); its row leaves the batch at once.
 
 A request's answer is final when its row has no mask left, when an end-of-text token lies in its
 final prefix (everything before the first masked column: no later step can change it), or when
@@ -273,6 +273,13 @@ def check_cache(model: Any, config: Any) -> None:
     config.cache.init_state(model)
 
 
+HELD_BATCHES = 2
+"""Running batches at most per cache configuration whose cache takes no newcomer mid-run
+(`Cache.mid_run_joins`): a request that arrives while as many run waits in the oldest one until
+its rows are done (then joins with the others waiting there), so a round costs at most this
+many forwards per configuration instead of one per arrival."""
+
+
 class DiffusionBackend(Backend):
     """Every running diffusion request: a `Decoding` per cache configuration (a batch shares
     its cache; more than one while a cache's running batch takes no newcomer,
@@ -312,8 +319,10 @@ class DiffusionBackend(Backend):
 
     def add(self, live: Live) -> None:
         config = live.request.config
-        key = next((k for k, d in self.decodings.items() if k[0] == config.cache and d.accepts_joins),
-                   None)
+        mine = [k for k in self.decodings if k[0] == config.cache]       # oldest first
+        key = next((k for k in mine if self.decodings[k].accepts_joins), None)
+        if key is None and len(mine) >= HELD_BATCHES:
+            key = mine[0]                     # it waits there until that batch's rows are done
         if key is None:
             key = (config.cache, next(self.serial))
             self.decodings[key] = self._start(key)

@@ -39,10 +39,11 @@ class RowWindows:
         return cls(tuple(s for s, _ in spans), tuple(e for _, e in spans), tuple(bool(x) for x in b.busy))
 
     def keep(self, own: Callable[[tuple[int, int]], tuple[int, int]], length: int,
-             device: torch.device) -> Tensor | None:
-        """(B, L) bool: the columns outside each row's own window `own((start, end))` (a waiting
-        row: every column), or None when no row has any (the common case: one window for all)."""
-        windows = [own((s, e)) if busy else (length, length)
+             device: torch.device, lookback: int = 0) -> Tensor | None:
+        """(B, L) bool: the columns outside each row's own window `own((start, end))`, widened by
+        the `lookback` columns a token-shifted model also feeds (a waiting row: every column), or
+        None when no row has any (the common case: one window for all)."""
+        windows = [(max(own((s, e))[0] - lookback, 0), own((s, e))[1]) if busy else (length, length)
                    for s, e, busy in zip(self.start, self.end, self.busy)]
         if len(set(windows)) == 1 and all(self.busy):
             return None

@@ -165,16 +165,22 @@ class StaticKVCache:
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device))
 
-    def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor,
+               keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Write one layer's fresh (B, Hkv, W, D) K/V at canvas columns `rows` (W,) and return the
-        layer's whole (B, Hkv, L + 1, D) K/V to attend over."""
+        layer's whole (B, Hkv, L + 1, D) K/V to attend over. `keep` (B, W) bool: the window
+        columns whose stored K/V stay, row by row (as `KVCache.keep`)."""
         keys, values = self.keys[layer], self.values[layer]
-        if is_packed(keys):              # a dtype: fixed when a compiled step is traced
-            keys.index_copy_(2, rows, pack(k, keys.dtype))
-            values.index_copy_(2, rows, pack(v, values.dtype))
-            return unpack(keys, k.dtype), unpack(values, v.dtype)
-        keys.index_copy_(2, rows, k.to(keys.dtype))
-        values.index_copy_(2, rows, v.to(values.dtype))
+        dtype, packed = k.dtype, is_packed(keys)    # a dtype: fixed when a compiled step is traced
+        k, v = (pack(k, keys.dtype), pack(v, values.dtype)) if packed else (k.to(keys.dtype), v.to(values.dtype))
+        if keep is not None:
+            kept = keep[:, None, :, None]
+            k = torch.where(kept, keys.index_select(2, rows), k)
+            v = torch.where(kept, values.index_select(2, rows), v)
+        keys.index_copy_(2, rows, k)
+        values.index_copy_(2, rows, v)
+        if packed:
+            return unpack(keys, dtype), unpack(values, dtype)
         return keys, values
 
 
