@@ -329,6 +329,11 @@ class Cache(Checked, abc.ABC):
     rows_apart: ClassVar[bool] = False
     """Each row's logits depend on that row alone and, with no state (None), the cache keeps
     nothing per row: the loop may feed only the rows with work (`canvas.MaskCanvas.logits`)."""
+    """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
+    state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
+    never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
+    when the engine opts in) or None (never). A cache that sets it implements `resume` and
+    `kv_of`."""
     own_windows: ClassVar[bool] = False
     """`logits` takes `rows=`, each row's own block (`dllm_decode.row_windows.RowWindows`), and
     keeps, for each row, what it keeps for that row alone: the step's shared window (every row's
@@ -339,11 +344,6 @@ class Cache(Checked, abc.ABC):
     the cache keeps batch-wide state (refresh counters, a full forward when rows join) that a
     newcomer would change for the running rows, so `Decoding` admits newcomers only once every
     row has finished (`Decoding.accepts_joins`), and the engine starts another running batch."""
-    """How the cross-request prefix cache (`dllm_decode.prefix_reuse`) may seed a new batch's
-    state with stored K/V of earlier requests' prefixes: "exact" (the K/V of a finished prefix
-    never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
-    when the engine opts in) or None (never). A cache that sets it implements `resume` and
-    `kv_of`."""
 
     def init_state(self, model: DiffusionLM) -> Any:
         return None
