@@ -367,14 +367,14 @@ class Cache(Checked, abc.ABC):
     @abc.abstractmethod
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        """Logits for (at least) the active block.
+        """Logits for (at least) the active block. An `own_windows` cache also takes `rows=`,
+        each row's own block (`dllm_decode.row_windows.RowWindows`).
 
         Args:
             canvas: (B, L) long, the live rows of the whole canvas.
             attention_mask: (B, L) long.
             block: `(start, end)` canvas columns covering every live row's active block.
             block_step: 0 at the first step of a block (where a refresh is due).
-            rows: only for an `own_windows` cache, each row's own block.
         Returns:
             (B, W, V) logits, the canvas column of window column 0 (<= start), and the new state.
         """

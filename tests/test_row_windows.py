@@ -83,3 +83,26 @@ def test_the_engine_starts_another_running_batch_for_a_newcomer_it_cannot_join()
     for key, prompt in (("a", [1, 2, 3]), ("b", [4, 5]), ("c", [6])):
         alone = generate(model, [prompt], config)
         assert list(outputs[key].tokens) == alone.tokens[0, :int(alone.answer_lengths[0])].tolist()
+
+
+def test_rows_that_wait_for_the_others_keep_their_elastic_state(embedded):
+    """Under an adaptive rule a row whose block is done waits for the others' blocks; Elastic-
+    Cache then leaves its state untouched and feeds each row its own range, so 16 task prompts
+    decoded together give each one's tokens alone (with one shared window, one of them moved)."""
+    from dllm_decode.eval.tasks import TASKS
+
+    examples = [e for i, name in enumerate(["sort", "copy", "reverse", "shuffle"])
+                for e in TASKS[name].examples("test", 4, i)]
+    ids = [embedded.tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
+    config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": 0.9}),
+                          cache=component("cache", "elastic"), gen_length=16, block_length=4)
+    decoding = Decoding(embedded, config.cache)
+    keys = [decoding.add([p], config) for p in ids]
+    waited = False
+    with torch.inference_mode():
+        while not decoding.finished:
+            decoding.step()
+            waited = waited or not all(decoding.batch.bounds.busy)
+    assert waited
+    for key, p in zip(keys, ids):
+        assert decoding.result(key).tokens.tolist() == generate(embedded, [p], config).tokens.tolist()

@@ -5,8 +5,9 @@ Arms, alternated round by round:
   * prefix / dual: "shared" = the step's window shared by every row (the old behaviour: own
     windows switched off by making `RowWindows.keep` return None), "own" = each row keeps its
     K/V outside its own window (this branch);
-  * elastic / dllm_cache / es: "join" = newcomers join the running batch mid-run (the old
-    behaviour: `mid_run_joins` patched to True), "held" = they wait for another running batch.
+  * elastic / dllm_cache / es / d2 / suffix: "join" = newcomers join the running batch mid-run
+    (`mid_run_joins` patched to True: the old admission), "held" = they start another running
+    batch (this branch).
 Per arm: wall seconds of the whole engine run, engine rounds, model forwards, fed rows x columns, most running batches at once, answers that differ from `generate` alone.
 
     OMP_NUM_THREADS=1 nice -n 10 python measurements/cpu_2026-11-29_joininvar/run.py --rounds 3
@@ -104,7 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--caches", default="prefix,dual,elastic,dllm_cache,es")
+    parser.add_argument("--caches", default="prefix,dual,elastic,dllm_cache,es,d2,suffix")
     parser.add_argument("--scheduler", default="threshold:threshold=0.9")
     parser.add_argument("--gen-length", type=int, default=32)
     parser.add_argument("--block-length", type=int, default=8)
@@ -122,7 +123,7 @@ def main() -> None:
         for p in ids:
             r = generate(model, [p], config)
             alone.append(r.tokens[0, :int(r.answer_lengths[0])].tolist())
-        arms = ("shared", "own") if cache.own_windows else ("join", "held")
+        arms = ("shared", "own") if cache.mid_run_joins else ("join", "held")
         rows = {a: [] for a in arms}
         for k in range(args.rounds):
             for a in (arms if k % 2 == 0 else arms[::-1]):
