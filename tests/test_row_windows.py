@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from dllm_decode.config import DecodeConfig
@@ -85,17 +86,19 @@ def test_the_engine_starts_another_running_batch_for_a_newcomer_it_cannot_join()
         assert list(outputs[key].tokens) == alone.tokens[0, :int(alone.answer_lengths[0])].tolist()
 
 
-def test_rows_that_wait_for_the_others_keep_their_elastic_state(embedded):
-    """Under an adaptive rule a row whose block is done waits for the others' blocks; Elastic-
-    Cache then leaves its state untouched and feeds each row its own range, so 16 task prompts
-    decoded together give each one's tokens alone (with one shared window, one of them moved)."""
+@pytest.mark.parametrize("cache, gen_length", [("elastic", 16), ("dllm_cache", 32)])
+def test_rows_that_wait_for_the_others_keep_their_state(embedded, cache, gen_length):
+    """Under an adaptive rule a row whose block is done waits for the others' blocks. Elastic-
+    Cache leaves its state untouched and feeds each row its own range; dLLM-Cache stops its
+    counter and steps rows whose counters differ apart. So 16 task prompts decoded together give
+    each one's tokens alone (with the batch-wide window and counters, 1 and 8 of them moved)."""
     from dllm_decode.eval.tasks import TASKS
 
     examples = [e for i, name in enumerate(["sort", "copy", "reverse", "shuffle"])
                 for e in TASKS[name].examples("test", 4, i)]
     ids = [embedded.tokenizer(e.prompt, add_special_tokens=False)["input_ids"] for e in examples]
     config = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": 0.9}),
-                          cache=component("cache", "elastic"), gen_length=16, block_length=4)
+                          cache=component("cache", cache), gen_length=gen_length, block_length=4)
     decoding = Decoding(embedded, config.cache)
     keys = [decoding.add([p], config) for p in ids]
     waited = False
