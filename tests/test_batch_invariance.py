@@ -12,8 +12,8 @@ approximate K/V caches keep each row's own window inside it (`Cache.own_windows`
 eager and captured; caches with batch-wide state (`Cache.mid_run_joins` False: elastic,
 dllm_cache, es, d2, suffix) hold the newcomer until the running rows are done, and the test
 checks which of the two happened. The rule here takes a fixed number of steps per block, so no
-row waits for another's block: under an adaptive rule the batch-wide counters of the held caches
-still see waiting rows (documented in docs/guides/serve.md).
+row waits for another's block; rows that wait under an adaptive rule are tested in
+tests/test_row_windows.py.
 """
 
 from __future__ import annotations
