@@ -35,10 +35,12 @@ class FeatureState:
                             [f(t, 1) for t in self.attn], [f(t, 1) for t in self.ffn],
                             self.gen_start, self.step, self.refreshed, self.recomputed)
 
-    def select_rows(self, rows: Tensor) -> FeatureState:
+    def select_rows(self, rows: Tensor, host: list[int] | None = None) -> FeatureState:
+        """Batch `rows` of the state (`host`: the same rows as host ints, when the caller has
+        them; otherwise they are read from `rows`, one host sync, as rows leave)."""
         out = self._map(lambda t, _: t.index_select(0, rows))
         out.refreshed, out.recomputed = self.refreshed.index_select(0, rows), self.recomputed.index_select(0, rows)
-        out.step = tuple(self.step[i] for i in rows.tolist())
+        out.step = tuple(self.step[i] for i in (rows.tolist() if host is None else host))
         return out
 
     def place(self, rows: list[int], part: FeatureState) -> None:
@@ -128,7 +130,8 @@ class DLLMCache(Cache):
         for members in groups.values():
             index = torch.tensor(members, device=canvas.device)
             part, offset, after = self._step(model, canvas[index], None if attention_mask is None else
-                                             attention_mask[index], block, block_step, state.select_rows(index))
+                                             attention_mask[index], block, block_step,
+                                             state.select_rows(index, members))
             state.place(members, after)
             logits = part.new_zeros(canvas.shape[0], *part.shape[1:]) if logits is None else logits
             logits[index] = part

@@ -19,21 +19,22 @@ from dllm_decode.row_windows import RowWindows
 @dataclass
 class ElasticState:
     """The layer caches, per layer the tracked columns (B, T) and their attention rows when they
-    were chosen (B, H, T, L), per row the block start of its last working step (host ints), and
-    the step's counts."""
+    were chosen (B, H, T, L), the earliest column the last step fed, (B,) the block start of
+    each row's last working step, and the step's counts."""
 
     layers: LayerState
     tracked: list[Tensor]
     reference: list[Tensor]
-    fed_from: tuple[int, ...]
+    fed_from: int
+    row_from: Tensor
     refreshed: Tensor
     recomputed: Tensor
 
     def select_rows(self, rows: Tensor) -> ElasticState:
-        fed_from = tuple(self.fed_from[i] for i in rows.tolist())
         return ElasticState(self.layers.select_rows(rows), [t.index_select(0, rows) for t in self.tracked],
-                            [t.index_select(0, rows) for t in self.reference], fed_from,
-                            self.refreshed.index_select(0, rows), self.recomputed.index_select(0, rows))
+                            [t.index_select(0, rows) for t in self.reference], self.fed_from,
+                            self.row_from.index_select(0, rows), self.refreshed.index_select(0, rows),
+                            self.recomputed.index_select(0, rows))
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,12 @@ class ElasticCache(Cache):
 
             h, layers = stack.full(canvas, positions, mask, on_layer)
             full = torch.full((batch,), stack.depth, dtype=torch.long, device=canvas.device)
-            state = ElasticState(layers, tracked, reference, rows.start, full, torch.full_like(full, length))
+            state = ElasticState(layers, tracked, reference, s, bounds[0], full, torch.full_like(full, length))
             return stack.head(h[:, s:]), s, state
-        froms = [min(f, r) if busy else length for f, r, busy in zip(state.fed_from, rows.start, rows.busy)]
-        a = min(*froms, s)
-        mine = torch.tensor([[f, r if busy else f] for f, r, busy in zip(froms, rows.end, rows.busy)],
-                            device=canvas.device)
-        keep = (columns < mine[:, :1]) | (columns >= mine[:, 1:])     # outside a row's own fed range
+        a = min(state.fed_from, s)                       # covers every row's own range below
         busy = torch.tensor(rows.busy, device=canvas.device)
+        mine = torch.stack([torch.minimum(state.row_from, bounds[0]), bounds[1]], 1)   # (B, 2)
+        keep = (columns < mine[:, :1]) | (columns >= mine[:, 1:]) | ~busy[:, None]     # outside own
         h, start = self._fed_rows(stack, state, canvas, positions, mask, (a, e), chosen, keep, busy)
         if not self.depth_aware:                         # any drift: every layer, from the inputs
             start = torch.where(start < stack.depth, 0, start)
@@ -147,9 +146,9 @@ class ElasticCache(Cache):
         if first < stack.depth:
             h = torch.where((start < stack.depth)[:, None, None],
                             self._refresh(stack, state, positions, mask, start, first, chosen)[:, a:e], h)
-        state.fed_from = tuple(r if b else f for f, r, b in zip(state.fed_from, rows.start, rows.busy))
+        state.fed_from, state.row_from = s, torch.where(busy, bounds[0], state.row_from)
         state.refreshed = stack.depth - start
-        state.recomputed = torch.where(start < stack.depth, length, (mine[:, 1] - mine[:, 0]).clamp_min(0))
+        state.recomputed = torch.where(start < stack.depth, length, torch.where(busy, mine[:, 1] - mine[:, 0], 0))
         return stack.head(h[:, s - a:]), s, state
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
