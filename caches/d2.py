@@ -65,7 +65,9 @@ class D2Cache(Cache):
       * the confidences are stored per column as they are computed (the reference's `conf_cache`
         write goes to a temporary and keeps the first step's values, a pitfall of §2.2);
       * `suffix_window` also drops the masks more than that many columns after the block from
-        attention (Streaming-dLLM's window; the last canvas column is kept), off by default.
+        attention (Streaming-dLLM's window; the last canvas column is kept), off by default;
+      * rows that join a running batch make its next step a full forward for every row, so a
+        running batch takes no newcomer mid-run (`mid_run_joins`).
 
     Attributes:
         current_k: mask slots per step, the block's masks included (paper: 32).
@@ -79,6 +81,7 @@ class D2Cache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # a join makes the next step a full forward for every row
 
     current_k: int = bounded(32, most=65536, scales="work")
     rollout_p: float = 0.1

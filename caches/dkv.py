@@ -77,6 +77,12 @@ class DKVCache(Cache):
         if self.delay < 0:
             raise ValueError(f"delay must be >= 0 (0: cache a column as soon as it is decoded), got {self.delay}")
 
+    @property
+    def mid_run_joins(self) -> bool:     # type: ignore[override]
+        """A newcomer's first forward is a full one for every row, as block steps 0 and 1 are
+        here; without `block_refresh` the running rows would not have refreshed alone."""
+        return self.block_refresh
+
     def init_state(self, model: DiffusionLM) -> None:
         check_model(model, "dkv")
         return None

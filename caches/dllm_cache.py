@@ -5,7 +5,7 @@ cache_hook_LLaDA.py`, `cache_hook_feature`, `refresh_index`; `dllm_cache/cache/C
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -13,19 +13,20 @@ from torch import Tensor
 from dllm_decode.caches.layerwise import Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
 from dllm_decode.fields import MAX_CANVAS, bounded
+from dllm_decode.row_windows import RowWindows
 
 
 @dataclass
 class FeatureState:
     """Per layer: rotated keys and values (B, Hkv, L, D), attention and FFN outputs (B, L, d);
-    the first response column; the call counter; the step's counts."""
+    the first response column; each row's call counter (host ints); the step's counts."""
 
     keys: list[Tensor]
     values: list[Tensor]
     attn: list[Tensor]
     ffn: list[Tensor]
     gen_start: int
-    step: int
+    step: tuple[int, ...]
     refreshed: Tensor
     recomputed: Tensor
 
@@ -34,10 +35,22 @@ class FeatureState:
                             [f(t, 1) for t in self.attn], [f(t, 1) for t in self.ffn],
                             self.gen_start, self.step, self.refreshed, self.recomputed)
 
-    def select_rows(self, rows: Tensor) -> FeatureState:
+    def select_rows(self, rows: Tensor, host: list[int] | None = None) -> FeatureState:
+        """Batch `rows` of the state (`host`: the same rows as host ints, when the caller has
+        them; otherwise they are read from `rows`, one host sync, as rows leave)."""
         out = self._map(lambda t, _: t.index_select(0, rows))
         out.refreshed, out.recomputed = self.refreshed.index_select(0, rows), self.recomputed.index_select(0, rows)
+        out.step = tuple(self.step[i] for i in (rows.tolist() if host is None else host))
         return out
+
+    def place(self, rows: list[int], part: FeatureState) -> None:
+        """Write `part`, the state of batch `rows` after a step of theirs alone, into these rows."""
+        index = torch.tensor(rows, device=self.refreshed.device)
+        for mine, theirs in ((self.keys, part.keys), (self.values, part.values), (self.attn, part.attn),
+                             (self.ffn, part.ffn), ([self.refreshed, self.recomputed], [part.refreshed, part.recomputed])):
+            for t, new in zip(mine, theirs):
+                t.index_copy_(0, index, new)
+        self.step = tuple(part.step[rows.index(r)] if r in rows else n for r, n in enumerate(self.step))
 
     def trim(self, width: int) -> FeatureState:
         return self._map(lambda t, dim: t.narrow(dim, 0, width))
@@ -61,9 +74,12 @@ class DLLMCache(Cache):
 
     Defaults: the README demo (LLaDA): `prompt_every = 100`, `gen_every = 7`, `ratio = 0.25`.
     `prompt_every = gen_every = 1` recomputes every layer every step: the `none` cache.
-    The intervals count the batch's steps (as the reference's counters do): a row that waits for
-    the others' blocks still counts them, so with an adaptive rule a batch is decoded exactly
-    like each prompt alone only when the response is recomputed every step.
+    The intervals count each row's own steps (the reference counts the batch's): a row that
+    waits for the others' blocks keeps its counter and its state, and rows whose next steps
+    refresh different parts run apart (one forward per group, at most four, only after a wait),
+    so a batch decodes each prompt as alone. A newcomer would restart the counters of the running
+    rows (its state starts with a full forward of the batch), so a running batch takes none
+    mid-run (`mid_run_joins`; the engine starts another running batch).
 
     Deviations (fixing the reference's pitfalls): one state per request, no process-wide
     singleton; padding is never attended (the reference passes no mask); row-batched rotary
@@ -73,6 +89,9 @@ class DLLMCache(Cache):
     breaks ties by `torch.topk`, as the reference. LLaDA layout only (`caches/layerwise.py`);
     other families get a one-line error.
     """
+
+    own_windows: ClassVar[bool] = True     # rows that wait keep their counters
+    mid_run_joins: ClassVar[bool] = False  # a newcomer would restart the running rows' counters
 
     prompt_every: int = bounded(100, most=MAX_CANVAS, scales="steps")
     gen_every: int = bounded(7, most=MAX_CANVAS, scales="steps")
@@ -92,16 +111,45 @@ class DLLMCache(Cache):
         return None
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
+        """`rows`: a row whose block is done waits (its counter and state untouched, its logits
+        zero: it has nothing to commit); rows whose next steps refresh different parts step
+        apart (at most four groups), so every row refreshes on its own schedule."""
+        if state is None or (self.refresh_at_block and block_step == 0):
+            return self._step(model, canvas, attention_mask, block, block_step, state)
+        busy = (True,) * canvas.shape[0] if rows is None else rows.busy
+        groups: dict[tuple[bool, bool], list[int]] = {}     # what the rows' next steps recompute
+        for r, (working, n) in enumerate(zip(busy, state.step)):
+            if working:
+                groups.setdefault(((n + 1) % self.prompt_every == 0, (n + 1) % self.gen_every == 0), []).append(r)
+        if len(groups) <= 1 and all(busy) or not groups:
+            return self._step(model, canvas, attention_mask, block, block_step, state)
+        logits = None
+        state.refreshed, state.recomputed = torch.zeros_like(state.refreshed), torch.zeros_like(state.recomputed)
+        for members in groups.values():
+            index = torch.tensor(members, device=canvas.device)
+            part, offset, after = self._step(model, canvas[index], None if attention_mask is None else
+                                             attention_mask[index], block, block_step,
+                                             state.select_rows(index, members))
+            state.place(members, after)
+            logits = part.new_zeros(canvas.shape[0], *part.shape[1:]) if logits is None else logits
+            logits[index] = part
+        return logits, block[0], state
+
+    def _step(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
+              block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+        """One step of rows whose next steps refresh the same parts (the reference's step)."""
         stack, s = Stack(model), block[0]
         batch, length = canvas.shape
         positions, mask, _ = stack.inputs(canvas, attention_mask, length, None)
         fresh = state is None or (self.refresh_at_block and block_step == 0)
-        step = 0 if fresh else state.step + 1
+        steps = (0,) * batch if fresh else tuple(n + 1 for n in state.step)
+        step = steps[0]                  # the rows of one call are due alike
         p = s if state is None else state.gen_start
         if fresh:
-            state = FeatureState([], [], [], [], p, 0, *(torch.zeros(batch, dtype=torch.long,
-                                                                     device=canvas.device),) * 2)
+            state = FeatureState([], [], [], [], p, (0,) * batch, *(torch.zeros(batch, dtype=torch.long,
+                                                                                device=canvas.device),) * 2)
         prompt_due, gen_due = fresh or step % self.prompt_every == 0, fresh or step % self.gen_every == 0
         rope = stack.rope(positions)
         h = stack.embed(canvas)
@@ -131,7 +179,7 @@ class DLLMCache(Cache):
         gen = max(length - p, 0)
         partial = int(gen * self.ratio) if self.ratio > 0 else 0
         recomputed += (p if prompt_due else 0) + (gen if gen_due else partial)
-        state.step, state.refreshed, state.recomputed = step, refreshed, recomputed
+        state.step, state.refreshed, state.recomputed = steps, refreshed, recomputed
         return stack.head(h[:, s:]), s, state
 
     def _full(self, stack: Stack, layer: int, h: Tensor, rope, mask: Tensor, state: FeatureState,

@@ -144,11 +144,14 @@ class EarlySkipCache(Cache):
     approximation beyond the paper in the reference: the suffix's K/V stay those of the first
     call); the block length is the first call's window width; Sparse-dLLM (`sparse_kv`) and CFG
     not ported. LLaDA layout only (`caches/layerwise.py`); other families are refused in one line.
+    Its refresh schedule counts from the batch's first call (one state per batch), so a running
+    batch takes no newcomer mid-run (`mid_run_joins`; the engine starts another running batch).
     No skipping (`proportions = "1@0"`) with `suffix = "refresh"` is the `dual` cache; with
     `prompt_every = 1` too, every step is a full forward: `none`.
     """
 
     capturable: ClassVar[bool] = False    # columns chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # its refresh steps count from the batch's first call
 
     proportions: str = "1@0,0.5@0.125,0.25@0.25"
     alpha: float = 0.5

@@ -13,24 +13,28 @@ from torch import Tensor
 from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.caches.layerwise import LayerState, Stack, check_model
 from dllm_decode.interfaces import Cache, DiffusionLM
+from dllm_decode.row_windows import RowWindows
 
 
 @dataclass
 class ElasticState:
     """The layer caches, per layer the tracked columns (B, T) and their attention rows when they
-    were chosen (B, H, T, L), the earliest column the last step fed, and the step's counts."""
+    were chosen (B, H, T, L), the earliest column the last step fed, (B,) the block start of
+    each row's last working step, and the step's counts."""
 
     layers: LayerState
     tracked: list[Tensor]
     reference: list[Tensor]
     fed_from: int
+    row_from: Tensor
     refreshed: Tensor
     recomputed: Tensor
 
     def select_rows(self, rows: Tensor) -> ElasticState:
         return ElasticState(self.layers.select_rows(rows), [t.index_select(0, rows) for t in self.tracked],
                             [t.index_select(0, rows) for t in self.reference], self.fed_from,
-                            self.refreshed.index_select(0, rows), self.recomputed.index_select(0, rows))
+                            self.row_from.index_select(0, rows), self.refreshed.index_select(0, rows),
+                            self.recomputed.index_select(0, rows))
 
 
 @dataclass(frozen=True)
@@ -58,12 +62,16 @@ class ElasticCache(Cache):
         and tracked tokens (`drift="keys"`, the default); `drift="heads"` is the reference's form,
         over the head axis per key, averaged over the attended keys (a pitfall: it is far more
         sensitive, so it refreshes more);
-      * per batch row: each row refreshes from its own first drifted layer (batched == one by
-        one); the deciding host sync (is there a drift at all, and from which layer) is one
+      * per batch row: each row refreshes from its own first drifted layer, feeds from its own
+        last block start to its own block end and tracks the tokens its own block attends; a
+        row whose block is done waits untouched (batched == one by one); the deciding host sync (is there a drift at all, and from which layer) is one
         extra sync per step, the price of skipping work on the host;
       * `suffix_window` (off by default) drops the masks more than that many columns after the
         block from attention (Streaming-dLLM's window; the last canvas column is kept);
-      * after the loop cuts the canvas (end-of-text truncation) the next step is a full forward.
+      * after the loop cuts the canvas (end-of-text truncation) the next step is a full forward;
+      * rows that join a running batch make its next step a full forward for every row, which
+        the running rows would not take alone, so a running batch takes no newcomer mid-run
+        (`mid_run_joins`; the engine starts another running batch).
 
     Attributes:
         gamma: cosine similarity under which a layer counts as drifted (paper: 0.9). > 1 refreshes
@@ -78,6 +86,8 @@ class ElasticCache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    own_windows: ClassVar[bool] = True     # each row's block, fed range and tracked tokens its own
+    mid_run_joins: ClassVar[bool] = False  # a join makes the next step a full forward for every row
 
     gamma: float = 0.9
     track_num: int = bounded(1, most=65536, scales="work")
@@ -100,11 +110,19 @@ class ElasticCache(Cache):
         return None
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
+        """`rows`: each row's own block. A row feeds, tracks and refreshes as it would alone (from
+        the block start of its own last working step to its own block end); a row whose block
+        is done waits with its state untouched."""
         stack, (s, e) = Stack(model), block
         batch, length = canvas.shape
+        rows = rows or RowWindows((s,) * batch, (e,) * batch, (True,) * batch)
         positions, mask, masked = stack.inputs(canvas, attention_mask, e, self.suffix_window)
-        chosen = lambda p, rows: self._track(stack, p, rows, s, e, masked, mask)   # noqa: E731
+        columns = torch.arange(length, device=canvas.device)
+        bounds = torch.tensor([rows.start, rows.end], device=canvas.device)
+        own = masked & (columns >= bounds[0, :, None]) & (columns < bounds[1, :, None])
+        chosen = lambda p, fed: self._track(stack, p, fed, s, e, own, masked, mask)   # noqa: E731
         if state is None:
             tracked, reference = [], []
 
@@ -115,19 +133,22 @@ class ElasticCache(Cache):
 
             h, layers = stack.full(canvas, positions, mask, on_layer)
             full = torch.full((batch,), stack.depth, dtype=torch.long, device=canvas.device)
-            state = ElasticState(layers, tracked, reference, s, full, torch.full_like(full, length))
+            state = ElasticState(layers, tracked, reference, s, bounds[0], full, torch.full_like(full, length))
             return stack.head(h[:, s:]), s, state
-        a = min(state.fed_from, s)
-        h, start = self._fed_rows(stack, state, canvas, positions, mask, (a, e), chosen)
+        a = min(state.fed_from, s)                       # covers every row's own range below
+        busy = torch.tensor(rows.busy, device=canvas.device)
+        mine = torch.stack([torch.minimum(state.row_from, bounds[0]), bounds[1]], 1)   # (B, 2)
+        keep = (columns < mine[:, :1]) | (columns >= mine[:, 1:]) | ~busy[:, None]     # outside own
+        h, start = self._fed_rows(stack, state, canvas, positions, mask, (a, e), chosen, keep, busy)
         if not self.depth_aware:                         # any drift: every layer, from the inputs
             start = torch.where(start < stack.depth, 0, start)
         first = int(start.min())                         # the extra host sync: any refresh, from where
         if first < stack.depth:
             h = torch.where((start < stack.depth)[:, None, None],
                             self._refresh(stack, state, positions, mask, start, first, chosen)[:, a:e], h)
-        state.fed_from = s
+        state.fed_from, state.row_from = s, torch.where(busy, bounds[0], state.row_from)
         state.refreshed = stack.depth - start
-        state.recomputed = torch.where(start < stack.depth, length, e - a)
+        state.recomputed = torch.where(start < stack.depth, length, torch.where(busy, mine[:, 1] - mine[:, 0], 0))
         return stack.head(h[:, s - a:]), s, state
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
@@ -141,12 +162,13 @@ class ElasticCache(Cache):
     def trim(self, state: Any, width: int) -> Any:
         return None                                      # the next step is a full forward
 
-    def _track(self, stack: Stack, p: Tensor, rows_from: int, s: int, e: int, masked: Tensor,
-               mask: Tensor) -> Tensor:
-        """(B, T) committed columns most attended by the block's masked rows, given those rows'
-        (B, H, n, L) probabilities starting at canvas column `rows_from`."""
+    def _track(self, stack: Stack, p: Tensor, rows_from: int, s: int, e: int, own: Tensor,
+               masked: Tensor, mask: Tensor) -> Tensor:
+        """(B, T) committed columns most attended by the masked rows of each row's own block
+        (`own`, (B, L)), given the (B, H, n, L) probabilities of the rows from canvas column
+        `rows_from`; `[s, e)` covers every row's block."""
         rows = stack.head_mean(p[:, :, s - rows_from:e - rows_from])     # (B, e - s, L)
-        weight = masked[:, s:e].float()
+        weight = own[:, s:e].float()
         received = (rows * weight[..., None]).sum(1)                      # (B, L)
         received = received.masked_fill(masked | ~mask[:, 0, 0], -1.0)
         top = received.topk(min(self.track_num, received.shape[1]), dim=-1)
@@ -155,26 +177,31 @@ class ElasticCache(Cache):
         return torch.where(top.values >= 0, top.indices, top.indices[:, :1])
 
     def _fed_rows(self, stack: Stack, state: ElasticState, canvas: Tensor, positions: Tensor,
-                  mask: Tensor, fed: tuple[int, int], chosen) -> tuple[Tensor, Tensor]:
-        """The cheap pass: columns `fed` through every layer, the drift test per layer, new
-        tracked tokens. Returns their last hidden states and (B,) the first layer to refresh."""
+                  mask: Tensor, fed: tuple[int, int], chosen, keep: Tensor,
+                  busy: Tensor) -> tuple[Tensor, Tensor]:
+        """The cheap pass: columns `fed` through every layer (each row's columns `keep` (B, L)
+        keep their cached inputs and K/V), the drift test per layer, new tracked tokens (rows
+        not `busy` keep theirs and never refresh). Returns the last hidden states of the fed
+        columns and (B,) the first layer to refresh."""
         a, e = fed
         layers, depth = state.layers, stack.depth
         rope = stack.rope(positions[:, a:e])
         h = stack.embed(canvas[:, a:e])
         start = torch.full((canvas.shape[0],), depth, dtype=torch.long, device=canvas.device)
+        kept = keep[:, a:e]
         for layer in range(depth):
-            layers.inputs[layer][:, a:e] = h
+            layers.inputs[layer][:, a:e] = torch.where(kept[..., None], layers.inputs[layer][:, a:e], h)
             q, k, v = stack.project(layer, h, rope)
-            layers.keys[layer][:, :, a:e] = k
-            layers.values[layer][:, :, a:e] = v
+            layers.keys[layer][:, :, a:e] = torch.where(kept[:, None, :, None], layers.keys[layer][:, :, a:e], k)
+            layers.values[layer][:, :, a:e] = torch.where(kept[:, None, :, None], layers.values[layer][:, :, a:e], v)
             p = stack.probs(layer, q, layers.keys[layer], mask)
             old, new = state.tracked[layer], chosen(p, a)
             both = self._attention(stack, layers, positions, mask, layer, torch.cat([old, new], 1))
             now, reference = both.split(old.shape[1], dim=2)      # one attention for both sets
             similarity = self._similarity(stack, now, state.reference[layer], mask)
-            start = torch.where((similarity < self.gamma) & (start == depth), layer, start)
-            state.tracked[layer], state.reference[layer] = new, reference
+            start = torch.where(busy & (similarity < self.gamma) & (start == depth), layer, start)
+            state.tracked[layer] = torch.where(busy[:, None], new, old)
+            state.reference[layer] = torch.where(busy[:, None, None, None], reference, state.reference[layer])
             h = stack.finish(layer, h, p, layers.values[layer])
         return h, start
 

@@ -21,6 +21,7 @@ from dllm_decode.fields import MAX_CANVAS, bounded
 from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
+from dllm_decode.row_windows import RowWindows
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,15 @@ class BlockKVCache(Cache):
             decode (and after the batch changes); later blocks only recompute their rows (plus
             the vicinity), so a decode whose blocks finish in one or two steps stops paying a full
             forward per block. Deviation from Fast-dLLM, more approximate: the blocks before the
-            active one keep the K/V of their last step, computed before its final commits.
+            active one keep the K/V of their last step, computed before its final commits. A
+            newcomer's first forward would refresh the running rows too, so a running batch then
+            takes no newcomer mid-run (`mid_run_joins`).
+
+    In a batch, every row keeps its own window (`own_windows`): the step feeds the rows every
+    row needs, and each row's K/V outside the rows its own block would feed stay as its cache
+    holds them (`KVCache.keep`). So a request that joins rows in a later block, or rows of
+    another block length, does not change their tokens; a row whose block is done waits with
+    nothing rewritten.
     """
 
     refresh_every: int | None = bounded(None, most=MAX_CANVAS, scales="memory")
@@ -58,6 +67,13 @@ class BlockKVCache(Cache):
         return KVCache.for_model(model)
 
     capturable: ClassVar[bool] = True
+    own_windows: ClassVar[bool] = True
+
+    @property
+    def mid_run_joins(self) -> bool:     # type: ignore[override]
+        """A newcomer's first forward refreshes every row, as every block start does here; without
+        `block_refresh` the running rows would not have refreshed alone."""
+        return self.block_refresh
 
     def plan(self, block: tuple[int, int], block_step: int, length: int,
              restart: int | None) -> StepPlan:
@@ -69,11 +85,18 @@ class BlockKVCache(Cache):
         return StepPlan(rows, rebuild=refresh, restart=rows[0])
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
+        """The plan's forward. `rows`: each row's own block; a cached step then leaves every
+        row's K/V outside its own `rows(...)` window as that row's last refresh left them."""
         cached = state is not None and state.filled
         plan = self.plan(block, block_step, canvas.shape[1], 0 if cached else None)
         if plan.rebuild:        # a fresh KVCache (not a cleared one): nothing outside may alias it
             state = self.init_state(model)
+        else:
+            state.keep = None if rows is None else rows.keep(
+                lambda own: self.rows(own, canvas.shape[1]), canvas.shape[1], canvas.device,
+                lookback=getattr(model, "token_shift", 0))
         return model(canvas, attention_mask, kv=state, rows=plan.rows), plan.rows[0], state
 
     @abc.abstractmethod

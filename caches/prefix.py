@@ -10,6 +10,7 @@ from torch import Tensor
 from dllm_decode.caches.kv import BlockKVCache
 from dllm_decode.interfaces import DiffusionLM
 from dllm_decode.models.layers import KVCache
+from dllm_decode.row_windows import RowWindows
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,12 @@ class PrefixCache(BlockKVCache):
         return state if isinstance(state, KVCache) and state.filled else None
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
         if isinstance(state, Resumed):          # the rows after the stored prompt columns
-            rows = (min(state.restart, block[0]), canvas.shape[1])
-            return model(canvas, attention_mask, kv=state.kv, rows=rows), rows[0], state.kv
-        return super().logits(model, canvas, attention_mask, block, block_step, state)
+            fed = (min(state.restart, block[0]), canvas.shape[1])
+            return model(canvas, attention_mask, kv=state.kv, rows=fed), fed[0], state.kv
+        return super().logits(model, canvas, attention_mask, block, block_step, state, rows)
 
     def select_rows(self, state: Any, rows: Tensor) -> Any:
         if isinstance(state, Resumed):

@@ -60,7 +60,9 @@ class SuffixCache(Cache):
     every row (as the reference's one draw per block), so a batch decodes like each prompt alone
     and runs repeat; early termination at EOS is the loop's `stop_at_eos`. Changes the input
     (the pruned canvas is a shorter input, not an approximation of the full forward), so not
-    exact; with a window covering the canvas and `kv=none` it equals `none`.
+    exact; with a window covering the canvas and `kv=none` it equals `none`. The kept columns
+    follow the batch's shared block end, which a newcomer in an earlier block would move for
+    itself, so a running batch takes no newcomer mid-run (`mid_run_joins`).
 
     Attributes:
         mode: "window" or "dpad".
@@ -72,6 +74,7 @@ class SuffixCache(Cache):
     """
 
     capturable: ClassVar[bool] = False    # rows chosen from the data each step: always eager
+    mid_run_joins: ClassVar[bool] = False  # the kept columns follow the batch's shared block end
 
     mode: str = "window"
     window: int = bounded(96, most=MAX_CANVAS, scales="memory")

@@ -23,6 +23,7 @@ from torch import Tensor
 from dllm_decode import noise_turn, turns
 from dllm_decode.capture.dispatch import denoise_for
 from dllm_decode.noise import canvas_kind
+from dllm_decode.row_windows import RowWindows
 
 NOISE_OPEN = -1
 """The noise canvas's open marker in the loop's canvas: never a token, never fed to the model."""
@@ -46,8 +47,13 @@ class MaskCanvas:
         A cache whose rows are computed apart and keep no state (`Cache.rows_apart`, the `none`
         cache with dense attention) feeds only the rows with work: a row whose block is done
         waits for its phase without a forward row (its logits are zeros; it has no open column
-        to commit). Unmerged LoRA rows keep the whole batch (their adapter ids are per row)."""
+        to commit). Unmerged LoRA rows keep the whole batch (their adapter ids are per row). A
+        cache that keeps per-row state inside the shared window (`Cache.own_windows`) gets each
+        row's own block (`row_windows.RowWindows`)."""
         x, mask, busy = batch.rows.x, batch.rows.attention_mask, batch.bounds.busy
+        if getattr(runner, "own_windows", False):
+            rows = RowWindows.of(batch, getattr(model, "block_size", None))
+            return runner.logits(model, x, mask, span, block_step, state, rows=rows)
         if (all(busy) or not any(busy) or state is not None or not getattr(runner, "rows_apart", False)
                 or any(member.adapter >= 0 for member in batch.members)):
             return runner.logits(model, x, mask, span, block_step, state)

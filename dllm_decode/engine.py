@@ -1,12 +1,13 @@
 """`Engine`: many requests served by the one loop, one denoising step at a time.
 
 Requests wait in a FIFO queue and are admitted while the engine has free rows (`max_batch_size`).
-Diffusion requests join one running batch per cache configuration (`dllm_decode.sampler.Decoding`:
+Diffusion requests join a running batch of their cache configuration (`dllm_decode.sampler.Decoding`:
 a request joins between blocks with its own decode record, generator and lengths, and leaves
-when done). `step()` advances every running batch by one denoising step and reports per request
-the answer text that became final (for streaming) and, as soon as a request's answer can no
-longer change, its final result: first done, first out (SGLang's `--dllm-fdfo`); its row leaves
-the batch at once.
+when done); under a cache that takes no newcomer mid-run (`Cache.mid_run_joins`) a request that
+arrives while its batch decodes starts another running batch (at most `HELD_BATCHES`).
+`step()` advances every running batch by one denoising step and reports per request the answer
+text that became final (for streaming) and, as soon as a request's answer can no longer change,
+its final result: first done, first out (SGLang's `--dllm-fdfo`); its row leaves the batch at once.
 
 A request's answer is final when its row has no mask left, when an end-of-text token lies in its
 final prefix (everything before the first masked column: no later step can change it), or when
@@ -23,6 +24,7 @@ reads no engine state and may be called from anywhere. What decodes is a
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -271,9 +273,18 @@ def check_cache(model: Any, config: Any) -> None:
     config.cache.init_state(model)
 
 
+HELD_BATCHES = 2
+"""Running batches at most per cache configuration whose cache takes no newcomer mid-run
+(`Cache.mid_run_joins`): a request that arrives while as many run waits in the oldest one until
+its rows are done (then joins with the others waiting there), so a round costs at most this
+many forwards per configuration instead of one per arrival."""
+
+
 class DiffusionBackend(Backend):
-    """Every running diffusion request: one `Decoding` per cache configuration (a batch shares
-    its cache), each request a member with its own record and generator (`config.seed`).
+    """Every running diffusion request: a `Decoding` per cache configuration (a batch shares
+    its cache; more than one while a cache's running batch takes no newcomer,
+    `Decoding.accepts_joins`), each request a member with its own record and generator
+    (`config.seed`).
     `graphs` (None: eager) is the first `GraphCache` of the pool the running batches draw
     from, one each, and give back when they finish."""
 
@@ -284,12 +295,13 @@ class DiffusionBackend(Backend):
         self.model, self.tokenizer, self.prefix = model, tokenizer, prefix
         self.mode = None if graphs is None else graphs.mode
         self.idle: list[GraphCache] = [] if graphs is None else [graphs]
-        self.held: dict[Any, GraphCache] = {}        # a running batch's cache -> its graphs
+        self.held: dict[Any, GraphCache] = {}        # a running batch's key -> its graphs
         self.eos_ids = tuple(model.eos_token_ids)
         self.open_id = canvas_of(model).open_id         # [MASK], or the noise canvas's open marker
         self.vocab_size = vocab_size_of(model)
-        self.decodings: dict[Any, Decoding] = {}
-        self.where: dict[str, Any] = {}               # request id -> its batch's cache
+        self.decodings: dict[tuple[Any, int], Decoding] = {}   # (cache, serial) -> running batch
+        self.serial = itertools.count()
+        self.where: dict[str, Any] = {}               # request id -> its batch's key
         self.lives = []
         self.finished: dict[str, Any] = {}            # the last step's results and failures
         self.failed: dict[str, str] = {}
@@ -317,31 +329,38 @@ class DiffusionBackend(Backend):
 
     def add(self, live: Live) -> None:
         config = live.request.config
-        decoding = self.decodings.get(config.cache) or self._start(config.cache)
+        mine = [k for k in self.decodings if k[0] == config.cache]       # oldest first
+        key = next((k for k in mine if self.decodings[k].accepts_joins), None)
+        if key is None and len(mine) >= HELD_BATCHES:
+            key = mine[0]                     # it waits there until that batch's rows are done
+        if key is None:
+            key = (config.cache, next(self.serial))
+            self.decodings[key] = self._start(key)
+        decoding = self.decodings[key]
         decoding.add([list(live.request.prompt)], config, key=live.request.id,
                      tokenizer=self.tokenizer, adapter=live.request.adapter)
         if live.request.provisional:
             decoding.proposals[live.request.id] = None
-        self.decodings[config.cache] = decoding
-        self.where[live.request.id] = config.cache
+        self.where[live.request.id] = key
         self.lives.append(live)
 
-    def _start(self, cache: Any) -> Decoding:
-        """A new running batch for `cache`, with a free `GraphCache` of the pool (a new one when
-        every one is held)."""
+    def _start(self, key: tuple[Any, int]) -> Decoding:
+        """A new running batch for the cache of `key`, with a free `GraphCache` of the pool (a
+        new one when every one is held)."""
+        cache = key[0]
         if self.mode is None:
             decoding = Decoding(self.model, cache)
             decoding.reuse = None if self.prefix is None else self.prefix.hook(self.model, cache)
             return decoding
         graphs = self.idle.pop() if self.idle else GraphCache(self.mode)
-        self.held[cache] = graphs
+        self.held[key] = graphs
         return Decoding(self.model, cache, capture=graphs)
 
-    def _end(self, cache: Any, failed: bool = False) -> None:
-        """The batch of `cache` is over: its `GraphCache` goes back to the pool (a failed batch's
+    def _end(self, key: tuple[Any, int], failed: bool = False) -> None:
+        """The batch of `key` is over: its `GraphCache` goes back to the pool (a failed batch's
         is dropped: its buffers may hold a half-written step)."""
-        del self.decodings[cache]
-        graphs = self.held.pop(cache, None)
+        del self.decodings[key]
+        graphs = self.held.pop(key, None)
         if graphs is not None and not failed:
             self.idle.append(graphs)
 
@@ -361,18 +380,18 @@ class DiffusionBackend(Backend):
         """One step of every running batch, then what became final; a batch that raises fails
         its own requests only."""
         self.finished, self.failed = {}, {}
-        for cache, decoding in list(self.decodings.items()):
+        for batch, decoding in list(self.decodings.items()):
             try:
                 for key in decoding.step():
                     self.finished[key] = decoding.result(key)
             except Exception as err:
                 log.exception("a running batch failed")
                 self.failed.update({key: first_line(err) for key, where in self.where.items()
-                                    if where == cache})
-                self._end(cache, failed=True)
+                                    if where == batch})
+                self._end(batch, failed=True)
                 continue
             if decoding.finished:
-                self._end(cache)
+                self._end(batch)
         return self._poll()
 
     def _poll(self) -> list[Event]:

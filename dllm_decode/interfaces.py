@@ -334,6 +334,16 @@ class Cache(Checked, abc.ABC):
     never change, a block-causal model's), "approximate" (prompt K/V reused on any model, only
     when the engine opts in) or None (never). A cache that sets it implements `resume` and
     `kv_of`."""
+    own_windows: ClassVar[bool] = False
+    """`logits` takes `rows=`, each row's own block (`dllm_decode.row_windows.RowWindows`), and
+    keeps, for each row, what it keeps for that row alone: the step's shared window (every row's
+    block together) does not change the row's cached state outside its own (a request joining
+    rows that are in a later block leaves their tokens as they are)."""
+    mid_run_joins: ClassVar[bool] = True
+    """A request may join a running batch whose rows are part-way through their decode. False:
+    the cache keeps batch-wide state (refresh counters, a full forward when rows join) that a
+    newcomer would change for the running rows, so `Decoding` admits newcomers only once every
+    row has finished (`Decoding.accepts_joins`), and the engine starts another running batch."""
 
     def init_state(self, model: DiffusionLM) -> Any:
         return None
@@ -357,7 +367,8 @@ class Cache(Checked, abc.ABC):
     @abc.abstractmethod
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor,
                block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        """Logits for (at least) the active block.
+        """Logits for (at least) the active block. An `own_windows` cache also takes `rows=`,
+        each row's own block (`dllm_decode.row_windows.RowWindows`).
 
         Args:
             canvas: (B, L) long, the live rows of the whole canvas.

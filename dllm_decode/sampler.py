@@ -164,6 +164,12 @@ class Decoding:
         """No row decoding and none waiting to join."""
         return not self.pending and not len(self.batch)
 
+    @property
+    def accepts_joins(self) -> bool:
+        """A request added now joins at the next phase boundary; False while rows decode under a
+        cache with batch-wide state (`Cache.mid_run_joins`): it waits until every row is done."""
+        return not len(self.batch) or getattr(self.runner, "mid_run_joins", True)
+
     def result(self, key: Hashable) -> DecodeResult:
         """The finished request's result (tokens, text, NFE, seconds, trace), handed over once.
 
@@ -215,7 +221,7 @@ class Decoding:
             batch = self.batch
             reuse = None
             if self.block_step == 0:
-                if self.pending:           # newcomers join between phases; the cache starts afresh
+                if self.pending and self.accepts_joins:   # between phases; the cache starts afresh
                     batch.admit(self.pending)
                     self.pending = []
                     self.cache_state = self.runner.admit(self.cache_state, self.model)

@@ -6,6 +6,14 @@ for every cache on every family that takes it.
 
 This is the server's situation (`Decoding` with one member per request, each with its own
 generator), where `generate` of a B-row batch (tests/schedulers/test_contract.py) shares one.
+
+A step's window is shared by every row, so a request joining rows in a later block widens it. The
+approximate K/V caches keep each row's own window inside it (`Cache.own_windows`: prefix, dual),
+eager and captured; caches with batch-wide state (`Cache.mid_run_joins` False: elastic,
+dllm_cache, es, d2, suffix) hold the newcomer until the running rows are done, and the test
+checks which of the two happened. The rule here takes a fixed number of steps per block, so no
+row waits for another's block; rows that wait under an adaptive rule are tested in
+tests/test_row_windows.py.
 """
 
 from __future__ import annotations
@@ -45,10 +53,11 @@ def family(name: str):
 FAMILIES = ("llada", "dream", "fast_dllm", "sdar", "llada2")
 
 
-def decode(model, config: DecodeConfig, plan) -> dict[int, list[int]]:
-    """Each planned request's tokens, decoded in one running batch (own generator, seed = index)."""
-    decoding = Decoding(model, config.cache)
-    waiting, keys, step = sorted(plan, key=lambda p: p[1]), {}, 0
+def decode(model, config: DecodeConfig, plan, mixed: list | None = None, capture: str = "off") -> dict[int, list[int]]:
+    """Each planned request's tokens, decoded in one running batch (own generator, seed = index).
+    `mixed` gets, for each step, whether requests that joined at different steps decoded in it."""
+    decoding = Decoding(model, config.cache, capture=capture)
+    waiting, keys, step, joined = sorted(plan, key=lambda p: p[1]), {}, 0, {}
     while waiting or not decoding.finished:
         while waiting and waiting[0][1] <= step:
             index, _ = waiting.pop(0)
@@ -56,27 +65,29 @@ def decode(model, config: DecodeConfig, plan) -> dict[int, list[int]]:
                                        generator=torch.Generator().manual_seed(index))
         if not decoding.finished:
             decoding.step()
+            live = [m.key for m in decoding.batch.members if m.live]
+            for key in live:
+                joined.setdefault(key, step)
+            if mixed is not None:
+                mixed.append(len({joined[key] for key in live}) > 1)
         step += 1
     return {index: decoding.result(key).tokens[0].tolist() for index, key in keys.items()}
 
 
-def check_invariant(model, config: DecodeConfig) -> None:
-    alone = {}
+def check_invariant(model, config: DecodeConfig, capture: str = "off") -> bool:
+    """Asserts the invariance; returns whether a request joined rows already decoding (a cache
+    with batch-wide state, `Cache.mid_run_joins` False, holds it until they are done)."""
+    alone, mixed = {}, []
     for plan in ALONE:
-        alone.update(decode(model, config, plan))
+        alone.update(decode(model, config, plan, capture=capture))
     for name, plan in PLANS.items():
-        together = decode(model, config, plan)
+        together = decode(model, config, plan, mixed if name == "joining later" else None, capture)
         differing = {i: (together[i], alone[i]) for i in together if together[i] != alone[i]}
         assert not differing, f"{name}: {differing}"
+    return any(mixed)
 
 
 SLOW_SCHEDULERS = {"apd"}          # loads its verifier model: ~11 s here
-APPROXIMATE = {"prefix", "dual", "elastic", "dllm_cache", "es"}
-"""Caches that reuse a bidirectional model's K/V across steps (an approximation): a request that
-joins a batch whose rows are in a later block changes the window every row shares, so the rows
-recompute K/V the cache would have frozen, and their tokens move; dLLM-Cache also counts its
-refresh intervals batch-wide, as its reference does, and ES-dLLM its refresh steps and the
-columns its skip layers rank. Known; marked strict xfail."""
 FAST_FAMILIES = {"llada", "sdar"}  # a bidirectional and a block-causal family; the rest are slow
 
 
@@ -92,9 +103,6 @@ def cache_params():
     for cache in sorted(registry("cache")):
         for model in FAMILIES:
             marks = [] if model in FAST_FAMILIES else [pytest.mark.slow]
-            if cache in APPROXIMATE and model in ("llada", "dream"):
-                marks.append(pytest.mark.xfail(strict=True, reason="approximate cache: a joining request "
-                                                                   "widens the shared window"))
             out.append(pytest.param(cache, model, marks=marks))
     return out
 
@@ -109,12 +117,22 @@ def test_every_scheduler(name):
 def test_every_cache_on_every_family(cache_name, model_name):
     model = family(model_name)
     config = DecodeConfig(scheduler=component("scheduler", "low_confidence"), cache=component("cache", cache_name),
-                          gen_length=8, block_length=4)
+                          gen_length=16, block_length=4)       # four blocks: joins reach rows in block 1 to 3
     try:
         check_cache(model, config)
     except ValueError as err:
         pytest.skip(f"{cache_name} does not run on {model_name}: {err}")
-    check_invariant(model, config)
+    joined = check_invariant(model, config)
+    assert joined == config.cache.mid_run_joins     # the join ran mid-run wherever the cache takes it
+
+
+@pytest.mark.parametrize("cache_name, model_name", [("prefix", "llada"), ("dual", "llada"), ("dual", "sdar")])
+def test_captured_step_keeps_each_rows_own_window(cache_name, model_name):
+    """The captured step (static buffers, as `compile` and CUDA graphs run them) keeps each
+    row's K/V outside its own window too: a request joins mid-run there as well."""
+    config = DecodeConfig(scheduler=component("scheduler", "low_confidence"), cache=component("cache", cache_name),
+                          gen_length=16, block_length=4)
+    assert check_invariant(family(model_name), config, capture="static")
 
 
 @pytest.mark.parametrize("model_name", ["llada", "sdar"])

@@ -76,10 +76,12 @@ class SyncCounter:
         return Counting()
 
 
-EXTRA_SYNCS = {"elastic": 1, "es": 1}
+EXTRA_SYNCS = {"elastic": 1, "es": 1, "dllm_cache": 1}
 """Caches allowed more syncs per step, and why: Elastic-Cache reads on the host whether any row's
 attention drifted and from which layer, to skip the refresh work when none did (one per step);
-ES-dLLM reads the batch's largest per-row count, the width its skip layers keep (one per step)."""
+ES-dLLM reads the batch's largest per-row count, the width its skip layers keep (one per step);
+dLLM-Cache keeps each row's step counter on the host (it decides which parts a step refreshes),
+so when rows leave it reads which ones stay (at most once per step)."""
 
 LAYERWISE = ("d2", "elastic", "dkv", "dllm_cache", "es")
 """Caches that run the model's layers themselves (no `forward` call to count): steps are counted."""

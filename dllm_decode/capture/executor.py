@@ -27,6 +27,7 @@ from dllm_decode.capture.step import Head, captured_forward, captured_step
 from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.compact import compact_stack
 from dllm_decode.records import Outcome
+from dllm_decode.row_windows import RowWindows
 from dllm_decode.step import Resolved
 
 
@@ -61,6 +62,8 @@ class CapturedExecutor:
 
     def __init__(self, cache: Cache, model: DiffusionLM, graphs: GraphCache):
         self.cache, self.graphs = cache, graphs
+        # each row's own window inside the shared one: the captured step's `keep` columns
+        self.own_windows, self.mid_run_joins = cache.own_windows, cache.mid_run_joins
         self.head = Head.of(model)
         if graphs.mode == "cuda-graphs" and self.head.device.type != "cuda":
             raise ValueError(f"cuda-graphs needs the model on a CUDA device; it is on "
@@ -97,10 +100,12 @@ class CapturedExecutor:
         return CapturedState(new, state.restart)
 
     def logits(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-               block: tuple[int, int], block_step: int, state: Any) -> tuple[Tensor, int, Any]:
-        """The step's model forward: (b, rows, V) logits of the plan's rows."""
+               block: tuple[int, int], block_step: int, state: Any,
+               rows: RowWindows | None = None) -> tuple[Tensor, int, Any]:
+        """The step's model forward: (b, rows, V) logits of the plan's rows (`rows`: each row's
+        own block, for an `own_windows` cache)."""
         with self.graphs.checking():
-            call = self._prepare(model, canvas, attention_mask, block, block_step, state)
+            call = self._prepare(model, canvas, attention_mask, block, block_step, state, own=rows)
             (a, b), batch = call.plan.rows, canvas.shape[0]
             logits = self.graphs.run(call.key, call.owner, call.args, fn=captured_forward)[:batch, :b - a]
             if self.graphs.mode == "cuda-graphs":
@@ -120,8 +125,9 @@ class CapturedExecutor:
         scheduler, temperature = config.scheduler, config.temperature
         with self.graphs.checking():
             canvas = batch.rows.x
+            own = RowWindows.of(batch, self.head.block_size) if self.own_windows else None
             call = self._prepare(model, canvas, batch.rows.attention_mask, block, block_step, state,
-                                 upto=block[1])
+                                 upto=block[1], own=own)
             buffers, (a, _), rows = call.state.buffers, call.plan.rows, canvas.shape[0]
             out_width = call.args[9].shape[0]
             statics = [buffers.static(name, (buffers.batch, *shape)) for name, shape in
@@ -148,9 +154,12 @@ class CapturedExecutor:
     # -- the captured call ---------------------------------------------------------------------
 
     def _prepare(self, model: DiffusionLM, canvas: Tensor, attention_mask: Tensor | None,
-                 block: tuple[int, int], block_step: int, state: Any, upto: int | None = None) -> _Call:
+                 block: tuple[int, int], block_step: int, state: Any, upto: int | None = None,
+                 own: RowWindows | None = None) -> _Call:
         """The cache's plan, the bucket's buffers loaded, the window's indices written; the
-        window returns the plan's rows (up to column `upto`: the whole step reads its block)."""
+        window returns the plan's rows (up to column `upto`: the whole step reads its block).
+        `own`: each row's own block; a cached step keeps each row's K/V outside the window its
+        own plan would feed."""
         batch, length = canvas.shape
         lo, hi = block
         shift = self.head.shift
@@ -181,10 +190,18 @@ class CapturedExecutor:
         out.copy_(torch.where(slots < out_count, slots + (rows[0] - fed[0]), fed_width - 1))
         prev = buffers.index("prev", out_width)
         prev.copy_((out - 1).clamp_min(0))
+        keep = buffers.static("keep", (buffers.batch, fed_width), torch.bool)
+        keep.zero_()
+        kept = None if plan.rebuild or own is None else own.keep(
+            lambda mine: self.cache.plan(mine, block_step, length, state.restart).rows, length, device,
+            lookback=shift)
+        if kept is not None:                 # the scratch column L is never kept
+            kept = torch.cat([kept, kept.new_zeros(batch, width + 1 - length)], 1)
+            keep[:batch].copy_(kept.index_select(1, fed_index))
         stack.rotary.reserve(max(self.max_length, width) + 1)
         cos, sin = stack.rotary.tables
         args = (stack, self.head, cos, sin, buffers.canvas, buffers.attention, buffers.kv.keys,
-                buffers.kv.values, fed_index, out, prev)
+                buffers.kv.values, fed_index, out, prev, keep)
         return _Call((buffers.batch, width, fed_width, out_width), (stack, cos), args, plan,
                      CapturedState(buffers, plan.restart))
 

@@ -95,20 +95,21 @@ def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def block_step(block: FusedBlock, h: Tensor, cos: Tensor, sin: Tensor, full_precision: bool,
-               mask: Tensor, keys: Tensor, values: Tensor, fed: Tensor) -> Tensor:
+               mask: Tensor, keys: Tensor, values: Tensor, fed: Tensor, keep: Tensor) -> Tensor:
     """One transformer block over the fed rows `h` (B, W, d): its K/V written into this layer's
-    static store `keys`, `values` (B, Hkv, L + 1, D) at columns `fed`, attention over the whole
-    canvas under `mask`. The same code for every layer (the layer's tensors are arguments), so
+    static store `keys`, `values` (B, Hkv, L + 1, D) at columns `fed` (except where `keep`),
+    attention over the whole canvas under `mask`. The same code for every layer (the layer's tensors are arguments), so
     `regional` capture compiles it once and reuses it for every layer."""
     q, k, v = block.attention_inputs(h, cos, sin, full_precision)
-    k, v = StaticKVCache(keys[None], values[None]).update(0, k, v, fed)
+    k, v = StaticKVCache(keys[None], values[None]).update(0, k, v, fed, keep)
     o = sdpa(q, k, v, mask)
     return block.finish(h, o)
 
 
 def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
                      canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
-                     out: Tensor, prev: Tensor, block_fn: Callable[..., Tensor] = block_step) -> Tensor:
+                     out: Tensor, prev: Tensor, keep: Tensor,
+                     block_fn: Callable[..., Tensor] = block_step) -> Tensor:
     """(B, O, V) float32 logits of fed rows `out` after feeding canvas columns `fed`.
 
     Args:
@@ -121,6 +122,8 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
         out: (O,) rows of `fed` whose logits are returned.
         prev: (O,) the fed row holding each returned row's predecessor (token-shifted models:
             row i reads row i - 1, except at position 0, which keeps its own).
+        keep: (B, W) bool, the fed columns whose stored K/V each row keeps (outside its own
+            window: `dllm_decode.row_windows`); all False when every row has the same window.
         block_fn: runs one block (`block_step`, or its compiled form under `regional`).
     """
     positions = (attention.cumsum(-1) - 1).clamp_min(0)
@@ -133,7 +136,7 @@ def captured_forward(stack: CompactStack, head: Head, cos_table: Tensor, sin_tab
     h = head.embed(canvas.index_select(1, fed))
     mask = additive(key_mask(attention, positions, fed, head.block_size), h.dtype)   # once, not per layer
     for layer, block in enumerate(stack.blocks):
-        h = block_fn(block, h, cos, sin, stack.full_precision, mask, keys[layer], values[layer], fed)
+        h = block_fn(block, h, cos, sin, stack.full_precision, mask, keys[layer], values[layer], fed, keep)
     h = head.norm(h)
     own = h.index_select(1, out)
     if head.shift:
@@ -152,7 +155,7 @@ class Rule(NamedTuple):
 
 def captured_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table: Tensor,
                   canvas: Tensor, attention: Tensor, keys: Tensor, values: Tensor, fed: Tensor,
-                  out: Tensor, prev: Tensor, block: Tensor, gen_span: Tensor, region_start: Tensor,
+                  out: Tensor, prev: Tensor, keep: Tensor, block: Tensor, gen_span: Tensor, region_start: Tensor,
                   step: Tensor, num_steps: Tensor, uniform: Tensor | None, scheduler: Any,
                   temperature: float, mask_id: int, eos_ids: tuple[int, ...],
                   block_fn: Callable[..., Tensor] = block_step) -> tuple[Resolved, Tensor, Tensor, Tensor, Tensor]:
@@ -166,7 +169,7 @@ def captured_step(stack: CompactStack, head: Head, cos_table: Tensor, sin_table:
     Returns the `Outcome`'s tensors: resolved, worked, edited, generation end, nonfinite.
     """
     logits = captured_forward(stack, head, cos_table, sin_table, canvas, attention, keys, values,
-                              fed, out, prev, block_fn)
+                              fed, out, prev, keep, block_fn)
     columns = fed.index_select(0, out)                  # canvas column of each window column
     window = Window(columns[0], logits, canvas.index_select(1, columns), block, gen_span, region_start)
     inp, decision, nonfinite, _ = decide(Rule(scheduler, temperature), None, window, step=step, num_steps=num_steps, span=0,

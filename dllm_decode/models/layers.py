@@ -35,8 +35,9 @@ class FloatStore:
         return t
 
     @staticmethod
-    def write(t: Tensor, rows: tuple[int, int], x: Tensor) -> None:
-        t[:, :, rows[0]:rows[1]] = x
+    def write(t: Tensor, rows: tuple[int, int], x: Tensor, keep: Tensor | None = None) -> None:
+        """Columns `rows` of `t` become `x`, except where `keep` (B, 1, n, 1) is True."""
+        t[:, :, rows[0]:rows[1]] = x if keep is None else torch.where(keep, t[:, :, rows[0]:rows[1]], x)
 
     @staticmethod
     def select(t: Tensor, rows: Tensor) -> Tensor:
@@ -65,6 +66,9 @@ class KVCache:
     keys: list[Any] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
     store: Any = FLOAT_STORE
+    keep: Tensor | None = None
+    """(B, L) bool or None: columns whose stored K/V a forward through the filled cache leaves as
+    they are, row by row (a row's columns outside its own window, `dllm_decode.row_windows`)."""
 
     @classmethod
     def for_model(cls, model: Any) -> "KVCache":
@@ -84,7 +88,7 @@ class KVCache:
 
         Empty layer (a refresh: the forward fed every row): store them (contiguous, so a view
         never keeps its whole fused projection alive). Filled: write canvas columns `rows` in
-        place. Either way the layer's whole K/V as the store reads them back (the float store:
+        place, except the columns `keep` marks. Either way the layer's whole K/V as the store reads them back (the float store:
         the tensors themselves; a low-precision one: dequantized, as the captured step reads).
         """
         store = self.store
@@ -92,8 +96,9 @@ class KVCache:
             self.keys.append(store.put(k))
             self.values.append(store.put(v))
         else:
-            store.write(self.keys[layer], rows, k)
-            store.write(self.values[layer], rows, v)
+            keep = None if self.keep is None else self.keep[:, None, rows[0]:rows[1], None]
+            store.write(self.keys[layer], rows, k, keep)
+            store.write(self.values[layer], rows, v, keep)
         return store.read(self.keys[layer]), store.read(self.values[layer])
 
     def select_rows(self, rows: Tensor) -> "KVCache":
@@ -160,16 +165,22 @@ class StaticKVCache:
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device))
 
-    def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, layer: int, k: Tensor, v: Tensor, rows: Tensor,
+               keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Write one layer's fresh (B, Hkv, W, D) K/V at canvas columns `rows` (W,) and return the
-        layer's whole (B, Hkv, L + 1, D) K/V to attend over."""
+        layer's whole (B, Hkv, L + 1, D) K/V to attend over. `keep` (B, W) bool: the window
+        columns whose stored K/V stay, row by row (as `KVCache.keep`)."""
         keys, values = self.keys[layer], self.values[layer]
-        if is_packed(keys):              # a dtype: fixed when a compiled step is traced
-            keys.index_copy_(2, rows, pack(k, keys.dtype))
-            values.index_copy_(2, rows, pack(v, values.dtype))
-            return unpack(keys, k.dtype), unpack(values, v.dtype)
-        keys.index_copy_(2, rows, k.to(keys.dtype))
-        values.index_copy_(2, rows, v.to(values.dtype))
+        dtype, packed = k.dtype, is_packed(keys)    # a dtype: fixed when a compiled step is traced
+        k, v = (pack(k, keys.dtype), pack(v, values.dtype)) if packed else (k.to(keys.dtype), v.to(values.dtype))
+        if keep is not None:
+            kept = keep[:, None, :, None]
+            k = torch.where(kept, keys.index_select(2, rows), k)
+            v = torch.where(kept, values.index_select(2, rows), v)
+        keys.index_copy_(2, rows, k)
+        values.index_copy_(2, rows, v)
+        if packed:
+            return unpack(keys, dtype), unpack(values, dtype)
         return keys, values
 
 

@@ -117,10 +117,16 @@ class KVQuantStore:
     def read(self, t: QuantizedKV) -> Tensor:
         return dequantize(t.codes, t.scales, t.dtype)
 
-    def write(self, t: QuantizedKV, rows: tuple[int, int], x: Tensor) -> None:
+    def write(self, t: QuantizedKV, rows: tuple[int, int], x: Tensor, keep: Tensor | None = None) -> None:
+        """Columns `rows` become the codes of `x`, except where `keep` (B, 1, n, 1) is True
+        (the stored codes stay: never quantized twice)."""
         codes, scales = self.quantize(x)
-        t.codes[:, :, rows[0]:rows[1]] = codes
-        t.scales[:, :, rows[0]:rows[1]] = scales
+        columns = slice(rows[0], rows[1])
+        if keep is not None:
+            codes = torch.where(keep, t.codes[:, :, columns], codes)
+            scales = torch.where(keep, t.scales[:, :, columns], scales)
+        t.codes[:, :, columns] = codes
+        t.scales[:, :, columns] = scales
 
     def select(self, t: QuantizedKV, rows: Tensor) -> QuantizedKV:
         return QuantizedKV(t.codes.index_select(0, rows), t.scales.index_select(0, rows), t.dtype)
