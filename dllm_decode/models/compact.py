@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dllm_decode.models.layers import RUNTIME_STATE, KVCache, RMSNorm, rms_norm, rms_normalize, sdpa
+from dllm_decode.models.layers import COMPACT_MODULES, RUNTIME_STATE, KVCache, RMSNorm, rms_norm, rms_normalize, sdpa
 
 DLLM_RUNTIMES = ("reference", "compact")
 """How a diffusion model (`BlockStackLM`) runs its blocks: `reference` (the modules as written in
@@ -457,9 +457,38 @@ _BUILDING = threading.Lock()
 def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
     """Identity, storage, version and dtype of each parameter and buffer (a quantized layer's
     codes are buffers; inference tensors, made under `torch.inference_mode`, track no version
-    and cannot change outside it)."""
-    codes = [b for m in model.modules() if hasattr(type(m), "fuse_rows") for b in m.buffers(recurse=False)]
-    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in [*model.parameters(), *codes]]
+    and cannot change outside it). Read off each module's own tables every forward; only the
+    list of modules is kept between forwards (`_modules_of`)."""
+    modules = _modules_of(model)
+    tensors = [p for m in modules for p in m._parameters.values() if p is not None]
+    tensors += [b for m in modules if hasattr(type(m), "fuse_rows") for b in m._buffers.values() if b is not None]
+    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in tensors]
+
+
+_REGISTRATIONS = [0]
+"""Parameters, buffers and submodules registered on any module so far (torch's global
+registration hooks count them): a model's module list is walked again only after one, since
+walking it was most of a small model's per-forward check."""
+
+
+def _modules_of(model: nn.Module) -> list[nn.Module]:
+    kept = model.__dict__.get(COMPACT_MODULES)
+    if kept is not None and kept[0] == _REGISTRATIONS[0]:
+        return kept[1]
+    registrations = _REGISTRATIONS[0]
+    modules = list(model.modules())
+    model.__dict__[COMPACT_MODULES] = (registrations, modules)
+    return modules
+
+
+def _registered(*_: Any) -> None:
+    _REGISTRATIONS[0] += 1
+
+
+for _hook in (nn.modules.module.register_module_parameter_registration_hook,
+              nn.modules.module.register_module_buffer_registration_hook,
+              nn.modules.module.register_module_module_registration_hook):
+    _hook(_registered)
 
 
 def _version(p: Tensor) -> int:

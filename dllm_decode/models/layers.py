@@ -401,6 +401,7 @@ class PreNormBlock(nn.Module):
 
 
 RUNTIME_STATE = "_compact"
+COMPACT_MODULES = "_compact_modules"   # the compact runtime's list of the model's modules
 """The `__dict__` key under which the compact runtime keeps a model's fused stack."""
 
 
@@ -430,6 +431,7 @@ class BlockStackLM(nn.Module):
         # copies and pickles rebuild the compact stack on their own weights
         state = dict(super().__getstate__())
         state.pop(RUNTIME_STATE, None)
+        state.pop(COMPACT_MODULES, None)
         return state
 
     def rotary_dim(self) -> int:

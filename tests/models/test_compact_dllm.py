@@ -240,6 +240,37 @@ def test_replaced_parameters_and_untracked_updates_reach_the_compact_forward():
     assert_logits_close(run(sdar, "compact", ids, mask), run(sdar, "reference", ids, mask))
 
 
+def test_swapped_modules_and_parameter_table_writes_reach_the_compact_forward():
+    """The compact runtime keeps its list of the model's modules between forwards (torch's
+    registration hooks say when any module gains a parameter, buffer or submodule); a module
+    swapped by assignment, and a parameter written straight into a module's table (no hook),
+    still reach the next forward (the model stays compact throughout: `run` would switch it)."""
+    import copy
+
+    ids, mask = left_padded_batch()
+    model, other = set_runtime(make_llada(), "compact"), make_llada()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+
+    def forward(m):
+        with torch.inference_mode():
+            return m(ids, attention_mask=mask)
+
+    def reference(m):
+        return run(copy.deepcopy(m), "reference", ids, mask)
+
+    forward(model)
+    ours, theirs = model.parts()[1][0], other.parts()[1][0]
+    for name, child in theirs.named_children():            # module assignment: a registration
+        setattr(ours, name, copy.deepcopy(child))
+    assert_logits_close(forward(model), reference(model))
+    block = model.parts()[1][1]
+    linear = next(m for m in block.modules() if isinstance(m, torch.nn.Linear))
+    linear._parameters["weight"] = torch.nn.Parameter(linear.weight.detach() * 2)   # no hook
+    assert_logits_close(forward(model), reference(model))
+
+
 def test_a_model_loaded_under_inference_mode_runs_compact():
     from dllm_decode import DecodeConfig, generate
 
