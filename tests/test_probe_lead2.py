@@ -1,0 +1,305 @@
+"""Independent probes of today's changes (packing, the compact weight check, serve replies,
+serving records, join invariance, answer-length canvases, DiffusionGemma's prefix cache).
+
+Each case compares two paths with a stated float tolerance (`assert_logits_close`) or compares
+discrete decodes (`assert_decodes_agree` where near ties may flip a row)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dllm_decode.models import KVCache
+from dllm_decode.models.compact import set_runtime
+from dllm_decode.testing import assert_logits_close, tiny_block_diffusion, tiny_llada
+from tests.models.conftest import make_dream, make_llada
+
+FAMILIES = {
+    "llada": lambda: make_llada(),
+    "dream": lambda: make_dream(),
+    "fast_dllm": lambda: tiny_block_diffusion("fast_dllm", block_size=4),
+    "sdar": lambda: tiny_block_diffusion("sdar", block_size=4),
+    "llada2": lambda: tiny_block_diffusion("llada2", block_size=4),
+}
+L = 12
+COMPACT = sorted(set(FAMILIES) - {"llada2"})      # LLaDA2 (MoE) is refused by the compact runtime
+
+
+def forward(model, ids, mask, **kwargs):
+    with torch.inference_mode():
+        return model(ids, attention_mask=mask, **kwargs)
+
+
+def odd_batch(seed=3):
+    """Rows: full, one real token, half, padding in the middle (a 0 after a 1)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 35, (4, L), generator=g)
+    mask = torch.ones(4, L, dtype=torch.long)
+    mask[1, :L - 1] = 0
+    mask[2, :L // 2] = 0
+    mask[3, :3] = 0
+    mask[3, 6] = 0                       # a hole in the middle: must not be dropped
+    return ids, mask
+
+
+def both(model, ids, mask, **kwargs):
+    set_runtime(model, "reference")
+    ref = forward(model, ids, mask, **kwargs)
+    set_runtime(model, "compact")
+    ours = forward(model, ids, mask, **kwargs)
+    return ours, ref
+
+
+@pytest.mark.parametrize("name", COMPACT)
+def test_packed_logits_equal_reference_at_real_columns(name):
+    model = FAMILIES[name]()
+    ids, mask = odd_batch()
+    ours, ref = both(model, ids, mask)
+    real = mask.bool()
+    assert_logits_close(ours[real], ref[real])
+    ours, ref = both(model, ids, mask, rows=(L - 4, L))
+    assert_logits_close(ours[real[:, L - 4:]], ref[real[:, L - 4:]])
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_packed_rows_equal_each_row_alone(name):
+    model = set_runtime(FAMILIES[name](), "compact" if name in COMPACT else "reference")
+    ids, mask = odd_batch()
+    mask[3] = 1                                       # left padding only here
+    mask[3, :5] = 0
+    together = forward(model, ids, mask)
+    for r in range(ids.shape[0]):
+        start = int((mask[r] == 0).sum())
+        alone = forward(model, ids[r:r + 1, start:], None)
+        assert_logits_close(together[r:r + 1, start:], alone)
+
+
+@pytest.mark.parametrize("name", COMPACT)
+def test_packed_cached_step_equals_reference(name):
+    model = FAMILIES[name]()
+    ids, mask = odd_batch()
+
+    def steps(runtime):
+        set_runtime(model, runtime)
+        kv = KVCache()
+        full = forward(model, ids, mask, kv=kv, rows=(0, L))
+        edited = ids.clone()
+        edited[:, L - 4:] = torch.arange(4)
+        step = forward(model, edited, mask, kv=kv, rows=(L - 4, L))
+        return full, step
+
+    (f1, s1), (f0, s0) = steps("compact"), steps("reference")
+    real = mask.bool()
+    assert_logits_close(f1[real], f0[real])
+    assert_logits_close(s1[real[:, L - 4:]], s0[real[:, L - 4:]])
+
+
+def test_packed_bf16_close_to_reference_bf16():
+    model = make_llada().to(torch.bfloat16)
+    ids, mask = odd_batch()
+    ours, ref = both(model, ids, mask)
+    real = mask.bool()
+    assert ours[real].isfinite().all()
+    err = (ours[real].float() - ref[real].float()).abs().max()
+    assert err <= 0.05 * ref[real].float().abs().max()
+
+
+def test_packed_int8_embedded_equals_reference():
+    from dllm_decode.models import load_model
+    model = load_model("embedded", quantize="int8")
+    ids, mask = odd_batch()
+    ids = ids % 30
+    ours, ref = both(model, ids, mask)
+    real = mask.bool()
+    assert_logits_close(ours[real], ref[real])
+
+
+def test_decodes_with_very_different_prompt_lengths_equal_alone():
+    from dllm_decode import DecodeConfig, generate
+    from dllm_decode.registry import component, registry
+    from dllm_decode.testing import assert_decodes_agree
+    model = set_runtime(tiny_llada(seed=4), "compact")
+    prompts = [[3], list(range(1, 30)), [5, 6, 7, 8, 9, 10, 11]]
+    for cache in ["none", "prefix", "dual", "d2", "elastic", "suffix", "dllm_cache", "dkv", "es"]:
+        config = DecodeConfig(scheduler=component("scheduler", "low_confidence"),
+                              cache=component("cache", cache), gen_length=8, block_length=4)
+        together = generate(model, prompts, config)
+        for i, p in enumerate(prompts):
+            alone = generate(model, [p], config)
+            assert_decodes_agree(_row(together, i), alone, rows_may_flip=0)
+
+
+def _row(result, i):
+    import dataclasses
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    return type(result)(**{k: (v[i:i + 1] if isinstance(v, torch.Tensor) and v.dim() >= 1
+                              and v.shape[0] == result.tokens.shape[0] else v)
+                           for k, v in fields.items()})
+
+
+# ---- class 2: the per-forward weight check --------------------------------------------------
+
+
+def check_reaches(model, edit):
+    ids, mask = odd_batch()
+    set_runtime(model, "compact")
+    forward(model, ids, mask)
+    edit(model)
+    ours = forward(model, ids, mask)
+    ref_model = copy.deepcopy(model)
+    set_runtime(ref_model, "reference")
+    real = mask.bool()
+    assert_logits_close(ours[real], forward(ref_model, ids, mask)[real])
+    return ours
+
+
+def a_linear(model):
+    block = model.parts()[1][0]
+    return next(m for m in block.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_in_place_data_edit_reaches_next_forward():
+    def edit(m):
+        a_linear(m).weight.data.mul_(1.7)
+    check_reaches(make_llada(), edit)
+
+
+@pytest.mark.parametrize("assign", [False, True])
+def test_load_state_dict_reaches_next_forward(assign):
+    other = make_llada(seed=5)
+    check_reaches(make_llada(), lambda m: m.load_state_dict(other.state_dict(), assign=assign))
+
+
+def test_replaced_submodule_reaches_next_forward():
+    def edit(m):
+        block = m.parts()[1][0]
+        for name, child in list(block.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                new = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                with torch.no_grad():
+                    new.weight.copy_(child.weight * -1)
+                    if child.bias is not None:
+                        new.bias.copy_(child.bias)
+                setattr(block, name, new)
+                return
+        raise AssertionError("no linear child")
+    check_reaches(make_llada(), edit)
+
+
+def test_dtype_change_reaches_next_forward():
+    model = make_llada()
+    ids, mask = odd_batch()
+    set_runtime(model, "compact")
+    forward(model, ids, mask)
+    model.to(torch.float64)
+    ours = forward(model, ids, mask)
+    ref = copy.deepcopy(model)
+    set_runtime(ref, "reference")
+    real = mask.bool()
+    assert_logits_close(ours[real].float(), forward(ref, ids, mask)[real].float())
+
+
+def test_parametrize_reaches_next_forward():
+    from torch.nn.utils import parametrize
+
+    class Double(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    model = make_llada()
+    ids, mask = odd_batch()
+    set_runtime(model, "compact")
+    before = forward(model, ids, mask)
+    parametrize.register_parametrization(a_linear(model), "weight", Double())
+    try:
+        ours = forward(model, ids, mask)
+    except ValueError:
+        return                       # refused with a message: the edit is not silently lost
+    ref = copy.deepcopy(model)
+    set_runtime(ref, "reference")
+    real = mask.bool()
+    assert not torch.allclose(ours, before)
+    assert_logits_close(ours[real], forward(ref, ids, mask)[real])
+
+
+def test_deepcopy_then_edit_copy_only():
+    model = make_llada()
+    ids, mask = odd_batch()
+    set_runtime(model, "compact")
+    before = forward(model, ids, mask)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        a_linear(twin).weight.mul_(-1)
+    twin_out = forward(twin, ids, mask)
+    assert_logits_close(forward(model, ids, mask), before)      # the original is untouched
+    ref = copy.deepcopy(twin)
+    set_runtime(ref, "reference")
+    real = mask.bool()
+    assert_logits_close(twin_out[real], forward(ref, ids, mask)[real])
+    assert not torch.allclose(twin_out[real], before[real])
+
+
+def test_register_buffer_on_quantized_layer_reaches_next_forward():
+    from dllm_decode.models import load_model
+    model = load_model("embedded", quantize="int8")
+    ids, mask = odd_batch()
+    ids = ids % 30
+    set_runtime(model, "compact")
+    before = forward(model, ids, mask)
+    layer = next(m for m in model.modules() if hasattr(type(m), "fuse_rows"))
+    name, buf = next((n, b) for n, b in layer._buffers.items() if b is not None and b.is_floating_point())
+    layer.register_buffer(name, buf * 1.5)
+    ours = forward(model, ids, mask)
+    ref = copy.deepcopy(model)
+    set_runtime(ref, "reference")
+    real = mask.bool()
+    assert not torch.allclose(ours[real], before[real])
+    assert_logits_close(ours[real], forward(ref, ids, mask)[real])
+
+
+# ---- class 5: joins through the Engine --------------------------------------------------------
+
+JOIN_CACHES = ["prefix", "dual", "elastic", "dllm_cache", "es", "d2", "suffix"]
+
+
+@pytest.mark.parametrize("cache", JOIN_CACHES)
+def test_engine_joins_sampled_more_than_held_batches_with_a_cancel(cache):
+    """Six sampled requests (own seeds) arriving at steps 0..5 (more than HELD_BATCHES running
+    batches' worth), one running request cancelled while others wait: each finished answer
+    equals the request decoded alone."""
+    import dataclasses
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.engine import Engine, HELD_BATCHES, Request
+    from dllm_decode.registry import component
+    from dllm_decode.sampler import generate
+    from dllm_decode.testing import tiny_llada_with_tokenizer
+
+    model = tiny_llada_with_tokenizer()
+    cfg = DecodeConfig(scheduler=component("scheduler", "low_confidence"),
+                       cache=component("cache", cache), gen_length=12, block_length=4,
+                       temperature=0.8)
+    prompts = [[3, 4], [5, 6, 7, 8, 9], [10], [11, 12, 13], [1, 2, 3, 4, 5, 6, 7], [14, 15]]
+    assert len(prompts) > HELD_BATCHES
+    requests = [Request(f"q{i}", p, dataclasses.replace(cfg, seed=10 + i)) for i, p in enumerate(prompts)]
+    engine = Engine(model, max_batch_size=3)
+    outputs, step = {}, 0
+    pending = list(requests)
+    while pending or engine.has_work:
+        if pending:
+            engine.add(pending.pop(0))
+        if step == 3:
+            assert engine.cancel("q1")
+        for u in engine.step():
+            if u.finished:
+                outputs[u.request_id] = u.output
+        step += 1
+    assert outputs["q1"].finish_reason == "cancelled"
+    for request in requests:
+        if request.id == "q1":
+            continue
+        alone = generate(model, [list(request.prompt)], request.config)
+        answer = alone.tokens[0].tolist()
+        eos = next((i for i, t in enumerate(answer) if t in model.eos_token_ids), len(answer))
+        assert list(outputs[request.id].tokens) == answer[:eos], request.id
