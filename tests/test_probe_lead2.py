@@ -413,3 +413,106 @@ def test_error_replies_never_show_a_named_adapter_folder(tmp_path):
         texts.append(json.dumps(reply))
     for text in texts:
         assert str(folder) not in text and "adapter_parent_q3" not in text and "lora_one" not in text, text
+
+
+# ---- class 4: shared decode records, inline bodies -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    from dllm_decode.serve.app import background
+    from dllm_decode.testing import tiny_llada_with_tokenizer
+    from tests.serve.conftest import default_config, make_state
+
+    model = tiny_llada_with_tokenizer()
+    state = make_state(model, config=default_config(gen_length=16, block_length=4))
+    with background(state) as url:
+        yield url, model
+
+
+def _offline(model, prompt, **fields):
+    from dllm_decode.sampler import generate
+    from tests.serve.conftest import default_config
+
+    fields = {"gen_length": 16, "block_length": 4, **fields}
+    ids = model.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return generate(model, [ids], default_config(**fields)).text[0]
+
+
+def test_requests_differing_in_one_setting_do_not_share_a_record(tiny_server):
+    from tests.serve.conftest import post, sse
+
+    url, model = tiny_server
+    prompt = "w1 w2 w3"
+    cases = [({}, {}), ({"temperature": 0.9, "seed": 3}, {"temperature": 0.9, "seed": 3}),
+             ({}, {}), ({"temperature": 0.9, "seed": 4}, {"temperature": 0.9, "seed": 4}),
+             ({"seed": 7}, {"seed": 7}), ({"max_tokens": 8}, {"gen_length": 8}),
+             ({}, {}), ({"dllm": {"block_length": 8}}, {"block_length": 8}),
+             ({"dllm": {"gen_length": 8}}, {"gen_length": 8}), ({}, {}),
+             ({"temperature": 0.9}, {"temperature": 0.9})]
+    for extra, fields in cases:
+        status, body = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 16, **extra})
+        assert status == 200, body
+        expected = _offline(model, prompt, **fields)
+        limit = extra.get("max_tokens", 16)
+        got = body["choices"][0]["text"]
+        assert got.strip() == expected.strip() or expected.startswith(got), (extra, got, expected)
+        assert body["dllm"]["config"]["temperature"] == fields.get("temperature", 0.0), extra
+    events = sse(url, "/v1/completions", {"prompt": prompt, "max_tokens": 16, "stream": True,
+                                          "temperature": 0.9, "seed": 3})
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e.get("choices"))
+    assert streamed.strip() == _offline(model, prompt, temperature=0.9, seed=3).strip()
+
+
+def test_a_refused_record_stays_refused_between_accepted_ones(tiny_server):
+    from tests.serve.conftest import post
+
+    url, _ = tiny_server
+    for _ in range(3):
+        status, body = post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 16,
+                                                     "dllm": {"cache": "block"}})
+        assert status == 400, body
+        assert post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 16})[0] == 200
+        status, body = post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 16,
+                                                     "temperature": -1})
+        assert status == 400, body
+
+
+def test_a_body_just_over_inline_bytes_answers_as_one_just_under(tiny_server):
+    from dllm_decode.serve.app import INLINE_BYTES
+    from tests.serve.conftest import post
+
+    url, _ = tiny_server
+    replies = []
+    for size in (INLINE_BYTES - 1, INLINE_BYTES, INLINE_BYTES + 1, INLINE_BYTES + 64):
+        head = '{"prompt": "w4 w5 w6", "max_tokens": 16, "seed": 1'
+        raw = head + " " * (size - len(head) - 1) + "}"
+        assert len(raw.encode()) == size
+        status, body = post(url, "/v1/completions", raw.encode())
+        assert status == 200, body
+        replies.append(body["choices"][0]["text"])
+        bad = raw[:-1].replace('"seed": 1', '"seed": 1, "dllm": {"cache": "block"}', 1)
+        bad = bad[:size - 1] + "}" if len(bad) > size else bad + "}"
+        status, body = post(url, "/v1/completions", bad.encode())
+        assert status == 400, body
+    assert len(set(replies)) == 1
+
+
+def test_health_answers_while_a_big_body_is_tokenised(tiny_server):
+    import concurrent.futures
+    import time
+    import urllib.request
+    from tests.serve.conftest import post
+
+    url, _ = tiny_server
+    big = {"prompt": "w1 " * 300000, "max_tokens": 16}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(post, url, "/v1/completions", big)
+        time.sleep(0.05)
+        start = time.perf_counter()
+        with urllib.request.urlopen(url + "/health", timeout=30) as response:
+            assert response.status == 200
+        health = time.perf_counter() - start
+        status, _ = future.result()
+    assert status in (400, 413)
+    assert health < 1.0
