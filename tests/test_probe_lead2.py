@@ -516,3 +516,56 @@ def test_health_answers_while_a_big_body_is_tokenised(tiny_server):
         status, _ = future.result()
     assert status in (400, 413)
     assert health < 1.0
+
+
+# ---- class 6: --gen-length answer on a block-diffusion or noise model --------------------------
+
+
+def test_answer_canvas_rounds_up_to_the_grid_and_a_fixed_one_is_kept():
+    from dllm_decode.eval.harness.grid import Setting
+
+    answer = Setting("threshold", gen_length=None)
+    assert [answer.canvas_for(n, 8) for n in (1, 7, 8, 9, 16, 17)] == [8, 8, 8, 16, 16, 24]
+    assert [answer.canvas_for(n, None) for n in (3, 9)] == [3, 9]        # no grid: the answer
+    assert answer.block_for(answer.canvas_for(5, 8), 8) == 8
+    assert answer.decode_config(answer.canvas_for(13, 8), 8).gen_length == 16
+    user = Setting("threshold", gen_length=None, block_length=4)
+    assert user.block_for(user.canvas_for(5, 8), 8) == 4                 # divides the grid: kept
+    fixed = Setting("threshold", gen_length=12)
+    assert fixed.canvas_for(12, 8) == 12                                 # a fixed canvas unchanged
+    tps = Setting("low_confidence", options=(("tokens_per_step", "2"),), gen_length=None)
+    cfg = tps.decode_config(tps.canvas_for(5, 8), 8)
+    assert cfg.gen_length == 8 and cfg.block_length == 8 and cfg.scheduler.steps_per_block == 4
+
+
+def _eval(tmp_path, *args):
+    import json
+    from click.testing import CliRunner
+    from dllm_decode.cli import main
+    from dllm_decode.eval.harness.records import read_records
+
+    result = CliRunner().invoke(main, ["eval", "--tasks", "copy", "--scheduler", "threshold",
+                                       "--limit", "3", "--out", str(tmp_path), "--json", "--no-plots",
+                                       *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["results"], read_records(tmp_path / "samples.jsonl")
+
+
+def test_answer_length_on_the_noise_model(tmp_path):
+    (cell,), records = _eval(tmp_path, "--model", "embedded-noise", "--gen-length", "answer")
+    assert cell["accuracy"] == 100.0 and len(records) == 3
+
+
+def test_a_fixed_gen_length_on_a_block_diffusion_model_is_unchanged(tmp_path):
+    (cell,), records = _eval(tmp_path, "--model", "embedded-bd", "--gen-length", "16")
+    assert {r["gen_length"] for r in records} == {16} and cell["accuracy"] == 100.0
+
+
+@pytest.mark.xfail(strict=True, reason="probe: runner.plan checks --block-length against the unrounded "
+                                       "answer length, so a block dividing the model's grid (4 or 8 on "
+                                       "embedded-bd) is refused for an answer of 3 tokens")
+@pytest.mark.parametrize("block", ["4", "8"])
+def test_answer_length_with_a_block_that_divides_the_grid(tmp_path, block):
+    (cell,), records = _eval(tmp_path, "--model", "embedded-bd", "--gen-length", "answer",
+                             "--block-length", block)
+    assert cell["accuracy"] == 100.0 and len(records) == 3
