@@ -569,3 +569,58 @@ def test_answer_length_with_a_block_that_divides_the_grid(tmp_path, block):
     (cell,), records = _eval(tmp_path, "--model", "embedded-bd", "--gen-length", "answer",
                              "--block-length", block)
     assert cell["accuracy"] == 100.0 and len(records) == 3
+
+
+# ---- class 7: DiffusionGemma's encoder prefix cache -------------------------------------------
+
+
+def _gemma_requests(model, shared):
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.engine import Request
+    from tests.test_encoder_prefix import prompt
+
+    config = DecodeConfig.for_model(model, 8)
+    base = prompt(shared + 1, 40)
+    out = [Request("base", base + prompt(5, 41), config)]
+    for i, delta in enumerate((-1, 0, 1)):                       # share chunk-1 / chunk / chunk+1
+        head = base[:shared + delta]
+        out.append(Request(f"s{i}", head + prompt(6, 50 + i), config))
+    out += [Request("short1", base[:3], config), Request("short2", base[:3] + prompt(2, 60), config),
+            Request("exact", base[:shared], config)]
+    return out
+
+
+@pytest.mark.parametrize("shared", [8, 16, 24])
+@pytest.mark.parametrize("budget_chunks", [1, 64])
+def test_gemma_prefix_cache_at_chunk_boundaries(shared, budget_chunks):
+    from dllm_decode.testing import tiny_diffusion_gemma
+    from tests.test_encoder_prefix import chunk_bytes, serve_all
+
+    model = tiny_diffusion_gemma(seed=2, steps=4)
+    budget = budget_chunks * chunk_bytes(model)
+    without, _ = serve_all(model, _gemma_requests(model, shared), 0)
+    with_cache, engine = serve_all(model, _gemma_requests(model, shared), budget)
+    assert {k: v.tokens for k, v in with_cache.items()} == {k: v.tokens for k, v in without.items()}
+    assert engine.prefix.stats().resident_bytes <= budget
+    if budget_chunks > 1:
+        assert with_cache["s1"].cached_tokens > 0 or with_cache["s2"].cached_tokens > 0
+
+
+def test_gemma_prefix_cache_fp8_store_keeps_what_is_exact():
+    """A low-precision store is not float-exact where a prompt's tail attends stored codes
+    (documented in encoder_reuse); prompts shorter than a chunk (nothing reused) and a prompt
+    wholly stored (its codes read back as held) still give the tokens they give without it."""
+    from dllm_decode.quant.kv import set_kv_cache_dtype
+    from dllm_decode.testing import tiny_diffusion_gemma
+    from tests.test_encoder_prefix import serve_all
+
+    model = tiny_diffusion_gemma(seed=2, steps=4)
+    try:
+        set_kv_cache_dtype(model, "fp8")
+    except ValueError as err:
+        pytest.skip(f"fp8 K/V store refused here: {err}")
+    without, _ = serve_all(model, _gemma_requests(model, 16), 0)
+    with_cache, _ = serve_all(model, _gemma_requests(model, 16), 1 << 24)
+    assert with_cache["exact"].cached_tokens == 16 and with_cache["s1"].cached_tokens == 16
+    for key in ("base", "short1", "short2", "exact"):
+        assert with_cache[key].tokens == without[key].tokens, key
