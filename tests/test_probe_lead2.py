@@ -624,3 +624,75 @@ def test_gemma_prefix_cache_fp8_store_keeps_what_is_exact():
     assert with_cache["exact"].cached_tokens == 16 and with_cache["s1"].cached_tokens == 16
     for key in ("base", "short1", "short2", "exact"):
         assert with_cache[key].tokens == without[key].tokens, key
+
+
+@pytest.mark.xfail(strict=True, reason="probe: del blocks[i] fires no registration hook, so compact._modules_of "
+                                       "keeps the stale module list and the stack still runs the deleted block")
+def test_deleting_a_block_reaches_next_forward():
+    """Layer dropping (`del blocks[i]`) registers nothing: the kept module list must still see it."""
+    def edit(m):
+        del m.parts()[1][1]
+    model = make_llada(layers=3)
+    check_reaches(model, edit)
+
+
+def test_appending_a_block_reaches_next_forward():
+    def edit(m):
+        blocks = m.parts()[1]
+        blocks.append(copy.deepcopy(blocks[0]))
+    check_reaches(make_llada(layers=2), edit)
+
+
+def test_inference_mode_edit_of_inference_tensors_reaches_next_forward():
+    """A model built under inference_mode holds inference tensors (no version counter); an
+    in-place edit made under inference_mode must still reach the compact forward."""
+    with torch.inference_mode():
+        model = make_llada()
+    ids, mask = odd_batch()
+    set_runtime(model, "compact")
+    before = forward(model, ids, mask)
+    with torch.inference_mode():
+        a_linear(model).weight.mul_(-1.5)
+    ours = forward(model, ids, mask)
+    set_runtime(model, "reference")
+    ref = forward(model, ids, mask)
+    real = mask.bool()
+    assert not torch.allclose(ref[real], before[real])
+    assert_logits_close(ours[real], ref[real])
+
+
+def test_edits_outside_the_blocks_reach_next_forward():
+    """The embedding and the final norm are outside the stack: edits there reach the forward."""
+    def edit(m):
+        with torch.no_grad():
+            m.parts()[0].weight.mul_(0.5)
+            m.model.transformer["ln_f"].weight.add_(0.3)
+    check_reaches(make_llada(), edit)
+
+
+def test_dtype_round_trip_then_edit_reaches_next_forward():
+    def edit(m):
+        m.to(torch.bfloat16)
+        m.to(torch.float32)
+        with torch.no_grad():
+            a_linear(m).weight.add_(0.2)
+    check_reaches(make_llada(), edit)
+
+
+@pytest.mark.xfail(strict=True, reason="probe: ModuleList.insert writes _modules directly (no registration "
+                                       "hook): compact._modules_of misses the inserted block")
+def test_inserting_a_block_reaches_next_forward():
+    def edit(m):
+        blocks = m.parts()[1]
+        new = copy.deepcopy(blocks[0])
+        with torch.no_grad():
+            for p in new.parameters():
+                p.mul_(1.1)
+        blocks.insert(1, new)
+    check_reaches(make_llada(layers=2), edit)
+
+
+@pytest.mark.xfail(strict=True, reason="probe: ModuleList.pop deletes without a registration hook: "
+                                       "the compact stack keeps the popped block")
+def test_popping_a_block_reaches_next_forward():
+    check_reaches(make_llada(layers=3), lambda m: m.parts()[1].pop(1))
