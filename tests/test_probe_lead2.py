@@ -264,8 +264,9 @@ def test_register_buffer_on_quantized_layer_reaches_next_forward():
 JOIN_CACHES = ["prefix", "dual", "elastic", "dllm_cache", "es", "d2", "suffix"]
 
 
+@pytest.mark.parametrize("family", ["llada", "dream"])
 @pytest.mark.parametrize("cache", JOIN_CACHES)
-def test_engine_joins_sampled_more_than_held_batches_with_a_cancel(cache):
+def test_engine_joins_sampled_more_than_held_batches_with_a_cancel(cache, family):
     """Six sampled requests (own seeds) arriving at steps 0..5 (more than HELD_BATCHES running
     batches' worth), one running request cancelled while others wait: each finished answer
     equals the request decoded alone."""
@@ -276,10 +277,20 @@ def test_engine_joins_sampled_more_than_held_batches_with_a_cancel(cache):
     from dllm_decode.sampler import generate
     from dllm_decode.testing import tiny_llada_with_tokenizer
 
-    model = tiny_llada_with_tokenizer()
+    if family == "llada":
+        model = tiny_llada_with_tokenizer()
+    else:
+        from dllm_decode.testing import tiny_tokenizer
+        model = make_dream(seed=3)
+        model.tokenizer = tiny_tokenizer()
     cfg = DecodeConfig(scheduler=component("scheduler", "low_confidence"),
                        cache=component("cache", cache), gen_length=12, block_length=4,
                        temperature=0.8)
+    from dllm_decode.engine import check_cache
+    try:
+        check_cache(model, cfg)
+    except ValueError:
+        pytest.skip(f"{family} does not take cache {cache}")
     prompts = [[3, 4], [5, 6, 7, 8, 9], [10], [11, 12, 13], [1, 2, 3, 4, 5, 6, 7], [14, 15]]
     assert len(prompts) > HELD_BATCHES
     requests = [Request(f"q{i}", p, dataclasses.replace(cfg, seed=10 + i)) for i, p in enumerate(prompts)]
@@ -696,3 +707,29 @@ def test_inserting_a_block_reaches_next_forward():
                                        "the compact stack keeps the popped block")
 def test_popping_a_block_reaches_next_forward():
     check_reaches(make_llada(layers=3), lambda m: m.parts()[1].pop(1))
+
+
+@pytest.mark.parametrize("name", ["dream", "fast_dllm", "sdar", "llada2"])
+def test_family_decodes_with_very_different_prompt_lengths_equal_alone(name):
+    """Each cache the family takes: a batch of a 1-token, a 29-token and a 7-token prompt gives
+    each row the tokens it gives alone (compact runtime where it applies)."""
+    from dllm_decode import DecodeConfig, generate
+    from dllm_decode.engine import check_cache
+    from dllm_decode.registry import component, registry
+    from dllm_decode.testing import assert_decodes_agree
+
+    model = set_runtime(FAMILIES[name](), "compact" if name in COMPACT else "reference")
+    prompts = [[3], list(range(1, 30)), [5, 6, 7, 8, 9, 10, 11]]
+    ran = 0
+    for cache in sorted(registry("cache")):
+        config = DecodeConfig(scheduler=component("scheduler", "low_confidence"),
+                              cache=component("cache", cache), gen_length=8, block_length=4)
+        try:
+            check_cache(model, config)
+        except ValueError:
+            continue
+        ran += 1
+        together = generate(model, prompts, config)
+        for i, p in enumerate(prompts):
+            assert_decodes_agree(_row(together, i), generate(model, [p], config), rows_may_flip=0)
+    assert ran >= 2
