@@ -733,3 +733,30 @@ def test_family_decodes_with_very_different_prompt_lengths_equal_alone(name):
         for i, p in enumerate(prompts):
             assert_decodes_agree(_row(together, i), generate(model, [p], config), rows_may_flip=0)
     assert ran >= 2
+
+
+@pytest.mark.parametrize("cache", JOIN_CACHES)
+def test_engine_joins_under_an_adaptive_rule_equal_alone(cache):
+    """A threshold rule (rows finish blocks at different steps), greedy, room for every request
+    (all may join running batches), seven requests arriving one a step."""
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.engine import Engine, Request
+    from dllm_decode.registry import component
+    from dllm_decode.sampler import generate
+    from dllm_decode.testing import tiny_llada_with_tokenizer
+
+    model = tiny_llada_with_tokenizer()
+    cfg = DecodeConfig(scheduler=component("scheduler", {"name": "threshold", "threshold": 0.3}),
+                       cache=component("cache", cache), gen_length=16, block_length=4)
+    prompts = [[3, 4], [5, 6, 7, 8, 9], [10], [11, 12, 13], [1, 2, 3, 4, 5, 6, 7], [14, 15], [20] * 11]
+    engine = Engine(model, max_batch_size=8)
+    outputs, pending = {}, [Request(f"q{i}", p, cfg) for i, p in enumerate(prompts)]
+    requests = list(pending)
+    while pending or engine.has_work:
+        if pending:
+            engine.add(pending.pop(0))
+        outputs.update({u.request_id: u.output for u in engine.step() if u.finished})
+    for request in requests:
+        alone = generate(model, [list(request.prompt)], request.config).tokens[0].tolist()
+        eos = next((i for i, t in enumerate(alone) if t in model.eos_token_ids), len(alone))
+        assert list(outputs[request.id].tokens) == alone[:eos], request.id
