@@ -575,11 +575,24 @@ def test_a_fixed_gen_length_on_a_block_diffusion_model_is_unchanged(tmp_path):
 @pytest.mark.xfail(strict=True, reason="probe: runner.plan checks --block-length against the unrounded "
                                        "answer length, so a block dividing the model's grid (4 or 8 on "
                                        "embedded-bd) is refused for an answer of 3 tokens")
-@pytest.mark.parametrize("block", ["4", "8"])
-def test_answer_length_with_a_block_that_divides_the_grid(tmp_path, block):
-    (cell,), records = _eval(tmp_path, "--model", "embedded-bd", "--gen-length", "answer",
+@pytest.mark.parametrize("model, block", [("embedded-bd", "4"), ("embedded-bd", "8"), ("embedded-noise", "8")])
+def test_answer_length_with_a_block_that_divides_the_grid(tmp_path, model, block):
+    (cell,), records = _eval(tmp_path, "--model", model, "--gen-length", "answer",
                              "--block-length", block)
     assert cell["accuracy"] == 100.0 and len(records) == 3
+
+
+def test_tune_answer_length_on_a_block_diffusion_model(tmp_path):
+    import json
+    from click.testing import CliRunner
+    from dllm_decode.cli import main
+
+    result = CliRunner().invoke(main, ["tune", "--model", "embedded-bd", "--tasks", "copy", "--calibration", "4",
+                                       "--held-out", "4", "--rules", "threshold", "--caches", "none",
+                                       "--gen-length", "answer", "--out", str(tmp_path)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "held out: 100.0%" in result.output
+    assert json.loads((tmp_path / "presets.json").read_text())
 
 
 # ---- class 7: DiffusionGemma's encoder prefix cache -------------------------------------------
