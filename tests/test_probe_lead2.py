@@ -851,3 +851,44 @@ def test_quantized_model_takes_a_state_dict_after_a_compact_decode():
     set_runtime(model, "reference")
     real = mask.bool()
     assert_logits_close(ours[real], forward(model, ids, mask)[real])
+
+
+def test_gemma_prefix_cache_keeps_two_adapters_apart(tmp_path):
+    from dllm_decode.adapters import attach, read_adapter
+    from dllm_decode.config import DecodeConfig
+    from dllm_decode.engine import Request
+    from dllm_decode.testing import tiny_diffusion_gemma
+    from tests.test_encoder_prefix import prompt, serve_all
+    from tests.test_prefix_cache import lora_folder
+
+    model = tiny_diffusion_gemma(seed=2, steps=4)
+    one = lora_folder(tmp_path / "one", {f"model.decoder.layers.{i}.self_attn.k_proj": (32, 32) for i in range(2)})
+    two = lora_folder(tmp_path / "two", {f"model.decoder.layers.{i}.self_attn.k_proj": (32, 32) for i in range(2)},
+                      rank=3)                                 # other weights on the same modules
+    attach(model, [read_adapter(one, "one"), read_adapter(two, "two")])
+    config = DecodeConfig.for_model(model, 8)
+    system = prompt(24, 0)
+
+    def requests():
+        return [Request("t", system + prompt(4, 1), config, adapter="one"),
+                Request("u", system + prompt(4, 2), config, adapter="two"),
+                Request("v", system + prompt(4, 3), config, adapter="two"),
+                Request("w", system + prompt(4, 4), config),
+                Request("x", system + prompt(4, 5), config, adapter="one")]
+
+    cached, _ = serve_all(model, requests(), 1 << 24, max_batch=1)
+    alone, _ = serve_all(model, requests(), 0, max_batch=1)
+    assert {k: v.cached_tokens for k, v in cached.items()} == {"t": 0, "u": 0, "v": 24, "w": 0, "x": 24}
+    assert {k: v.tokens for k, v in cached.items()} == {k: v.tokens for k, v in alone.items()}
+
+
+def test_error_replies_never_show_a_folder_given_with_a_trailing_slash(tmp_path):
+    from dllm_decode.models import load_model
+    from dllm_decode.testing import tiny_tokenizer
+
+    directory = tmp_path / "hidden_parent_x7" / "ckpt"
+    make_llada(layers=1).save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(str(directory))
+    model = load_model(str(directory) + "/")
+    for status, text in _replies(model, directory):
+        assert "hidden_parent_x7" not in text, (status, text)
