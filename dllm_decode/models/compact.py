@@ -465,30 +465,20 @@ def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
     return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in tensors]
 
 
-_REGISTRATIONS = [0]
-"""Parameters, buffers and submodules registered on any module so far (torch's global
-registration hooks count them): a model's module list is walked again only after one, since
-walking it was most of a small model's per-forward check."""
-
-
 def _modules_of(model: nn.Module) -> list[nn.Module]:
+    """`model.modules()`, kept between forwards while every kept module has the same children
+    (checked by identity: the kept list holds the old children, so no id is reused). Walking the
+    model with its generators was most of a small model's per-forward check."""
     kept = model.__dict__.get(COMPACT_MODULES)
-    if kept is not None and kept[0] == _REGISTRATIONS[0]:
-        return kept[1]
-    registrations = _REGISTRATIONS[0]
+    if kept is not None and kept[1] == _children(kept[0]):
+        return kept[0]
     modules = list(model.modules())
-    model.__dict__[COMPACT_MODULES] = (registrations, modules)
+    model.__dict__[COMPACT_MODULES] = (modules, _children(modules))
     return modules
 
 
-def _registered(*_: Any) -> None:
-    _REGISTRATIONS[0] += 1
-
-
-for _hook in (nn.modules.module.register_module_parameter_registration_hook,
-              nn.modules.module.register_module_buffer_registration_hook,
-              nn.modules.module.register_module_module_registration_hook):
-    _hook(_registered)
+def _children(modules: list[nn.Module]) -> list[int]:
+    return [id(child) for m in modules for child in m._modules.values()]
 
 
 def _version(p: Tensor) -> int:

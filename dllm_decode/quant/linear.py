@@ -126,7 +126,9 @@ class QuantLinear(nn.Module):
                     first.group_size, first.bias is not None, device=first.weight_q.device,
                     kernel=first.kernel)
         names = list(storage_dtypes(first.format)) + (["bias"] if first.bias is not None else [])
-        with torch.no_grad():
+        # the new storage is an inference tensor exactly when the old one was (fused inside a
+        # forward under torch.inference_mode, the codes must still take a later state load)
+        with torch.no_grad(), torch.inference_mode(first.weight_q.is_inference()):
             for name in names:
                 whole = torch.cat([getattr(m, name).detach() for m in layers])
                 if name == "bias":

@@ -29,7 +29,6 @@ import copy
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -137,13 +136,14 @@ class ServerState:
             self.server.should_exit = True
 
     def public(self, err: APIError) -> dict[str, Any]:
-        """`err`'s reply body, with the model's local path (model-side messages name the model
-        by where it was loaded from) shown as the served model id: a reply never tells a client
-        where the server's files are."""
+        """`err`'s reply body, with the name the model was loaded by (model-side messages name
+        it so: a folder, also a bare relative one, or a hub id) shown as the served model id: a
+        reply never tells a client where the server's files are. A shipped model's name stays."""
+        from dllm_decode.models.checkpoint import EMBEDDED_NAMES
+
         body = err.body()
         where = getattr(self.worker.engine.model, "name_or_path", None)
-        if isinstance(where, str) and where and where != self.settings.model_id and \
-                (os.sep in where or where.startswith(".")):
+        if isinstance(where, str) and where.strip() and where not in (self.settings.model_id, *EMBEDDED_NAMES):
             body["error"]["message"] = body["error"]["message"].replace(where, self.settings.model_id)
         return body
 

@@ -149,6 +149,7 @@ def diffusion_decoder(model: Any, chat_template: bool = True, capture: str = "of
 
     decode.check = check                      # type: ignore[attr-defined]
     decode.model = model                      # type: ignore[attr-defined]  # probed by the tuner
+    decode.grid = own                         # type: ignore[attr-defined]  # answer canvases round to it
     return decode
 
 
@@ -288,8 +289,9 @@ def answer_length(tokenizer: Any, example: Example) -> int:
 
 
 def plan(settings: Sequence[Setting], runs: Sequence[TaskRun], tokenizer: Any, model_name: str,
-         batch_size: int) -> list[Batch]:
-    """All batches of the grid, in a fixed order."""
+         batch_size: int, grid: int | None = None) -> list[Batch]:
+    """All batches of the grid, in a fixed order (`grid`: the model's own block, to which
+    answer-length canvases are rounded up: `Setting.canvas_for`)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     batches = []
@@ -301,10 +303,10 @@ def plan(settings: Sequence[Setting], runs: Sequence[TaskRun], tokenizer: Any, m
             for i, example in enumerate(run.examples):
                 if setting.gen_length is None:
                     length = lengths.setdefault((run.name, i), answer_length(tokenizer, example))
-                    block = setting.block_length
-                    if block is not None and (block > length or length % block):
+                    block, canvas = setting.block_length, setting.canvas_for(length, grid)
+                    if block is not None and (block > canvas or canvas % block):
                         raise ValueError(f"block_length {block} does not fit the answer-length "
-                                         f"canvas of {length} tokens ({run.name} example {i}); with "
+                                         f"canvas of {canvas} tokens ({run.name} example {i}); with "
                                          f"gen_length 'answer' leave the block length out (one block "
                                          f"per canvas) or give one that divides every answer length")
                 else:
@@ -360,7 +362,8 @@ def _evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting], ru
     if rank == 0 and writer:        # shards left by a killed run (of any world size) come first
         distributed.merge_shards(out, SAMPLES)
     distributed.barrier()
-    batches = [b for i, b in enumerate(plan(settings, runs, tokenizer, model_name, batch_size))
+    grid = getattr(decoder, "grid", None)
+    batches = [b for i, b in enumerate(plan(settings, runs, tokenizer, model_name, batch_size, grid))
                if i % world == rank]
     todo: list[list[int]] | None = None
     if writer:
@@ -382,7 +385,7 @@ def _evaluate(decoder: Decoder, model_name: str, settings: Sequence[Setting], ru
         return None
     if world > 1:
         distributed.merge_shards(out, SAMPLES)
-    keys = [_key(b, i) for b in plan(settings, runs, tokenizer, model_name, batch_size) for i in b.indices]
+    keys = [_key(b, i) for b in plan(settings, runs, tokenizer, model_name, batch_size, grid) for i in b.indices]
     by_key = {r["key"]: r for r in unique_by_key(read_records(out / SAMPLES))}
     return [by_key[k] for k in keys if k in by_key]
 

@@ -241,10 +241,10 @@ def test_replaced_parameters_and_untracked_updates_reach_the_compact_forward():
 
 
 def test_swapped_modules_and_parameter_table_writes_reach_the_compact_forward():
-    """The compact runtime keeps its list of the model's modules between forwards (torch's
-    registration hooks say when any module gains a parameter, buffer or submodule); a module
-    swapped by assignment, and a parameter written straight into a module's table (no hook),
-    still reach the next forward (the model stays compact throughout: `run` would switch it)."""
+    """The compact runtime keeps its list of the model's modules between forwards while their
+    children are the same; a module swapped by assignment, and a parameter written straight into
+    a module's table, still reach the next forward (the model stays compact throughout: `run`
+    would switch it)."""
     import copy
 
     ids, mask = left_padded_batch()
