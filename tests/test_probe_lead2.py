@@ -155,6 +155,20 @@ def check_reaches(model, edit):
     return ours
 
 
+def check_changes_and_reaches(model, edit, ids, mask):
+    """`check_reaches` for a model holding inference tensors (no deepcopy): the edit changes the
+    logits, and the compact forward after it equals the same model's reference runtime."""
+    set_runtime(model, "compact")
+    before = forward(model, ids, mask)
+    edit(model)
+    ours = forward(model, ids, mask)
+    set_runtime(model, "reference")
+    ref = forward(model, ids, mask)
+    real = mask.bool()
+    assert not torch.allclose(ref[real], before[real])
+    assert_logits_close(ours[real], ref[real])
+
+
 def a_linear(model):
     block = model.parts()[1][0]
     return next(m for m in block.modules() if isinstance(m, torch.nn.Linear))
@@ -665,17 +679,10 @@ def test_inference_mode_edit_of_inference_tensors_reaches_next_forward():
     in-place edit made under inference_mode must still reach the compact forward."""
     with torch.inference_mode():
         model = make_llada()
-    ids, mask = odd_batch()
-    set_runtime(model, "compact")
-    before = forward(model, ids, mask)
-    with torch.inference_mode():
-        a_linear(model).weight.mul_(-1.5)
-    ours = forward(model, ids, mask)
-    set_runtime(model, "reference")
-    ref = forward(model, ids, mask)
-    real = mask.bool()
-    assert not torch.allclose(ref[real], before[real])
-    assert_logits_close(ours[real], ref[real])
+    def edit(m):
+        with torch.inference_mode():
+            a_linear(m).weight.mul_(-1.5)
+    check_changes_and_reaches(model, edit, *odd_batch())
 
 
 def test_edits_outside_the_blocks_reach_next_forward():
@@ -806,16 +813,7 @@ def test_quantized_buffer_edits_reach_next_forward(int8_embedded, how):
             m.load_state_dict(state, assign=how == "assign")
 
     ids, mask = odd_batch()
-    ids = ids % 30
-    set_runtime(model, "compact")
-    before = forward(model, ids, mask)
-    edit(model)
-    ours = forward(model, ids, mask)
-    set_runtime(model, "reference")
-    ref = forward(model, ids, mask)
-    real = mask.bool()
-    assert not torch.allclose(ref[real], before[real])
-    assert_logits_close(ours[real], ref[real])
+    check_changes_and_reaches(model, edit, ids % 30, mask)
 
 
 def test_quantized_model_takes_a_state_dict_after_a_compact_decode():
