@@ -88,8 +88,9 @@ class KVCache:
 
         Empty layer (a refresh: the forward fed every row): store them (contiguous, so a view
         never keeps its whole fused projection alive). Filled: write canvas columns `rows` in
-        place, except the columns `keep` marks. Either way the layer's whole K/V as the store reads them back (the float store:
-        the tensors themselves; a low-precision one: dequantized, as the captured step reads).
+        place, except the columns `keep` marks. Either way the layer's whole K/V as the store
+        reads them back (the float store: the tensors themselves; a low-precision one:
+        dequantized, as the captured step reads).
         """
         store = self.store
         if len(self.keys) <= layer:
@@ -401,8 +402,9 @@ class PreNormBlock(nn.Module):
 
 
 RUNTIME_STATE = "_compact"
-COMPACT_MODULES = "_compact_modules"   # the compact runtime's list of the model's modules
 """The `__dict__` key under which the compact runtime keeps a model's fused stack."""
+COMPACT_MODULES = "_compact_modules"
+"""The `__dict__` key of the compact runtime's list of the model's modules (kept between forwards)."""
 
 
 class BlockStackLM(nn.Module):
