@@ -263,3 +263,85 @@ def test_switching_to_reference_drops_nothing_needed():
     ref = run(model, ids, mask)
     set_runtime(model, "compact")
     assert_logits_close(run(model, ids, mask)[mask.bool()], ref[mask.bool()])
+
+
+# ---- class 2: --gen-length answer against --block-length on a model with its own grid --------
+
+
+def _cli(out, model, *args):
+    from click.testing import CliRunner
+    from dllm_decode.cli import main
+
+    return CliRunner().invoke(main, ["eval", "--model", model, "--tasks", "copy", "--scheduler", "threshold",
+                                     "--limit", "2", "--out", str(out), "--json", "--no-plots",
+                                     "--gen-length", "answer", *args])
+
+
+@pytest.mark.parametrize("model, block", [("embedded-bd", 3), ("embedded-bd", 5), ("embedded-bd", 16),
+                                          ("embedded-noise", 3), ("embedded-noise", 5), ("embedded-noise", 16)])
+def test_a_block_that_does_not_divide_the_rounded_canvas_is_refused_before_decoding(tmp_path, model, block):
+    result = _cli(tmp_path, model, "--block-length", str(block))
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(error) == 1 and f"block_length {block}" in error[0] and "canvas of 8 tokens" in error[0], result.output
+    assert "Traceback" not in result.output
+    samples = tmp_path / "samples.jsonl"
+    assert not samples.exists() or not samples.read_text().strip()
+
+
+@pytest.mark.parametrize("block", [1, 2])
+def test_a_block_that_divides_the_grid_but_not_the_answer_runs(tmp_path, block):
+    """Answers of 3 and 4 tokens round to an 8-token canvas: a block dividing 8 runs, although
+    2 does not divide the 3-token answer (the message's hint "divides every answer length" is
+    about the rounded canvas here)."""
+    import json
+    from dllm_decode.eval.harness.records import read_records
+
+    result = _cli(tmp_path, "embedded-bd", "--block-length", str(block))
+    assert result.exit_code == 0, result.output
+    (cell,) = json.loads(result.stdout)["results"]
+    assert cell["accuracy"] == 100.0 and len(read_records(tmp_path / "samples.jsonl")) == 2
+
+
+@pytest.mark.parametrize("model", ["ideal", "tiny"])
+def test_no_grid_models_check_the_answer_length_itself(tmp_path, model):
+    """Answers of 3 and 4 tokens, no grid: 3 fits example 0 only, so the run is refused naming
+    the 4-token canvas (unchanged by the grid rounding); 1 fits every answer."""
+    refused = _cli(tmp_path / "a", model, "--block-length", "3")
+    assert refused.exit_code == 2 and "canvas of 4 tokens" in refused.output, refused.output
+    ran = _cli(tmp_path / "b", model, "--block-length", "1")
+    assert ran.exit_code == 0, ran.output
+
+
+def test_plan_without_a_grid_is_unchanged_and_with_one_rounds():
+    from dllm_decode.eval.harness.grid import Setting
+    from dllm_decode.eval.harness.runner import answer_length, plan
+    from dllm_decode.eval.tasks.sources import select_tasks
+
+    runs, _ = select_tasks("copy", limit=4)
+    lengths = [answer_length(None, e) for e in runs[0].examples]
+    assert max(lengths) < 8
+    setting = Setting("threshold", gen_length=None, block_length=8)
+    with pytest.raises(ValueError, match="does not fit the answer-length canvas"):
+        plan([setting], runs, None, "m", 2)                          # no grid: answers are < 8
+    batches = plan([setting], runs, None, "m", 2, grid=8)            # rounded to 8: fits
+    assert sorted(i for b in batches for i in b.indices) == list(range(len(lengths)))
+    assert {b.gen_length for b in batches} == set(lengths)           # batches keep answer lengths
+    keys = [b.config_key for b in batches]
+    assert keys == [b.config_key for b in plan([setting], runs, None, "m", 2, grid=16)]
+
+
+def test_resuming_an_answer_length_eval_keeps_the_records(tmp_path):
+    import json
+    from dllm_decode.eval.harness.records import read_records
+
+    first = _cli(tmp_path, "embedded-bd", "--block-length", "4")
+    assert first.exit_code == 0, first.output
+    before = read_records(tmp_path / "samples.jsonl")
+    again = _cli(tmp_path, "embedded-bd", "--block-length", "4")
+    assert again.exit_code == 0, again.output
+    after = read_records(tmp_path / "samples.jsonl")
+    assert [r["key"] for r in after] == [r["key"] for r in before]
+    strip = lambda r: {k: v for k, v in r.items() if "second" not in k and "time" not in k}  # noqa: E731
+    assert [strip(r) for r in after] == [strip(r) for r in before]
+    assert json.loads(again.stdout)["results"][0]["accuracy"] == json.loads(first.stdout)["results"][0]["accuracy"]
