@@ -242,6 +242,8 @@ def test_a_deleted_block_is_freed_by_the_next_forward():
 
 @pytest.mark.xfail(strict=True, reason="probe: a deleted block stays alive (kept module list) until the next compact forward")
 def test_a_deleted_block_is_freed_without_a_forward():
+    """Only the module object: its weights are views of the compact stack's matrices, which the
+    model keeps until the next forward anyway."""
     model = make_llada(layers=3)
     ids, mask = batch()
     set_runtime(model, "compact")
@@ -452,3 +454,165 @@ def test_a_folder_named_model_keeps_replies_readable(tmp_path, monkeypatch):
         _, cache = post(url, "/v1/completions", {"prompt": "w1", "max_tokens": 8, "dllm": {"cache": "block"}})
     assert "the served-x 'nope'" not in missing["error"]["message"], missing      # was "the model 'nope' ..."
     assert "block-causal served-x" not in cache["error"]["message"], cache
+
+
+# ---- class 4: fused quantized codes and inference mode ----------------------------------------
+
+QUANT = ["int8", "fp8", "int4:32"]
+
+
+def _quantized(fmt, inference=False):
+    from dllm_decode.models import load_model
+    if inference:
+        with torch.inference_mode():
+            return load_model("embedded", quantize=fmt)
+    return load_model("embedded", quantize=fmt)
+
+
+def _decode(model):
+    from dllm_decode import DecodeConfig, generate
+    from dllm_decode.registry import component
+
+    config = DecodeConfig(scheduler=component("scheduler", "low_confidence"), gen_length=8, block_length=8)
+    return generate(model, [[10, 11, 12], [13, 14]], config).tokens
+
+
+def _matches_reference(model):
+    ids, mask = batch()
+    ours = run(model, ids, mask)
+    real = mask.bool()
+    assert_logits_close(ours[real].float(), reference(model, ids, mask)[real].float())
+    return ours
+
+
+def _quant_layer(model):
+    name, layer = next((n, m) for n, m in model.named_modules() if hasattr(type(m), "fuse_rows"))
+    buf = next(n for n, b in layer._buffers.items()            # a scale (fp8 codes take no mul)
+               if b is not None and b.dtype in (torch.float32, torch.bfloat16, torch.float16))
+    return name, layer, buf
+
+
+@pytest.mark.parametrize("fmt", QUANT)
+@pytest.mark.parametrize("decode_inside", [False, True])
+def test_quantized_state_load_after_compact_decodes(fmt, decode_inside):
+    model = set_runtime(_quantized(fmt), "compact")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    if decode_inside:
+        with torch.inference_mode():
+            _decode(model)
+    else:
+        _decode(model)
+    run(model, *batch())                                    # a plain compact forward too
+    before = _matches_reference(model)
+    name, _, buf = _quant_layer(model)
+    state[f"{name}.{buf}"] = state[f"{name}.{buf}"] * 1.5
+    model.load_state_dict(state)
+    after = _matches_reference(model)
+    assert not torch.allclose(before, after)
+    _decode(model)
+
+
+@pytest.mark.parametrize("fmt", QUANT)
+def test_quantized_in_place_edits_after_decodes_inside_and_outside(fmt):
+    model = set_runtime(_quantized(fmt), "compact")
+    _decode(model)
+    with torch.inference_mode():
+        _decode(model)
+    _, layer, buf = _quant_layer(model)
+    before = run(model, *batch())
+    with torch.inference_mode():
+        getattr(layer, buf).mul_(0.5)
+    after = _matches_reference(model)
+    assert not torch.allclose(before, after)
+    with torch.no_grad():
+        for p in model.parameters():                      # the float parts (norms, embedding)
+            if p.dim() == 1:
+                p.add_(0.1)
+                break
+    _matches_reference(model)
+
+
+@pytest.mark.parametrize("fmt", QUANT)
+def test_quantized_dtype_change_after_compact_decodes(fmt):
+    model = set_runtime(_quantized(fmt), "compact")
+    with torch.inference_mode():
+        _decode(model)
+    _decode(model)
+    model.to(torch.bfloat16)
+    _matches_reference(model)
+    _decode(model)
+    model.to(torch.float32)
+    _matches_reference(model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    _matches_reference(model)
+
+
+STALE_INT4 = pytest.mark.xfail(strict=True, reason="probe: int4's packed torchao weight (QuantLinear._ao) "
+                               "is kept after an in-place edit of inference-tensor codes: no version to see")
+
+
+@pytest.mark.parametrize("fmt", QUANT)
+def test_quantized_model_loaded_under_inference_mode_decodes(fmt):
+    model = set_runtime(_quantized(fmt, inference=True), "compact")
+    tokens = _decode(model)
+    plain = set_runtime(_quantized(fmt), "compact")
+    assert torch.equal(tokens, _decode(plain))
+    _matches_reference(model)
+    with torch.inference_mode():      # outside it torch itself refuses (a plain Linear too)
+        model.to(torch.bfloat16)
+    _matches_reference(model)
+    _decode(model)
+
+
+@pytest.mark.parametrize("how", ["load_state_dict", "in_place"])
+@pytest.mark.parametrize("fmt", ["int8", "fp8", pytest.param("int4:32", marks=STALE_INT4)])
+def test_quantized_model_loaded_under_inference_mode_takes_edits(fmt, how):
+    """Loaded under inference mode (its codes are inference tensors), decoded once, then its
+    scales changed under inference mode: the next compact forward equals a fresh reference."""
+    model = set_runtime(_quantized(fmt, inference=True), "compact")
+    _decode(model)
+    before = run(model, *batch())
+    name, layer, buf = _quant_layer(model)
+    with torch.inference_mode():
+        if how == "in_place":
+            getattr(layer, buf).mul_(2)
+        else:
+            state = {k: v.clone() for k, v in model.state_dict().items()}
+            state[f"{name}.{buf}"] = state[f"{name}.{buf}"] * 2
+            model.load_state_dict(state)
+    after = _matches_fresh_reference(model)
+    assert not torch.allclose(before, after)
+
+
+def _matches_fresh_reference(model):
+    """Against a copy on the reference runtime with every derived per-layer cache dropped."""
+    ids, mask = batch()
+    ours = run(model, ids, mask)
+    twin = copy.deepcopy(model)
+    set_runtime(twin, "reference")
+    for module in twin.modules():
+        module.__dict__.pop("_ao", None)
+    real = mask.bool()
+    assert_logits_close(ours[real].float(), run(twin, ids, mask)[real].float())
+    return ours
+
+
+STALE_REFERENCE = pytest.mark.xfail(strict=True, reason="probe: the reference runtime keeps QuantLinear._ao "
+                                    "(int4 packed weight; int8's bf16 scale copy) after an in-place scale edit")
+
+
+@pytest.mark.parametrize("fmt, dtype", [("int8", torch.float32), ("fp8", torch.float32), ("fp8", torch.bfloat16),
+                                        pytest.param("int8", torch.bfloat16, marks=STALE_REFERENCE),
+                                        pytest.param("int4:32", torch.float32, marks=STALE_REFERENCE),
+                                        pytest.param("int4:32", torch.bfloat16, marks=STALE_REFERENCE)])
+def test_reference_runtime_sees_an_in_place_scale_edit(fmt, dtype):
+    """The reference runtime is the oracle of every compact check: an in-place edit of a
+    quantized layer's scales (plain tensors, no inference mode) must reach its next forward."""
+    model = set_runtime(_quantized(fmt).to(dtype), "reference")
+    before = run(model, *batch())
+    _, layer, buf = _quant_layer(model)
+    with torch.no_grad():
+        getattr(layer, buf).mul_(2)
+    after = _matches_fresh_reference(model)
+    assert not torch.allclose(before, after)
