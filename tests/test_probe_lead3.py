@@ -98,6 +98,13 @@ def test_norm_replaced_sharing_its_weight_but_another_eps():
     edited_reaches(make_llada(), edit)
 
 
+@pytest.mark.xfail(strict=True, reason="probe: a norm's eps set in place between compact forwards runs stale (read once when the stack is built)")
+def test_norm_eps_set_in_place():
+    def edit(m):
+        blocks(m)[1].ff_norm.eps = 10.0
+    edited_reaches(make_llada(), edit)
+
+
 def test_module_list_extend_and_setitem():
     def edit(m):
         stack = blocks(m)
@@ -287,6 +294,13 @@ def test_a_block_that_does_not_divide_the_rounded_canvas_is_refused_before_decod
     error = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(error) == 1 and f"block_length {block}" in error[0] and "canvas of 8 tokens" in error[0], result.output
     assert "Traceback" not in result.output
+    samples = tmp_path / "samples.jsonl"
+    assert not samples.exists() or not samples.read_text().strip()
+
+
+def test_a_sweep_with_one_bad_block_is_refused_before_decoding(tmp_path):
+    result = _cli(tmp_path, "embedded-bd", "--sweep", "block_length=8,3")
+    assert result.exit_code == 2 and "block_length 3 does not fit" in result.output, result.output
     samples = tmp_path / "samples.jsonl"
     assert not samples.exists() or not samples.read_text().strip()
 
