@@ -15,6 +15,7 @@ from torch import Tensor
 from dllm_decode.compat import accepted_hint
 from dllm_decode.interfaces import Cache, DiffusionLM, StepPlan
 from dllm_decode.models.layers import KVCache
+from dllm_decode.errors import model_name
 
 
 @dataclass
@@ -51,7 +52,7 @@ class BlockCache(Cache):
 
     def init_state(self, model: DiffusionLM) -> BlockState | None:
         if not getattr(model, "block_size", None) or not getattr(model, "supports_kv", False):
-            name = getattr(model, "name_or_path", None) or type(model).__name__
+            name = model_name(model)
             raise ValueError(f"cache BlockCache needs a block-causal model with a KV cache "
                              f"(block_size), and {name} is not one{accepted_hint(model)}")
         return None

@@ -26,11 +26,12 @@ from torch import Tensor
 from dllm_decode.compat import accepted_hint
 from dllm_decode.models.layers import BlockStackLM, apply_rope, default_positions, rope_tables
 from dllm_decode.parallel.collectives import all_reduce
+from dllm_decode.errors import model_name
 
 
 def check_model(model, cache_name: str) -> None:
     """Raise a one-line ValueError unless `model` is a bidirectional plain-torch stack."""
-    name = getattr(model, "name_or_path", None) or type(model).__name__
+    name = model_name(model)
     if not getattr(model, "supports_kv", False):
         raise ValueError(f"cache {cache_name} needs a model with a KV cache, and {name} has none "
                          f"(supports_kv is False){accepted_hint(model)}")

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 
+def model_name(model: object) -> str:
+    """How a message names a model: its load name (else its class), quoted, so a server can show
+    its served model id in place of a folder (`dllm_decode.serve.app.ServerState.public`)."""
+    return repr(getattr(model, "name_or_path", None) or type(model).__name__)
+
+
 class NonFiniteLogits(RuntimeError):
     """The model produced NaN or infinite logits: its weights, dtype or inputs are broken (no
     unmasking rule can decode that)."""
 
     @classmethod
     def of(cls, model: object, rows: list[int]) -> NonFiniteLogits:
-        name = getattr(model, "name_or_path", None) or type(model).__name__
-        return cls(f"model {name} produced NaN or infinite logits (rows {rows} of the batch): "
+        return cls(f"model {model_name(model)} produced NaN or infinite logits (rows {rows} of the batch): "
                    f"check its weights and dtype (float16 overflows), not the scheduler")
 
 

@@ -185,6 +185,7 @@ class FusedBlock:
     q_scale: Tensor | None = None
     k_scale: Tensor | None = None
     qk_eps: float = 0.0
+    ff_eps: float | None = None          # the MLP norm's, when it differs from `eps`
     attn_scale: Tensor | None = None
     ff_scale: Tensor | None = None
     out_reduce: Callable[[Tensor], Tensor] | None = None
@@ -194,7 +195,7 @@ class FusedBlock:
     def fuse(cls, attn_norm: Tensor, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
              ff_norm: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear, *, heads: int,
              kv_heads: int, eps: float, q_norm: RMSNorm | None = None,
-             k_norm: RMSNorm | None = None, share: bool = False,
+             k_norm: RMSNorm | None = None, share: bool = False, ff_eps: float | None = None,
              out_reduce: Callable[[Tensor], Tensor] | None = None,
              down_reduce: Callable[[Tensor], Tensor] | None = None) -> "FusedBlock":
         """From the block's modules (`attn_norm`, `ff_norm`: the norms' scales).
@@ -204,7 +205,7 @@ class FusedBlock:
         the norms' scales are applied as the reference applies them, not folded in.
         """
         head_dim = q.out_features // heads
-        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps,
+        shape = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, eps=eps, ff_eps=ff_eps,
                      out_reduce=out_reduce, down_reduce=down_reduce)
         if q_norm is not None:
             shape.update(q_scale=q_norm.weight.detach(), k_scale=k_norm.weight.detach(),
@@ -236,9 +237,11 @@ class FusedBlock:
     def device(self) -> torch.device:
         return self.qkv.device if isinstance(self.qkv, Tensor) else self.attn_scale.device
 
-    def normalized(self, h: Tensor, scale: Tensor | None) -> Tensor:
-        """RMSNorm of `h`, its scale applied unless folded into the next matrix."""
-        return rms_normalize(h, self.eps) if scale is None else rms_norm(h, scale, self.eps)
+    def normalized(self, h: Tensor, scale: Tensor | None, eps: float | None = None) -> Tensor:
+        """RMSNorm of `h` (`eps`: default the block's), its scale applied unless folded into the
+        next matrix."""
+        eps = self.eps if eps is None else eps
+        return rms_normalize(h, eps) if scale is None else rms_norm(h, scale, eps)
 
     def attention_inputs(self, h: Tensor, cos: Tensor, sin: Tensor,
                          full_precision: bool = False, packing: "Packing | None" = None,
@@ -284,7 +287,7 @@ class FusedBlock:
         if self.out_reduce is not None:
             attn = self.out_reduce(attn)
         h = h + attn.view(h.shape)
-        gate, up = project(self.normalized(h, self.ff_scale), self.gate_up, None).chunk(2, -1)
+        gate, up = project(self.normalized(h, self.ff_scale, self.ff_eps), self.gate_up, None).chunk(2, -1)
         mlp = project(F.silu(gate) * up, self.down, None)
         return h + (mlp if self.down_reduce is None else self.down_reduce(mlp))
 
@@ -429,7 +432,7 @@ def _fuse_prenorm(block: Any) -> FusedBlock:
     q_norm, k_norm = block.qk_norms()
     return FusedBlock.fuse(attn_norm.weight, q, k, v, o, ff_norm.weight, gate, up, down,
                            heads=block.n_heads, kv_heads=block.n_kv_heads, eps=attn_norm.eps,
-                           q_norm=q_norm, k_norm=k_norm, share=True,
+                           q_norm=q_norm, k_norm=k_norm, share=True, ff_eps=ff_norm.eps,
                            out_reduce=getattr(o, "reduce", None),     # row-parallel under TP
                            down_reduce=getattr(down, "reduce", None))
 
@@ -454,7 +457,7 @@ def compact_stack(model: nn.Module) -> CompactStack:
 _BUILDING = threading.Lock()
 
 
-def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
+def _fingerprint(model: nn.Module) -> list[Any]:
     """Identity, storage, version and dtype of each parameter and buffer (a quantized layer's
     codes are buffers; inference tensors, made under `torch.inference_mode`, track no version
     and cannot change outside it). Read off each module's own tables every forward; only the
@@ -462,7 +465,9 @@ def _fingerprint(model: nn.Module) -> list[tuple[int, int, int, torch.dtype]]:
     modules = _modules_of(model)
     tensors = [p for m in modules for p in m._parameters.values() if p is not None]
     tensors += [b for m in modules if hasattr(type(m), "fuse_rows") for b in m._buffers.values() if b is not None]
-    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in tensors]
+    # besides tensors, the fused blocks read the norms' eps (a number a user may set)
+    return [(id(p), p.data_ptr(), _version(p), p.dtype) for p in tensors] + \
+        [m.eps for m in modules if isinstance(m, RMSNorm)]
 
 
 def _modules_of(model: nn.Module) -> list[nn.Module]:

@@ -181,12 +181,20 @@ class QuantLinear(nn.Module):
         return (device.type == "cpu" and self.group_size in _INT4_KERNEL_GROUPS
                 and self.out_features % 16 == 0)
 
+    def _derived_key(self, dtype: torch.dtype, device: torch.device) -> tuple:
+        """What a weight derived from the codes (a kernel's packed copy) depends on: the dtype,
+        the device and each code tensor's storage and version, so an in-place edit or a state
+        load rebuilds it (an inference tensor tracks no version: edited in place under
+        `torch.inference_mode`, it is not seen)."""
+        return dtype, device, tuple((t.data_ptr(), _version(t)) for t in self.codes() if t is not None)
+
     def _torchao_weight(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = self._derived_key(dtype, device)
         cached = self.__dict__.get("_ao")
-        if cached is not None and cached[0] == (dtype, device):
+        if cached is not None and cached[0] == key:
             return cached[1]
         weight = _wrap(self, dtype)
-        self.__dict__["_ao"] = ((dtype, device), weight)     # derived: not a buffer, not saved
+        self.__dict__["_ao"] = (key, weight)     # derived: not a buffer, not saved
         return weight
 
     def _int8_pack(self, x: Tensor) -> Tensor:
@@ -194,9 +202,10 @@ class QuantLinear(nn.Module):
             # codes read from safetensors are views into the file at any 8-byte offset, and the
             # kernel's vector loads fault on them (segfault at 8+ rows): own an aligned copy
             self.weight_q = self.weight_q.clone()
+        key = self._derived_key(x.dtype, x.device)
         cached = self.__dict__.get("_ao")
-        if cached is None or cached[0] != (x.dtype, x.device):
-            cached = ((x.dtype, x.device), self.weight_scale.reshape(-1).to(x.dtype))
+        if cached is None or cached[0] != key:
+            cached = (key, self.weight_scale.reshape(-1).to(x.dtype))
             self.__dict__["_ao"] = cached
         flat = x.reshape(-1, self.in_features).contiguous()
         return torch._weight_int8pack_mm(flat, self.weight_q, cached[1]).reshape(
@@ -230,3 +239,10 @@ def _wrap(layer: QuantLinear, dtype: torch.dtype) -> Tensor:
         return float8_tensor(layer.weight_q, layer.weight_scale, dtype)
     return int4_cpu_tensor(layer.weight_q, layer.weight_scale, layer.weight_zero,
                            layer.group_size, (layer.out_features, layer.in_features), dtype)
+
+
+def _version(t: Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:                     # an inference tensor
+        return -1

@@ -29,6 +29,7 @@ import copy
 import json
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -136,15 +137,21 @@ class ServerState:
             self.server.should_exit = True
 
     def public(self, err: APIError) -> dict[str, Any]:
-        """`err`'s reply body, with the name the model was loaded by (model-side messages name
-        it so: a folder, also a bare relative one, or a hub id) shown as the served model id: a
-        reply never tells a client where the server's files are. A shipped model's name stays."""
+        """`err`'s reply body, with the name the model was loaded by shown as the served model
+        id: a reply never tells a client where the server's files are. Model-side messages name
+        the model quoted (`errors.model_name`), which is replaced whatever the name; a path-like
+        name (a separator, or a leading `.` or `~`) is replaced unquoted too. A bare word is not
+        (a folder named `model` would turn every "model" in a message into the served id). A
+        shipped model's name stays."""
         from dllm_decode.models.checkpoint import EMBEDDED_NAMES
 
         body = err.body()
-        where = getattr(self.worker.engine.model, "name_or_path", None)
-        if isinstance(where, str) and where.strip() and where not in (self.settings.model_id, *EMBEDDED_NAMES):
-            body["error"]["message"] = body["error"]["message"].replace(where, self.settings.model_id)
+        where, served = getattr(self.worker.engine.model, "name_or_path", None), self.settings.model_id
+        if isinstance(where, str) and where.strip() and where not in (served, *EMBEDDED_NAMES):
+            message = body["error"]["message"].replace(repr(where), repr(served))
+            if any(sep in where for sep in ("/", "\\", os.sep)) or where.startswith((".", "~")):
+                message = message.replace(where, served)
+            body["error"]["message"] = message
         return body
 
     @property

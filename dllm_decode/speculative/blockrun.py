@@ -32,6 +32,7 @@ from dllm_decode.models.block_grid import block_start_columns, grid_canvas, grid
 from dllm_decode.models.layers import block_causal_mask, default_positions
 from dllm_decode.prompts import left_pad
 from dllm_decode.step import StepInput, propose, resolve, step_input, write
+from dllm_decode.errors import model_name
 
 
 def check_base(config: DecodeConfig, what: str) -> None:
@@ -64,7 +65,7 @@ def check_mask_canvas(model: DiffusionLM, what: str) -> None:
     [MASK] (DiffusionGemma): drafts and verification read masked columns."""
     kind = getattr(model, "canvas_kind", "mask")
     if kind != "mask":
-        name = getattr(model, "name_or_path", None) or type(model).__name__
+        name = model_name(model)
         raise ValueError(f"{what} drafts into [MASK] positions; {name} decodes a {kind} canvas "
                          f"(use the denoising loop)")
 
@@ -74,7 +75,7 @@ def check_verifier(model: DiffusionLM, what: str) -> None:
     `verify_forward` (a `DecoderLM` family: Fast-dLLM v2 with the token shift, or SDAR)."""
     if not getattr(model, "block_size", None) or getattr(model, "token_shift", None) not in (0, 1) \
             or not hasattr(model, "verify_forward"):
-        name = getattr(model, "name_or_path", None) or type(model).__name__
+        name = model_name(model)
         raise ValueError(f"{what} verifies in the block model's autoregressive mode and needs a "
                          f"block-diffusion model with verify_forward (Fast-dLLM v2 family, e.g. "
                          f"embedded-bd, or SDAR); {name} is not one")
